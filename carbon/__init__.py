@@ -1,0 +1,17 @@
+"""Carbon: bit-exact deep learning for PyTorch.
+
+Every op returns the correctly rounded exact result (round to nearest, ties to
+even) in its output dtype, so its bits depend only on its inputs: the same on
+any CPU and any CUDA GPU, at any batch size, thread count and memory layout.
+docs/contract.md states each op's definition.
+"""
+
+import torch  # noqa: F401  (must load before the extension: it links libtorch)
+
+from carbon import _C  # noqa: F401  (loads the kernels and registers torch.ops.carbon.*)
+from carbon import _autograd, _fake  # noqa: F401  (registrations)
+from carbon import nn
+from carbon.ops import addmm, baddbmm, bmm, linear, matmul, mm
+
+__all__ = ["mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "nn"]
+__version__ = "0.1.0"

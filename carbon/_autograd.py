@@ -1,0 +1,67 @@
+"""Backward formulas of Carbon's ops. Each gradient is computed by a carbon
+op, so it is itself a correctly rounded exact result:
+
+    d a = RN(grad @ b^T),  d b = RN(a^T @ grad),  d bias = RN(sum of grad over broadcast dims)
+
+each rounded once into the dtype of the input it belongs to.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+
+def reduce_to_shape(grad: Tensor, shape: Sequence[int], dtype: torch.dtype) -> Tensor:
+    """RN_dtype of the exact sum of ``grad`` over the dimensions that were
+    broadcast to turn ``shape`` into ``grad.shape``: one rounding, whatever
+    the number of summed elements (a product with a row of ones, whose
+    products are exact)."""
+    lead = grad.dim() - len(shape)
+    padded = (1,) * lead + tuple(shape)
+    summed = [d for d in range(grad.dim()) if padded[d] == 1 and grad.shape[d] != 1]
+    kept = [d for d in range(grad.dim()) if d not in summed]
+    rows = math.prod(grad.shape[d] for d in summed)
+    columns = grad.permute(summed + kept).reshape(rows, -1)
+    ones = grad.new_ones((1, rows))
+    return torch.ops.carbon.mm(ones, columns, dtype).reshape(shape)
+
+
+def _setup_matmul(ctx: Any, inputs: tuple, output: Tensor) -> None:
+    # inputs: (a, b, out_dtype) or (bias, a, b, out_dtype)
+    has_bias = len(inputs) == 4
+    a, b = inputs[1:3] if has_bias else inputs[0:2]
+    ctx.save_for_backward(a, b)
+    ctx.has_bias = has_bias
+    if has_bias:
+        ctx.bias_shape = tuple(inputs[0].shape)
+        ctx.bias_dtype = inputs[0].dtype
+
+
+def _matmul_grads(ctx: Any, grad: Tensor, product: Any) -> tuple:
+    a, b = ctx.saved_tensors
+    offset = 1 if ctx.has_bias else 0
+    need = ctx.needs_input_grad
+    grad_a = product(grad, b.transpose(-1, -2), a.dtype) if need[offset] else None
+    grad_b = product(a.transpose(-1, -2), grad, b.dtype) if need[offset + 1] else None
+    if not ctx.has_bias:
+        return grad_a, grad_b, None
+    grad_bias = reduce_to_shape(grad, ctx.bias_shape, ctx.bias_dtype) if need[0] else None
+    return grad_bias, grad_a, grad_b, None
+
+
+def _mm_backward(ctx: Any, grad: Tensor) -> tuple:
+    return _matmul_grads(ctx, grad, torch.ops.carbon.mm)
+
+
+def _bmm_backward(ctx: Any, grad: Tensor) -> tuple:
+    return _matmul_grads(ctx, grad, torch.ops.carbon.bmm)
+
+
+torch.library.register_autograd("carbon::mm", _mm_backward, setup_context=_setup_matmul)
+torch.library.register_autograd("carbon::addmm", _mm_backward, setup_context=_setup_matmul)
+torch.library.register_autograd("carbon::bmm", _bmm_backward, setup_context=_setup_matmul)
+torch.library.register_autograd("carbon::baddbmm", _bmm_backward, setup_context=_setup_matmul)

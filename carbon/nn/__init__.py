@@ -1,0 +1,6 @@
+"""Drop-in twins of torch.nn modules whose forward and backward run Carbon's
+correctly rounded ops. Constructors and state_dicts match torch.nn's."""
+
+from carbon.nn.linear import Linear
+
+__all__ = ["Linear"]

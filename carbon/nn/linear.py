@@ -1,0 +1,33 @@
+"""carbon.nn.Linear: torch.nn.Linear with a correctly rounded forward and backward."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from carbon.ops import linear
+
+
+class Linear(torch.nn.Linear):
+    """Same constructor, parameters, initialization and state_dict as
+    ``torch.nn.Linear``; ``forward`` is :func:`carbon.linear`, so outputs and
+    gradients are correctly rounded and identical on every device, batch size
+    and thread count."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return linear(input, self.weight, self.bias)
+
+    @classmethod
+    def from_torch(cls, module: torch.nn.Linear) -> "Linear":
+        """A carbon.nn.Linear that *shares* ``module``'s parameters (no copy,
+        so an optimizer built on them keeps working)."""
+        if not isinstance(module, torch.nn.Linear):
+            raise TypeError(f"Linear.from_torch expects a torch.nn.Linear, got {type(module).__name__}")
+        twin = cls.__new__(cls)
+        torch.nn.Module.__init__(twin)
+        twin.in_features = module.in_features
+        twin.out_features = module.out_features
+        twin.register_parameter("weight", module.weight)
+        twin.register_parameter("bias", module.bias)
+        twin.train(module.training)
+        return twin

@@ -1,0 +1,139 @@
+// The exact accumulator: a long fixed-point number that holds any sum of
+// products of float32 / bfloat16 / float16 values without rounding.
+//
+// Layout: kLimbs signed 64-bit limbs, limb i holding a 32-bit digit of weight
+// 2^(kLowestBit + 32 i). A product of two such values is exact in double and,
+// if nonzero, has magnitude in [2^-298, 2^256); as a double its 53-bit
+// significand sits at bit positions >= -350 >= kLowestBit. It is added as
+// three signed digit pieces without carrying. Each piece is below 2^32 in
+// magnitude, so a limb absorbs 2^31 of them before an int64 could overflow:
+// any sum of fewer than 2^31 terms is exact. Carries are resolved only when
+// rounding.
+//
+// Integer addition is associative, so accumulators built by different
+// threads, warps, blocks or processes merge exactly, in any order: the result
+// cannot depend on how the work was split.
+//
+// Special values never enter the limbs; they are tracked in flags with IEEE
+// semantics (NaN in -> NaN, inf*0 -> NaN, +inf + -inf -> NaN). The flags also
+// record what the sign of an exact zero sum must be: -0 exactly when at least
+// one term was added and every term was -0 (IEEE's rule for x + y, applied to
+// the whole sum, which makes it independent of order).
+#pragma once
+
+#include "float_format.h"
+
+namespace carbon {
+
+constexpr int kLimbs = 20;
+constexpr int kLowestBit = -352;  // weight of bit 0 of limb 0
+
+enum ExactSumFlag : uint32_t {
+  kSawNaN = 1u,
+  kSawPosInf = 2u,
+  kSawNegInf = 4u,
+  kSawTerm = 8u,           // at least one term was added
+  kSawNonNegZero = 16u,    // some term was not -0 (so an exact zero is +0)
+};
+
+CARBON_HD void exact_sum_clear(int64_t* limb, uint32_t& flags) {
+  for (int i = 0; i < kLimbs; ++i) limb[i] = 0;
+  flags = 0;
+}
+
+// Add one finite or non-finite double term. A finite nonzero term must be a
+// multiple of 2^kLowestBit and below 2^287 (true for products of two values of
+// the supported formats and for values of those formats themselves).
+CARBON_HD void exact_sum_add(int64_t* limb, uint32_t& flags, double term) {
+  const uint64_t u = double_to_bits(term);
+  const uint64_t biased = (u & kExpMask) >> 52;
+  const uint64_t frac = u & kFracMask;
+  flags |= kSawTerm;
+  if (biased == 0x7FF) {
+    flags |= frac ? kSawNaN : ((u & kSignBit) ? kSawNegInf : kSawPosInf);
+    return;
+  }
+  if (u != kSignBit) flags |= kSawNonNegZero;
+  if (biased == 0 && frac == 0) return;
+  const uint64_t mant = biased ? (frac | (1ull << 52)) : frac;
+  const int pos = (biased ? static_cast<int>(biased) : 1) - 1075 - kLowestBit;
+  const int idx = pos >> 5;
+  const int sh = pos & 31;
+  const int64_t d0 = static_cast<int64_t>((mant << sh) & 0xFFFFFFFFull);
+  const uint64_t rest = sh ? (mant >> (32 - sh)) : (mant >> 32);
+  const int64_t d1 = static_cast<int64_t>(rest & 0xFFFFFFFFull);
+  const int64_t d2 = static_cast<int64_t>(rest >> 32);
+  if (u & kSignBit) {
+    limb[idx] -= d0;
+    limb[idx + 1] -= d1;
+    limb[idx + 2] -= d2;
+  } else {
+    limb[idx] += d0;
+    limb[idx + 1] += d1;
+    limb[idx + 2] += d2;
+  }
+}
+
+// Add the exact product a*b of two values of the supported formats (held in
+// doubles). IEEE special cases are decided here, before multiplying.
+CARBON_HD void exact_sum_add_product(int64_t* limb, uint32_t& flags, double a, double b) {
+  if (is_nan(a) || is_nan(b)) {
+    flags |= kSawNaN | kSawTerm;
+    return;
+  }
+  if (is_inf(a) || is_inf(b)) {
+    if (a == 0.0 || b == 0.0) {
+      flags |= kSawNaN | kSawTerm;
+      return;
+    }
+    flags |= ((sign_bit(a) != sign_bit(b)) ? kSawNegInf : kSawPosInf) | kSawTerm;
+    return;
+  }
+  exact_sum_add(limb, flags, a * b);  // exact: at most 48 significant bits
+}
+
+// Round the exact sum to format f. `limb` is taken by value-copy semantics:
+// the caller's array is normalized in place (its value is unchanged).
+CARBON_HD double exact_sum_round(int64_t* limb, uint32_t flags, const FloatFormat& f) {
+  if ((flags & kSawNaN) || ((flags & kSawPosInf) && (flags & kSawNegInf)))
+    return bits_to_double(kExpMask | (1ull << 51));
+  if (flags & kSawPosInf) return bits_to_double(kExpMask);
+  if (flags & kSawNegInf) return bits_to_double(kSignBit | kExpMask);
+
+  // Propagate carries so limbs 0..kLimbs-2 are digits in [0, 2^32); the top
+  // limb keeps the sign.
+  for (int i = 0; i < kLimbs - 1; ++i) {
+    const int64_t carry = limb[i] >> 32;  // arithmetic shift: floor division
+    limb[i] -= carry * (int64_t(1) << 32);
+    limb[i + 1] += carry;
+  }
+  const bool negative = limb[kLimbs - 1] < 0;
+  if (negative) {
+    // Negate the whole number: negate every limb, then re-normalize.
+    for (int i = 0; i < kLimbs; ++i) limb[i] = -limb[i];
+    for (int i = 0; i < kLimbs - 1; ++i) {
+      const int64_t carry = limb[i] >> 32;
+      limb[i] -= carry * (int64_t(1) << 32);
+      limb[i + 1] += carry;
+    }
+  }
+  int h = kLimbs - 1;
+  while (h >= 0 && limb[h] == 0) --h;
+  if (h < 0) {
+    const bool neg_zero = (flags & kSawTerm) && !(flags & kSawNonNegZero);
+    return neg_zero ? bits_to_double(kSignBit) : 0.0;
+  }
+  // A 64-bit window starting at the leading bit, plus a sticky bit for the
+  // rest. Every limb is < 2^32 here (the sum stays below 2^288).
+  const uint64_t dh = static_cast<uint64_t>(limb[h]);
+  const uint64_t d1 = h >= 1 ? static_cast<uint64_t>(limb[h - 1]) : 0;
+  const uint64_t d2 = h >= 2 ? static_cast<uint64_t>(limb[h - 2]) : 0;
+  const int t = top_bit(dh);  // 0..31
+  const uint64_t window = (dh << (63 - t)) | (d1 << (31 - t)) | ((t + 1 == 32) ? 0 : (d2 >> (t + 1)));
+  bool sticky = (d2 & ((1ull << (t + 1)) - 1)) != 0;
+  for (int i = h - 3; i >= 0 && !sticky; --i) sticky = limb[i] != 0;
+  const int lsb_exp = kLowestBit + 32 * (h - 2) + t + 1;
+  return round_magnitude(window, lsb_exp, sticky, negative, f);
+}
+
+}  // namespace carbon

@@ -1,0 +1,165 @@
+// The matmul ops: input checks and the device-independent part of the
+// algorithm (exact fp64 copies, the fp64 GEMM, row statistics), then the
+// device's rounding kernel. See docs/contract.md for what is guaranteed.
+#include "matmul.h"
+
+#include <c10/util/Exception.h>
+
+namespace carbon {
+namespace {
+
+bool is_supported(at::ScalarType t) {
+  return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
+}
+
+FloatFormat format_of(at::ScalarType t) {
+  if (t == at::kBFloat16) return kBFloat16;
+  if (t == at::kHalf) return kFloat16;
+  return kFloat32;
+}
+
+void check_dtype(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK_TYPE(is_supported(t.scalar_type()), "carbon.", op, ": ", name, " has dtype ",
+                   t.scalar_type(),
+                   "; supported dtypes are float32, bfloat16 and float16 (carbon rounds the exact "
+                   "result into these formats; for float64 use torch.", op, ")");
+}
+
+void check_device(const char* op, const at::Tensor& a, const char* name, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.device() == a.device(), "carbon.", op, ": expected all tensors on one device, ",
+                    "but a is on ", a.device(), " and ", name, " is on ", t.device());
+}
+
+at::ScalarType output_dtype(const char* op, const at::Tensor& a, const at::Tensor& b,
+                            std::optional<at::ScalarType> requested) {
+  const at::ScalarType out = requested.value_or(at::promote_types(a.scalar_type(), b.scalar_type()));
+  TORCH_CHECK_TYPE(is_supported(out), "carbon.", op, ": out_dtype ", out,
+                   " is not supported; use float32, bfloat16 or float16");
+  return out;
+}
+
+// a3: [B, M, K], b3: [B, K, N], bias: broadcastable to [B, M, N] or undefined.
+// The bias is converted before it is expanded, so a broadcast bias costs no
+// memory.
+at::Tensor matmul_correctly_rounded(const at::Tensor& a3, const at::Tensor& b3,
+                                    const at::Tensor& bias, at::ScalarType out_dtype) {
+  const int64_t B = a3.size(0), M = a3.size(1), K = a3.size(2), N = b3.size(2);
+  at::Tensor out = at::empty({B, M, N}, a3.options().dtype(out_dtype));
+  if (out.numel() == 0) return out;
+
+  // Exact copies in double (every supported value is a double), laid out so
+  // that a row of a and a column of b are contiguous for the exact tiers.
+  const at::Tensor a64 = a3.to(at::kDouble).contiguous();
+  const at::Tensor bt64 = b3.transpose(1, 2).to(at::kDouble).contiguous();
+  // Tier 1's approximation. Any fp64 GEMM is fine: the bound covers every
+  // summation order, so the BLAS's blocking and threading cannot matter.
+  const at::Tensor approx = (B == 1 ? at::mm(a64[0], bt64[0].t()).unsqueeze(0)
+                                    : at::bmm(a64, bt64.transpose(1, 2)))
+                                .contiguous();
+  const auto stat_options = a64.options();
+  at::Tensor a_norm = at::empty({B * M}, stat_options);
+  at::Tensor b_norm = at::empty({B * N}, stat_options);
+  at::Tensor a_signs = at::empty({B * M}, stat_options.dtype(at::kByte));
+  at::Tensor b_signs = at::empty({B * N}, stat_options.dtype(at::kByte));
+  const at::Tensor a_rows = a64.view({B * M, K});
+  const at::Tensor b_rows = bt64.view({B * N, K});
+
+  at::Tensor bias64;
+  MatmulView v{};
+  v.B = B, v.M = M, v.N = N, v.K = K;
+  if (bias.defined()) {
+    bias64 = bias.to(at::kDouble).expand({B, M, N});
+    v.bias = bias64.const_data_ptr<double>();
+    v.bias_stride_b = bias64.stride(0);
+    v.bias_stride_m = bias64.stride(1);
+    v.bias_stride_n = bias64.stride(2);
+  }
+  v.approx = approx.const_data_ptr<double>();
+  v.a = a64.const_data_ptr<double>();
+  v.bt = bt64.const_data_ptr<double>();
+
+  const FloatFormat f = format_of(out_dtype);
+  if (a3.is_cpu()) {
+    row_stats_cpu(a_rows, a_norm, a_signs);
+    row_stats_cpu(b_rows, b_norm, b_signs);
+  } else {
+#ifdef CARBON_WITH_CUDA
+    row_stats_cuda(a_rows, a_norm, a_signs);
+    row_stats_cuda(b_rows, b_norm, b_signs);
+#endif
+  }
+  v.a_norm = a_norm.const_data_ptr<double>();
+  v.b_norm = b_norm.const_data_ptr<double>();
+  v.a_signs = a_signs.const_data_ptr<uint8_t>();
+  v.b_signs = b_signs.const_data_ptr<uint8_t>();
+  if (a3.is_cpu()) {
+    matmul_round_cpu(v, f, out);
+  } else {
+#ifdef CARBON_WITH_CUDA
+    matmul_round_cuda(v, f, out);
+#endif
+  }
+  return out;
+}
+
+void check_operands(const char* op, const at::Tensor& a, const at::Tensor& b, int64_t rank) {
+  check_dtype(op, "a", a);
+  check_dtype(op, "b", b);
+  check_device(op, a, "b", b);
+  TORCH_CHECK(a.is_cpu() || a.is_cuda(), "carbon.", op, ": tensors on ", a.device(),
+              " are not supported (CPU and CUDA only)");
+  TORCH_CHECK_VALUE(a.dim() == rank && b.dim() == rank, "carbon.", op, ": expected ", rank,
+                    "-D tensors, got a with shape ", a.sizes(), " and b with shape ", b.sizes());
+  TORCH_CHECK_VALUE(a.size(rank - 1) == b.size(rank - 2), "carbon.", op,
+                    ": shapes cannot be multiplied (", a.sizes(), " and ", b.sizes(), ")");
+  if (rank == 3)
+    TORCH_CHECK_VALUE(a.size(0) == b.size(0), "carbon.", op, ": batch sizes differ (",
+                      a.sizes(), " and ", b.sizes(), ")");
+  // Fewer than 2^31 terms keeps the exact accumulator's limbs from overflowing.
+  TORCH_CHECK_VALUE(a.size(rank - 1) < (int64_t(1) << 31) - 1, "carbon.", op,
+                    ": the inner dimension must be below 2^31 - 1");
+}
+
+const at::Tensor& checked_bias(const char* op, const at::Tensor& bias, const at::Tensor& a,
+                        at::IntArrayRef out_shape) {
+  check_dtype(op, "bias", bias);
+  check_device(op, a, "bias", bias);
+  TORCH_CHECK_VALUE(bias.dim() <= static_cast<int64_t>(out_shape.size()) &&
+                        at::is_expandable_to(bias.sizes(), out_shape),
+                    "carbon.", op, ": bias of shape ", bias.sizes(),
+                    " cannot be broadcast to the output shape ", out_shape);
+  return bias;
+}
+
+}  // namespace
+
+at::Tensor mm(const at::Tensor& a, const at::Tensor& b, std::optional<at::ScalarType> out_dtype) {
+  check_operands("mm", a, b, 2);
+  const auto out = output_dtype("mm", a, b, out_dtype);
+  return matmul_correctly_rounded(a.unsqueeze(0), b.unsqueeze(0), at::Tensor(), out)[0];
+}
+
+at::Tensor addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b,
+                 std::optional<at::ScalarType> out_dtype) {
+  check_operands("addmm", a, b, 2);
+  const auto out = output_dtype("addmm", a, b, out_dtype);
+  const std::vector<int64_t> shape{a.size(0), b.size(1)};
+  const at::Tensor& bias2 = checked_bias("addmm", bias, a, shape);
+  return matmul_correctly_rounded(a.unsqueeze(0), b.unsqueeze(0), bias2, out)[0];
+}
+
+at::Tensor bmm(const at::Tensor& a, const at::Tensor& b, std::optional<at::ScalarType> out_dtype) {
+  check_operands("bmm", a, b, 3);
+  const auto out = output_dtype("bmm", a, b, out_dtype);
+  return matmul_correctly_rounded(a, b, at::Tensor(), out);
+}
+
+at::Tensor baddbmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b,
+                   std::optional<at::ScalarType> out_dtype) {
+  check_operands("baddbmm", a, b, 3);
+  const auto out = output_dtype("baddbmm", a, b, out_dtype);
+  const std::vector<int64_t> shape{a.size(0), a.size(1), b.size(2)};
+  return matmul_correctly_rounded(a, b, checked_bias("baddbmm", bias, a, shape), out);
+}
+
+}  // namespace carbon
