@@ -20,9 +20,40 @@ struct FloatFormat {
   uint32_t nan_bits;   // the one NaN pattern Carbon writes
 };
 
-constexpr FloatFormat kFloat32{24, -126, 127, 32, 0x7FC00000u};
-constexpr FloatFormat kBFloat16{8, -126, 127, 16, 0x7FC0u};
-constexpr FloatFormat kFloat16{11, -14, 15, 16, 0x7E00u};
+// The supported formats, as compile-time tags: kernels are specialized per
+// format so that its shifts and masks become constants.
+enum class FormatId { kFloat32, kBFloat16, kFloat16 };
+
+template <FormatId kId>
+struct Format;
+template <>
+struct Format<FormatId::kFloat32> {
+  using Bits = uint32_t;
+  static constexpr CARBON_HD FloatFormat get() { return {24, -126, 127, 32, 0x7FC00000u}; }
+};
+template <>
+struct Format<FormatId::kBFloat16> {
+  using Bits = uint16_t;
+  static constexpr CARBON_HD FloatFormat get() { return {8, -126, 127, 16, 0x7FC0u}; }
+};
+template <>
+struct Format<FormatId::kFloat16> {
+  using Bits = uint16_t;
+  static constexpr CARBON_HD FloatFormat get() { return {11, -14, 15, 16, 0x7E00u}; }
+};
+
+// Calls fn(Format<id>{}) for a format known only at run time (host side).
+template <typename Fn>
+void with_format(FormatId id, Fn&& fn) {
+  switch (id) {
+    case FormatId::kFloat32:
+      return fn(Format<FormatId::kFloat32>{});
+    case FormatId::kBFloat16:
+      return fn(Format<FormatId::kBFloat16>{});
+    case FormatId::kFloat16:
+      return fn(Format<FormatId::kFloat16>{});
+  }
+}
 
 // Exponent of the format's quantum in its subnormal range (fp32: -149).
 CARBON_HD int quantum_exp(const FloatFormat& f) { return f.min_normal_exp - f.precision + 1; }
@@ -60,9 +91,42 @@ CARBON_HD double round_magnitude(uint64_t mant, int lsb_exp, bool sticky, bool n
   return bits_to_double(sign | (static_cast<uint64_t>(exp + 1023) << 52) | frac);
 }
 
+// Bit patterns (magnitudes) of the doubles 2^min_normal_exp and
+// 2^(max_exp + 1): a positive double is in f's normal range exactly when its
+// bits lie in [normal_min_bits, overflow_bits). Positive doubles order like
+// their bit patterns, so range checks are integer comparisons.
+CARBON_HD uint64_t normal_min_bits(const FloatFormat& f) {
+  return static_cast<uint64_t>(f.min_normal_exp + 1023) << 52;
+}
+CARBON_HD uint64_t overflow_bits(const FloatFormat& f) {
+  return static_cast<uint64_t>(f.max_exp + 1024) << 52;
+}
+
+// RN_f of a positive double given by its bits `mag`, which must lie in f's
+// normal range. Adding half an ulp minus one, plus the last kept bit, and
+// truncating is round-half-even; a carry out of the significand bumps the
+// exponent, so the result is >= overflow_bits(f) exactly when it overflows.
+// Branch-free, so loops over it vectorize.
+CARBON_HD uint64_t round_normal_bits(uint64_t mag, const FloatFormat& f) {
+  const int drop = 53 - f.precision;
+  return (mag + ((1ull << (drop - 1)) - 1) + ((mag >> drop) & 1)) & ~((1ull << drop) - 1);
+}
+
+// Bits in format f of the positive double `mag` (bits), which must be
+// exactly representable in f and in its normal range.
+CARBON_HD uint32_t encode_normal(uint64_t mag, const FloatFormat& f) {
+  const uint64_t rebias = static_cast<uint64_t>(1023 - f.max_exp) << (f.precision - 1);
+  return static_cast<uint32_t>((mag >> (53 - f.precision)) - rebias);
+}
+
 // RN_f(x) for any double x, returned as a double exactly representable in f.
 CARBON_HD double round_double(double x, const FloatFormat& f) {
   const uint64_t u = double_to_bits(x);
+  const uint64_t mag = u & ~kSignBit;
+  if (mag >= normal_min_bits(f) && mag < overflow_bits(f)) {
+    const uint64_t rounded = round_normal_bits(mag, f);
+    return bits_to_double((u & kSignBit) | (rounded < overflow_bits(f) ? rounded : kExpMask));
+  }
   const uint64_t biased = (u & kExpMask) >> 52;
   const uint64_t frac = u & kFracMask;
   if (biased == 0x7FF) return x;  // inf or NaN
@@ -83,12 +147,9 @@ CARBON_HD uint32_t encode(double v, const FloatFormat& f) {
   const uint64_t biased = (u & kExpMask) >> 52;
   if (biased == 0x7FF) return (u & kFracMask) ? f.nan_bits : (sign | exp_all_ones);
   if (biased == 0) return sign;  // zero (no representable value is a subnormal double)
+  if ((u & ~kSignBit) >= normal_min_bits(f)) return sign | encode_normal(u & ~kSignBit, f);
   const int exp = static_cast<int>(biased) - 1023;
   const uint64_t sig = (u & kFracMask) | (1ull << 52);
-  if (exp >= f.min_normal_exp) {
-    const uint32_t field = static_cast<uint32_t>(exp + f.max_exp) << frac_bits;
-    return sign | field | static_cast<uint32_t>((sig >> (52 - frac_bits)) & ((1ull << frac_bits) - 1));
-  }
   // Subnormal in f: exponent field 0, significand shifted by the missing range.
   return sign | static_cast<uint32_t>(sig >> (52 - frac_bits + (f.min_normal_exp - exp)));
 }

@@ -9,7 +9,8 @@
 #if defined(__CUDACC__)
 #define CARBON_HD __host__ __device__ __forceinline__
 #else
-#define CARBON_HD inline
+// Always inlined, so that formats known at compile time fold into constants.
+#define CARBON_HD inline __attribute__((always_inline))
 #endif
 
 namespace carbon {

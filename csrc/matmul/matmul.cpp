@@ -12,10 +12,10 @@ bool is_supported(at::ScalarType t) {
   return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
 }
 
-FloatFormat format_of(at::ScalarType t) {
-  if (t == at::kBFloat16) return kBFloat16;
-  if (t == at::kHalf) return kFloat16;
-  return kFloat32;
+FormatId format_of(at::ScalarType t) {
+  if (t == at::kBFloat16) return FormatId::kBFloat16;
+  if (t == at::kHalf) return FormatId::kFloat16;
+  return FormatId::kFloat32;
 }
 
 void check_dtype(const char* op, const char* name, const at::Tensor& t) {
@@ -74,11 +74,12 @@ at::Tensor matmul_correctly_rounded(const at::Tensor& a3, const at::Tensor& b3,
     v.bias_stride_m = bias64.stride(1);
     v.bias_stride_n = bias64.stride(2);
   }
+  v.gemm_gamma = fp64_gemm_gamma(K, bias.defined());
   v.approx = approx.const_data_ptr<double>();
   v.a = a64.const_data_ptr<double>();
   v.bt = bt64.const_data_ptr<double>();
 
-  const FloatFormat f = format_of(out_dtype);
+  const FormatId f = format_of(out_dtype);
   if (a3.is_cpu()) {
     row_stats_cpu(a_rows, a_norm, a_signs);
     row_stats_cpu(b_rows, b_norm, b_signs);

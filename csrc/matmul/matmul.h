@@ -21,11 +21,11 @@ at::Tensor baddbmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor
 // 2-norm and the RowSigns summary of every row.
 void row_stats_cpu(const at::Tensor& rows, at::Tensor& norms, at::Tensor& signs);
 // Writes RN_f(c) for every output into `out` (contiguous [B, M, N]).
-void matmul_round_cpu(const MatmulView& view, const FloatFormat& f, at::Tensor& out);
+void matmul_round_cpu(const MatmulView& view, FormatId format, at::Tensor& out);
 
 #ifdef CARBON_WITH_CUDA
 void row_stats_cuda(const at::Tensor& rows, at::Tensor& norms, at::Tensor& signs);
-void matmul_round_cuda(const MatmulView& view, const FloatFormat& f, at::Tensor& out);
+void matmul_round_cuda(const MatmulView& view, FormatId format, at::Tensor& out);
 #endif
 
 }  // namespace carbon

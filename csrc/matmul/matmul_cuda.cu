@@ -27,7 +27,11 @@ __global__ void row_stats_kernel(const double* __restrict__ x, int64_t R, int64_
   for (int64_t r = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp; r < R; r += warps) {
     double sum_squares = 0.0;
     uint8_t s = 0;
-    for (int64_t k = lane; k < K; k += kWarp) accumulate_row_stats(x[r * K + k], sum_squares, s);
+    for (int64_t k = lane; k < K; k += kWarp) {
+      const double value = x[r * K + k];
+      sum_squares = sum_squares + value * value;
+      s |= row_signs_of(value);
+    }
     unsigned s32 = s;
     for (int off = kWarp / 2; off > 0; off /= 2) {
       sum_squares = sum_squares + __shfl_xor_sync(kFullMask, sum_squares, off);
@@ -84,9 +88,11 @@ __device__ double round_exact_warp(const MatmulView& v, int64_t b, int64_t i, in
   return out;
 }
 
-template <typename Bits>
+template <typename F>
 __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
-    matmul_round_kernel(MatmulView v, FloatFormat f, Bits* __restrict__ out) {
+    matmul_round_kernel(MatmulView v, typename F::Bits* __restrict__ out) {
+  using Bits = typename F::Bits;
+  constexpr FloatFormat f = F::get();
   __shared__ int64_t limbs[kWarpsPerBlock][kWarp][kLimbs];
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t total = v.B * v.M * v.N;
@@ -141,15 +147,15 @@ void row_stats_cuda(const at::Tensor& rows, at::Tensor& norms, at::Tensor& signs
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-void matmul_round_cuda(const MatmulView& v, const FloatFormat& f, at::Tensor& out) {
+void matmul_round_cuda(const MatmulView& v, FormatId format, at::Tensor& out) {
   const c10::cuda::CUDAGuard guard(out.device());
   const int threads = kWarp * kWarpsPerBlock;
   const int blocks = blocks_for(v.B * v.M * v.N, threads);
   const auto stream = at::cuda::getCurrentCUDAStream();
-  if (f.total_bits == 32)
-    matmul_round_kernel<<<blocks, threads, 0, stream>>>(v, f, static_cast<uint32_t*>(out.mutable_data_ptr()));
-  else
-    matmul_round_kernel<<<blocks, threads, 0, stream>>>(v, f, static_cast<uint16_t*>(out.mutable_data_ptr()));
+  with_format(format, [&](auto fmt) {
+    using F = decltype(fmt);
+    matmul_round_kernel<F><<<blocks, threads, 0, stream>>>(v, static_cast<typename F::Bits*>(out.mutable_data_ptr()));
+  });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

@@ -29,16 +29,20 @@ struct MatmulView {
   const double* bias;        // null, or element (b, i, j) at the strides below
   int64_t bias_stride_b, bias_stride_m, bias_stride_n;
   int64_t B, M, N, K;
+  double gemm_gamma;         // fp64_gemm_gamma(K, bias != null), computed once
 };
+
+// Any fp64 evaluation of the K exact products plus the bias, in any order, is
+// within gamma_{K+1} * sum|terms| of c; the slack covers computing the bound.
+inline double fp64_gemm_gamma(int64_t K, bool has_bias) {
+  return gamma_n(K + (has_bias ? 1 : 0)) * kBoundSlack;
+}
 
 // Which sign bits occur in a row: bit 0 = some element has its sign bit
 // clear, bit 1 = some element has it set. 0 for an empty row.
 enum RowSigns : uint8_t { kSomePositive = 1, kSomeNegative = 2 };
 
-CARBON_HD void accumulate_row_stats(double x, double& sum_squares, uint8_t& signs) {
-  sum_squares = sum_squares + x * x;
-  signs |= sign_bit(x) ? kSomeNegative : kSomePositive;
-}
+CARBON_HD uint8_t row_signs_of(double x) { return sign_bit(x) ? kSomeNegative : kSomePositive; }
 
 CARBON_HD double bias_at(const MatmulView& v, int64_t b, int64_t i, int64_t j) {
   return v.bias[b * v.bias_stride_b + i * v.bias_stride_m + j * v.bias_stride_n];
@@ -87,9 +91,7 @@ CARBON_HD bool matmul_round_fast(const MatmulView& v, int64_t b, int64_t i, int6
   }
   const double gemm = v.approx[(b * v.M + i) * v.N + j];
   const double approx = has_bias ? gemm + bias : gemm;
-  // Any fp64 evaluation of K products (exact) plus the bias is within
-  // gamma_{K+1} * sum|terms| of c; the slack covers computing the bound.
-  const double beta = gamma_n(v.K + (has_bias ? 1 : 0)) * abs_sum_bound(na, nb, bias) * kBoundSlack;
+  const double beta = v.gemm_gamma * abs_sum_bound(na, nb, bias);
   return round_if_decided(approx, beta, f, out);
 }
 
