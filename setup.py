@@ -60,9 +60,8 @@ def _pip_cuda_include_dirs():
         return []
     dirs = []
     for base in list(nvidia.__path__):
-        dirs += glob.glob(os.path.join(base, "cu*", "include"))
-        dirs += glob.glob(os.path.join(base, "*", "include"))
-    return sorted(set(d for d in dirs if os.path.isdir(d)))
+        dirs += glob.glob(os.path.join(base, "cu[0-9]*", "include"))
+    return sorted(d for d in dirs if os.path.isdir(d))
 
 
 def _set_default_arch_list():

@@ -14,6 +14,7 @@ All functions are differentiable; every gradient is itself correctly rounded.
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -68,7 +69,7 @@ def linear(
             f"carbon.linear: input's last dimension ({input.shape[-1]}) does not match "
             f"weight's in_features ({weight.shape[1]})"
         )
-    rows = input.reshape(-1, weight.shape[1])
+    rows = input.reshape(math.prod(input.shape[:-1]), weight.shape[1])
     out = mm(rows, weight.t(), out_dtype=out_dtype) if bias is None else addmm(bias, rows, weight.t(), out_dtype=out_dtype)
     return out.reshape(*input.shape[:-1], weight.shape[0])
 
@@ -99,5 +100,6 @@ def matmul(a: Tensor, b: Tensor, *, out_dtype: Optional[torch.dtype] = None) -> 
             "carbon does not broadcast batch dimensions"
         )
     batch = a.shape[:-2]
-    out = bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), out_dtype=out_dtype)
+    count = math.prod(batch)
+    out = bmm(a.reshape(count, *a.shape[-2:]), b.reshape(count, *b.shape[-2:]), out_dtype=out_dtype)
     return out.reshape(*batch, *out.shape[-2:])
