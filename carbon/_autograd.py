@@ -25,7 +25,7 @@ def reduce_to_shape(grad: Tensor, shape: Sequence[int], dtype: torch.dtype) -> T
     summed = [d for d in range(grad.dim()) if padded[d] == 1 and grad.shape[d] != 1]
     kept = [d for d in range(grad.dim()) if d not in summed]
     rows = math.prod(grad.shape[d] for d in summed)
-    columns = grad.permute(summed + kept).reshape(rows, -1)
+    columns = grad.permute(summed + kept).reshape(rows, math.prod(shape))
     ones = grad.new_ones((1, rows))
     return torch.ops.carbon.mm(ones, columns, dtype).reshape(shape)
 

@@ -1,43 +1,80 @@
 """Fake (meta) implementations: output shapes and dtypes without computing,
-for torch.compile, FakeTensor tracing and the meta device."""
+for torch.compile, FakeTensor tracing and the meta device. They reject bad
+input exactly like the kernels' checks in csrc/matmul/matmul.cpp (same
+exception types, messages starting with "carbon.<op>:"), so tracing fails
+the way eager execution does."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
-
-def _out_dtype(a: Tensor, b: Tensor, out_dtype: Optional[torch.dtype]) -> torch.dtype:
-    return out_dtype if out_dtype is not None else torch.promote_types(a.dtype, b.dtype)
+SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _check_inner(op: str, a: Tensor, b: Tensor) -> None:
-    torch._check(
-        a.shape[-1] == b.shape[-2],
-        lambda: f"carbon.{op}: shapes cannot be multiplied ({tuple(a.shape)} and {tuple(b.shape)})",
+def _check_dtype(op: str, name: str, t: Tensor) -> None:
+    if t.dtype not in SUPPORTED:
+        raise TypeError(
+            f"carbon.{op}: {name} has dtype {t.dtype}; supported dtypes are float32, bfloat16 and float16"
+        )
+
+
+def _check_operands(op: str, a: Tensor, b: Tensor, rank: int) -> None:
+    _check_dtype(op, "a", a)
+    _check_dtype(op, "b", b)
+    if a.device != b.device:
+        raise ValueError(f"carbon.{op}: expected all tensors on one device, but a is on {a.device} and b is on {b.device}")
+    if a.dim() != rank or b.dim() != rank:
+        raise ValueError(f"carbon.{op}: expected {rank}-D tensors, got a with shape {tuple(a.shape)} and b with shape {tuple(b.shape)}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"carbon.{op}: shapes cannot be multiplied ({tuple(a.shape)} and {tuple(b.shape)})")
+    if rank == 3 and a.shape[0] != b.shape[0]:
+        raise ValueError(f"carbon.{op}: batch sizes differ ({tuple(a.shape)} and {tuple(b.shape)})")
+
+
+def _check_bias(op: str, bias: Tensor, a: Tensor, out_shape: Sequence[int]) -> None:
+    _check_dtype(op, "bias", bias)
+    if bias.device != a.device:
+        raise ValueError(f"carbon.{op}: expected all tensors on one device, but a is on {a.device} and bias is on {bias.device}")
+    expandable = bias.dim() <= len(out_shape) and all(
+        s == 1 or s == o for s, o in zip(reversed(bias.shape), reversed(out_shape))
     )
+    if not expandable:
+        raise ValueError(f"carbon.{op}: bias of shape {tuple(bias.shape)} cannot be broadcast to the output shape {tuple(out_shape)}")
+
+
+def _out_dtype(op: str, a: Tensor, b: Tensor, out_dtype: Optional[torch.dtype]) -> torch.dtype:
+    dtype = out_dtype if out_dtype is not None else torch.promote_types(a.dtype, b.dtype)
+    if dtype not in SUPPORTED:
+        raise TypeError(f"carbon.{op}: out_dtype {dtype} is not supported; use float32, bfloat16 or float16")
+    return dtype
 
 
 @torch.library.register_fake("carbon::mm")
 def _mm_fake(a: Tensor, b: Tensor, out_dtype: Optional[torch.dtype] = None) -> Tensor:
-    _check_inner("mm", a, b)
-    return a.new_empty((a.shape[0], b.shape[1]), dtype=_out_dtype(a, b, out_dtype))
+    _check_operands("mm", a, b, 2)
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=_out_dtype("mm", a, b, out_dtype))
 
 
 @torch.library.register_fake("carbon::addmm")
 def _addmm_fake(bias: Tensor, a: Tensor, b: Tensor, out_dtype: Optional[torch.dtype] = None) -> Tensor:
-    return _mm_fake(a, b, out_dtype)
+    _check_operands("addmm", a, b, 2)
+    dtype = _out_dtype("addmm", a, b, out_dtype)
+    _check_bias("addmm", bias, a, (a.shape[0], b.shape[1]))
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=dtype)
 
 
 @torch.library.register_fake("carbon::bmm")
 def _bmm_fake(a: Tensor, b: Tensor, out_dtype: Optional[torch.dtype] = None) -> Tensor:
-    _check_inner("bmm", a, b)
-    torch._check(a.shape[0] == b.shape[0], lambda: "carbon.bmm: batch sizes differ")
-    return a.new_empty((a.shape[0], a.shape[1], b.shape[2]), dtype=_out_dtype(a, b, out_dtype))
+    _check_operands("bmm", a, b, 3)
+    return a.new_empty((a.shape[0], a.shape[1], b.shape[2]), dtype=_out_dtype("bmm", a, b, out_dtype))
 
 
 @torch.library.register_fake("carbon::baddbmm")
 def _baddbmm_fake(bias: Tensor, a: Tensor, b: Tensor, out_dtype: Optional[torch.dtype] = None) -> Tensor:
-    return _bmm_fake(a, b, out_dtype)
+    _check_operands("baddbmm", a, b, 3)
+    dtype = _out_dtype("baddbmm", a, b, out_dtype)
+    _check_bias("baddbmm", bias, a, (a.shape[0], a.shape[1], b.shape[2]))
+    return a.new_empty((a.shape[0], a.shape[1], b.shape[2]), dtype=dtype)

@@ -85,6 +85,8 @@ def matmul(a: Tensor, b: Tensor, *, out_dtype: Optional[torch.dtype] = None) -> 
     """
     if a.dim() == 0 or b.dim() == 0:
         raise ValueError("carbon.matmul: both operands need at least one dimension")
+    if a.dim() == 1 and b.dim() == 1:
+        return matmul(a.unsqueeze(0), b.unsqueeze(-1), out_dtype=out_dtype).reshape(())
     if a.dim() == 1:
         return matmul(a.unsqueeze(0), b, out_dtype=out_dtype).squeeze(-2)
     if b.dim() == 1:
