@@ -34,7 +34,10 @@ from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, C
 
 # The C++ standard is left to torch (2.14 needs C++20, older releases C++17).
 ROOT = os.path.dirname(os.path.abspath(__file__))
-CXX_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-Wall"]
+# -fopenmp: at::parallel_for is inlined from ATen's OpenMP backend; without
+# the flag its pragma is ignored and carbon's CPU loops run on one thread.
+CXX_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-Wall", "-fopenmp"]
+LINK_FLAGS = ["-fopenmp"]
 NVCC_FLAGS = [
     "-O3",
     "--fmad=false",
@@ -87,8 +90,11 @@ def _extension():
             include_dirs=include_dirs + _pip_cuda_include_dirs(),
             define_macros=[("CARBON_WITH_CUDA", "1")],
             extra_compile_args={"cxx": CXX_FLAGS, "nvcc": NVCC_FLAGS},
+            extra_link_args=LINK_FLAGS,
         )
-    return CppExtension("carbon._C", sources, include_dirs=include_dirs, extra_compile_args={"cxx": CXX_FLAGS})
+    return CppExtension(
+        "carbon._C", sources, include_dirs=include_dirs, extra_compile_args={"cxx": CXX_FLAGS}, extra_link_args=LINK_FLAGS
+    )
 
 
 setup(

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Device check for a CUDA machine that already has torch installed (any
+# supported version, e.g. 2.11; this script never installs torch).
+#
+#   bash scripts/device_check.sh            # from anywhere; runs in the repo root
+#   PYTHON=/path/to/python bash scripts/device_check.sh
+#
+# Steps, each under its own `timeout` (at most 470 s in all):
+#   1. environment  (GPU, torch, nvcc)
+#   2. build        TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 pip install --no-build-isolation --no-deps -e .
+#   3. smoke        carbon.mm on a CUDA tensor (are the CUDA kernels built?)
+#   4. tests        python -m pytest -q tests -m cuda   (exit 5 = no tests collected: OK, reported)
+#                   On a machine without a GPU these are all skipped.
+#   5. benchmark    python benchmarks/bench_mm.py --device cuda
+#   6. demo         python -m carbon demo
+# A failing step is recorded and the next one still runs; the summary table is
+# printed last, and the exit status is non-zero if any step failed.
+# Logs go to $LOGDIR (default: $OUT/device_check if $OUT is set, else a temp dir).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY="${PYTHON:-python3}"
+if [[ -n "${LOGDIR:-}" ]]; then :
+elif [[ -n "${OUT:-}" ]]; then LOGDIR="$OUT/device_check"
+else LOGDIR="$(mktemp -d -t carbon_device_check.XXXXXX)"
+fi
+mkdir -p "$LOGDIR"
+
+# Per-step limits in seconds; they sum to 470 s, so the whole check ends within
+# 8 minutes even if every step times out. Override through the environment.
+T_ENV="${T_ENV:-20}"
+T_BUILD="${T_BUILD:-170}"
+T_SMOKE="${T_SMOKE:-30}"
+T_TESTS="${T_TESTS:-110}"
+T_BENCH="${T_BENCH:-110}"
+T_DEMO="${T_DEMO:-30}"
+
+declare -a STEP_NAMES=() STEP_STATUS=() STEP_SECS=()
+FAILED=0
+
+# run_step NAME LIMIT_S CMD...: run CMD with a time limit, tee its output to
+# $LOGDIR/NAME.log, record status and duration. Sets STEP_RC.
+run_step() {
+  local name="$1" limit="$2"
+  shift 2
+  local shown="$*"
+  shown="${shown//$'\n'/ }"
+  echo
+  echo "=== [$name] ${shown:0:160} (limit ${limit}s) ==="
+  local start end rc=0
+  start=$(date +%s)
+  timeout -k 10 "$limit" "$@" 2>&1 | tee "$LOGDIR/$name.log" || rc=$?
+  end=$(date +%s)
+  STEP_RC=$rc
+  local status
+  case "$rc" in
+    0) status="ok" ;;
+    124 | 137) status="TIMEOUT after ${limit}s" ;;
+    *) status="FAILED (exit $rc)" ;;
+  esac
+  STEP_NAMES+=("$name")
+  STEP_STATUS+=("$status")
+  STEP_SECS+=("$((end - start))")
+  echo "=== [$name] $status in $((end - start)) s ==="
+}
+
+# Mark the last recorded step failed unless $1 (its exit code) is acceptable.
+record() {
+  local rc="$1" ok_note="${2:-}"
+  if [[ "$rc" -ne 0 ]]; then
+    FAILED=1
+  elif [[ -n "$ok_note" ]]; then
+    STEP_STATUS[-1]="ok ($ok_note)"
+  fi
+}
+
+# ---- 1. environment ------------------------------------------------------
+run_step env "$T_ENV" bash -c '
+  set -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "nvidia-smi: not available"
+  echo "nvcc: $(command -v nvcc || echo "not on PATH")"; [ -x /usr/local/cuda/bin/nvcc ] && /usr/local/cuda/bin/nvcc --version | tail -n 2
+  "$0" -c "import sys, torch; print(\"python\", sys.version.split()[0]); print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"available\", torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else \"\")"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo uncommitted)"
+' "$PY"
+record "$STEP_RC"
+
+# ---- 2. build --------------------------------------------------------------
+run_step build "$T_BUILD" env TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 \
+  "$PY" -m pip install --no-build-isolation --no-deps -e .
+record "$STEP_RC"
+BUILD_SECS="${STEP_SECS[-1]}"
+
+# ---- 3. smoke: are the CUDA kernels there and exact? -------------------------
+run_step smoke "$T_SMOKE" "$PY" -c '
+import torch, carbon
+a = torch.randn(64, 300, device="cuda"); b = torch.randn(300, 32, device="cuda")
+g = carbon.mm(a, b); c = carbon.mm(a.cpu(), b.cpu())
+same = torch.equal(g.cpu().view(torch.int32), c.view(torch.int32))
+print("carbon", carbon.__file__, "| carbon.mm on cuda:", tuple(g.shape), g.dtype, "| CPU == GPU bits:", same)
+raise SystemExit(0 if same else 1)
+'
+record "$STEP_RC"
+
+# ---- 4. tests ----------------------------------------------------------------
+if [[ -d tests ]]; then
+  run_step tests "$T_TESTS" "$PY" -m pytest -q tests -m cuda -p no:cacheprovider --durations=5
+  if [[ "$STEP_RC" -eq 5 ]]; then
+    echo "(pytest exit 5 = no tests collected; counted as OK)"
+    record 0 "no tests collected: pytest exit 5"
+  else
+    record "$STEP_RC"
+  fi
+else
+  STEP_NAMES+=("tests"); STEP_STATUS+=("skipped: no tests/ directory"); STEP_SECS+=("0")
+fi
+# pytest's final line, e.g. "300 passed, 6 skipped, 818 deselected in 41.2s".
+TEST_COUNTS="$(grep -E ' in [0-9.]+s' "$LOGDIR/tests.log" 2>/dev/null | tail -n 1 | tr -d '=' | sed 's/^ *//; s/ *$//' || true)"
+
+# ---- 5. benchmark ------------------------------------------------------------
+run_step bench "$T_BENCH" "$PY" benchmarks/bench_mm.py --device cuda
+record "$STEP_RC"
+
+# ---- 6. demo -----------------------------------------------------------------
+run_step demo "$T_DEMO" "$PY" -m carbon demo
+record "$STEP_RC"
+
+# ---- summary (last) ----------------------------------------------------------
+echo
+echo "================ device check summary ================"
+printf '| %-6s | %-44s | %7s |\n' "step" "status" "seconds"
+printf '|%s|%s|%s|\n' "--------" "----------------------------------------------" "---------"
+for i in "${!STEP_NAMES[@]}"; do
+  printf '| %-6s | %-44s | %7s |\n' "${STEP_NAMES[$i]}" "${STEP_STATUS[$i]}" "${STEP_SECS[$i]}"
+done
+echo
+echo "build: ${BUILD_SECS} s"
+echo "tests (-m cuda): ${TEST_COUNTS:-none collected or no counts (see $LOGDIR/tests.log)}"
+echo "benchmark ratios:"
+grep -E '^RATIO' "$LOGDIR/bench.log" 2>/dev/null | sed 's/^/  /' || echo "  (none: see $LOGDIR/bench.log)"
+echo "demo (carbon rows):"
+grep -E '^\| (cpu|cuda) +\| carbon' "$LOGDIR/demo.log" 2>/dev/null | sed 's/^/  /' || echo "  (none: see $LOGDIR/demo.log)"
+echo "logs: $LOGDIR"
+if [[ "$FAILED" -ne 0 ]]; then
+  echo "RESULT: FAILED (at least one step failed; see above)"
+  exit 1
+fi
+echo "RESULT: OK"
