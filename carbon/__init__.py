@@ -12,6 +12,7 @@ from carbon import _C  # noqa: F401  (loads the kernels and registers torch.ops.
 from carbon import _autograd, _fake  # noqa: F401  (registrations)
 from carbon import nn
 from carbon.ops import addmm, baddbmm, bmm, linear, matmul, mm
+from carbon.reductions import mean, round_to, sum  # noqa: A004
 
-__all__ = ["mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "nn"]
+__all__ = ["mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "sum", "mean", "round_to", "nn"]
 __version__ = "0.1.0"

@@ -1,9 +1,11 @@
 """Backward formulas of Carbon's ops. Each gradient is computed by a carbon
-op, so it is itself a correctly rounded exact result:
+op, so it is itself a correctly rounded exact result, rounded once into the
+dtype of the input it belongs to:
 
-    d a = RN(grad @ b^T),  d b = RN(a^T @ grad),  d bias = RN(sum of grad over broadcast dims)
-
-each rounded once into the dtype of the input it belongs to.
+    mm/bmm:     d a = RN(grad @ b^T),  d b = RN(a^T @ grad),  d bias = RN(sum of grad over broadcast dims)
+    sum:        d x = RN(grad)            (broadcast back over the reduced dims)
+    mean:       d x = RN(grad / n)
+    round_to:   d x = RN(grad / divisor)
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from typing import Any, Sequence
 
 import torch
 from torch import Tensor
+
+from carbon._fake import reduced_dims
 
 
 def reduce_to_shape(grad: Tensor, shape: Sequence[int], dtype: torch.dtype) -> Tensor:
@@ -65,3 +69,45 @@ torch.library.register_autograd("carbon::mm", _mm_backward, setup_context=_setup
 torch.library.register_autograd("carbon::addmm", _mm_backward, setup_context=_setup_matmul)
 torch.library.register_autograd("carbon::bmm", _bmm_backward, setup_context=_setup_matmul)
 torch.library.register_autograd("carbon::baddbmm", _bmm_backward, setup_context=_setup_matmul)
+
+
+def _setup_reduce(ctx: Any, inputs: tuple, output: Tensor) -> None:
+    x, dim, keepdim, _ = inputs
+    ctx.x_shape, ctx.x_dtype = tuple(x.shape), x.dtype
+    ctx.reduced = reduced_dims("sum", x.dim(), dim)
+    ctx.keepdim = keepdim
+    ctx.count = math.prod(x.shape[d] for d in ctx.reduced)
+
+
+def _broadcast_back(ctx: Any, grad: Tensor) -> Tensor:
+    if not ctx.keepdim:
+        for d in sorted(ctx.reduced):
+            grad = grad.unsqueeze(d)
+    return grad.expand(ctx.x_shape)
+
+
+def _sum_backward(ctx: Any, grad: Tensor) -> tuple:
+    grad_x = _broadcast_back(ctx, grad)
+    if grad_x.dtype != ctx.x_dtype:
+        grad_x = torch.ops.carbon.round_to(grad_x, ctx.x_dtype, 1)
+    return grad_x, None, None, None
+
+
+def _mean_backward(ctx: Any, grad: Tensor) -> tuple:
+    if ctx.count == 0:  # x is empty: so is its gradient
+        return grad.new_zeros(ctx.x_shape, dtype=ctx.x_dtype), None, None, None
+    return torch.ops.carbon.round_to(_broadcast_back(ctx, grad), ctx.x_dtype, ctx.count), None, None, None
+
+
+def _setup_round_to(ctx: Any, inputs: tuple, output: Tensor) -> None:
+    x, _, divisor = inputs
+    ctx.x_dtype, ctx.divisor = x.dtype, divisor
+
+
+def _round_to_backward(ctx: Any, grad: Tensor) -> tuple:
+    return torch.ops.carbon.round_to(grad, ctx.x_dtype, ctx.divisor), None, None
+
+
+torch.library.register_autograd("carbon::sum", _sum_backward, setup_context=_setup_reduce)
+torch.library.register_autograd("carbon::mean", _mean_backward, setup_context=_setup_reduce)
+torch.library.register_autograd("carbon::round_to", _round_to_backward, setup_context=_setup_round_to)

@@ -1,6 +1,6 @@
 """Fake (meta) implementations: output shapes and dtypes without computing,
 for torch.compile, FakeTensor tracing and the meta device. They reject bad
-input exactly like the kernels' checks in csrc/matmul/matmul.cpp (same
+input exactly like the kernels' checks in csrc/ (same
 exception types, messages starting with "carbon.<op>:"), so tracing fails
 the way eager execution does."""
 
@@ -48,7 +48,7 @@ def _check_bias(op: str, bias: Tensor, a: Tensor, out_shape: Sequence[int]) -> N
 def _out_dtype(op: str, a: Tensor, b: Tensor, out_dtype: Optional[torch.dtype]) -> torch.dtype:
     dtype = out_dtype if out_dtype is not None else torch.promote_types(a.dtype, b.dtype)
     if dtype not in SUPPORTED:
-        raise TypeError(f"carbon.{op}: out_dtype {dtype} is not supported; use float32, bfloat16 or float16")
+        raise TypeError(f"carbon.{op}: output dtype {dtype} is not supported; use float32, bfloat16 or float16")
     return dtype
 
 
@@ -78,3 +78,50 @@ def _baddbmm_fake(bias: Tensor, a: Tensor, b: Tensor, out_dtype: Optional[torch.
     dtype = _out_dtype("baddbmm", a, b, out_dtype)
     _check_bias("baddbmm", bias, a, (a.shape[0], a.shape[1], b.shape[2]))
     return a.new_empty((a.shape[0], a.shape[1], b.shape[2]), dtype=dtype)
+
+
+def reduced_dims(op: str, ndim: int, dim: Optional[Sequence[int]]) -> list:
+    """The dimensions a reduction reduces, normalized and checked like the
+    kernels do (None or empty: all of them)."""
+    span = max(ndim, 1)  # a 0-dim tensor accepts dim 0 and -1
+    if not dim:
+        return list(range(ndim))
+    out = []
+    for d in dim:
+        if not -span <= d < span:
+            raise ValueError(f"carbon.{op}: dim {d} is out of range for a tensor with {ndim} dimensions")
+        w = d % span
+        if w in out:
+            raise ValueError(f"carbon.{op}: dim {d} appears more than once")
+        out.append(w)
+    return [d for d in out if d < ndim]
+
+
+def _reduce_fake(op: str, x: Tensor, dim: Optional[Sequence[int]], keepdim: bool, dtype: Optional[torch.dtype]) -> Tensor:
+    _check_dtype(op, "x", x)
+    out_dtype = dtype if dtype is not None else x.dtype
+    if out_dtype not in SUPPORTED:
+        raise TypeError(f"carbon.{op}: output dtype {out_dtype} is not supported; use float32, bfloat16 or float16")
+    reduced = reduced_dims(op, x.dim(), dim)
+    shape = [1 if d in reduced else s for d, s in enumerate(x.shape) if keepdim or d not in reduced]
+    return x.new_empty(shape, dtype=out_dtype)
+
+
+@torch.library.register_fake("carbon::sum")
+def _sum_fake(x: Tensor, dim: Optional[Sequence[int]] = None, keepdim: bool = False, dtype: Optional[torch.dtype] = None) -> Tensor:
+    return _reduce_fake("sum", x, dim, keepdim, dtype)
+
+
+@torch.library.register_fake("carbon::mean")
+def _mean_fake(x: Tensor, dim: Optional[Sequence[int]] = None, keepdim: bool = False, dtype: Optional[torch.dtype] = None) -> Tensor:
+    return _reduce_fake("mean", x, dim, keepdim, dtype)
+
+
+@torch.library.register_fake("carbon::round_to")
+def _round_to_fake(x: Tensor, dtype: torch.dtype, divisor: int = 1) -> Tensor:
+    _check_dtype("round_to", "x", x)
+    if dtype not in SUPPORTED:
+        raise TypeError(f"carbon.round_to: output dtype {dtype} is not supported; use float32, bfloat16 or float16")
+    if not 1 <= divisor < 2**32:
+        raise ValueError(f"carbon.round_to: divisor must be in [1, 2^32), got {divisor}")
+    return x.new_empty(x.shape, dtype=dtype)

@@ -4,7 +4,9 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include "convert/round_to.h"
 #include "matmul/matmul.h"
+#include "reduce/reduce.h"
 
 // `import carbon._C` loads this library, which runs the registrations below.
 extern "C" PyObject* PyInit__C(void) {
@@ -17,15 +19,21 @@ TORCH_LIBRARY(carbon, m) {
   m.def("addmm(Tensor bias, Tensor a, Tensor b, ScalarType? out_dtype=None) -> Tensor");
   m.def("bmm(Tensor a, Tensor b, ScalarType? out_dtype=None) -> Tensor");
   m.def("baddbmm(Tensor bias, Tensor a, Tensor b, ScalarType? out_dtype=None) -> Tensor");
+  m.def("sum(Tensor x, int[]? dim=None, bool keepdim=False, ScalarType? dtype=None) -> Tensor");
+  m.def("mean(Tensor x, int[]? dim=None, bool keepdim=False, ScalarType? dtype=None) -> Tensor");
+  m.def("round_to(Tensor x, ScalarType dtype, int divisor=1) -> Tensor");
 }
 
-// The matmul ops are device-generic at this level (they pick the CPU or CUDA
-// kernels for the final rounding step themselves).
+// The ops are device-generic at this level: each checks its inputs and
+// picks the CPU or CUDA kernels itself.
 TORCH_LIBRARY_IMPL(carbon, CPU, m) {
   m.impl("mm", &carbon::mm);
   m.impl("addmm", &carbon::addmm);
   m.impl("bmm", &carbon::bmm);
   m.impl("baddbmm", &carbon::baddbmm);
+  m.impl("sum", &carbon::sum);
+  m.impl("mean", &carbon::mean);
+  m.impl("round_to", &carbon::round_to);
 }
 
 #ifdef CARBON_WITH_CUDA
@@ -34,5 +42,8 @@ TORCH_LIBRARY_IMPL(carbon, CUDA, m) {
   m.impl("addmm", &carbon::addmm);
   m.impl("bmm", &carbon::bmm);
   m.impl("baddbmm", &carbon::baddbmm);
+  m.impl("sum", &carbon::sum);
+  m.impl("mean", &carbon::mean);
+  m.impl("round_to", &carbon::round_to);
 }
 #endif

@@ -92,18 +92,34 @@ CARBON_HD void exact_sum_add_product(int64_t* limb, uint32_t& flags, double a, d
   exact_sum_add(limb, flags, a * b);  // exact: at most 48 significant bits
 }
 
-// Round the exact sum to format f. `limb` is taken by value-copy semantics:
-// the caller's array is normalized in place (its value is unchanged).
-CARBON_HD double exact_sum_round(int64_t* limb, uint32_t flags, const FloatFormat& f) {
-  if ((flags & kSawNaN) || ((flags & kSawPosInf) && (flags & kSawNegInf)))
-    return bits_to_double(kExpMask | (1ull << 51));
-  if (flags & kSawPosInf) return bits_to_double(kExpMask);
-  if (flags & kSawNegInf) return bits_to_double(kSignBit | kExpMask);
+// The special-value result of an accumulator, if its flags force one:
+// writes NaN or +-inf to *out and returns true.
+CARBON_HD bool exact_sum_special(uint32_t flags, double* out) {
+  if ((flags & kSawNaN) || ((flags & kSawPosInf) && (flags & kSawNegInf))) {
+    *out = bits_to_double(kExpMask | (1ull << 51));
+    return true;
+  }
+  if (flags & (kSawPosInf | kSawNegInf)) {
+    *out = bits_to_double(((flags & kSawNegInf) ? kSignBit : 0) | kExpMask);
+    return true;
+  }
+  return false;
+}
 
-  // Propagate carries so limbs 0..kLimbs-2 are digits in [0, 2^32); the top
-  // limb keeps the sign.
+// The sign of an exact zero sum (contract: -0 iff some term and all -0).
+CARBON_HD double exact_zero(uint32_t flags) {
+  const bool neg_zero = (flags & kSawTerm) && !(flags & kSawNonNegZero);
+  return neg_zero ? bits_to_double(kSignBit) : 0.0;
+}
+
+// Turns the limbs, in place, into the digits of |sum| (each in [0, 2^32);
+// the value stays below 2^288 so the top limb is a digit too) and returns
+// whether the sum is negative.
+CARBON_HD bool exact_sum_to_magnitude(int64_t* limb) {
+  // Propagate carries (arithmetic shift = floor division); the top limb
+  // keeps the sign.
   for (int i = 0; i < kLimbs - 1; ++i) {
-    const int64_t carry = limb[i] >> 32;  // arithmetic shift: floor division
+    const int64_t carry = limb[i] >> 32;
     limb[i] -= carry * (int64_t(1) << 32);
     limb[i + 1] += carry;
   }
@@ -117,23 +133,61 @@ CARBON_HD double exact_sum_round(int64_t* limb, uint32_t flags, const FloatForma
       limb[i + 1] += carry;
     }
   }
+  return negative;
+}
+
+// RN_f of the nonnegative number held in `digits` (radix 2^32, weight of
+// digit 0 = 2^kLowestBit), plus a positive amount below the last digit when
+// `sticky`, with the given sign. Returns false when the number is zero (and
+// not sticky): the caller decides the zero's sign.
+CARBON_HD bool round_digits(const int64_t* digits, bool sticky, bool negative, const FloatFormat& f,
+                            double* out) {
   int h = kLimbs - 1;
-  while (h >= 0 && limb[h] == 0) --h;
+  while (h >= 0 && digits[h] == 0) --h;
   if (h < 0) {
-    const bool neg_zero = (flags & kSawTerm) && !(flags & kSawNonNegZero);
-    return neg_zero ? bits_to_double(kSignBit) : 0.0;
+    if (!sticky) return false;
+    *out = bits_to_double(negative ? kSignBit : 0);  // below 2^-352: rounds to a signed zero
+    return true;
   }
-  // A 64-bit window starting at the leading bit, plus a sticky bit for the
-  // rest. Every limb is < 2^32 here (the sum stays below 2^288).
-  const uint64_t dh = static_cast<uint64_t>(limb[h]);
-  const uint64_t d1 = h >= 1 ? static_cast<uint64_t>(limb[h - 1]) : 0;
-  const uint64_t d2 = h >= 2 ? static_cast<uint64_t>(limb[h - 2]) : 0;
+  // A 64-bit window starting at the leading bit, plus a sticky bit for the rest.
+  const uint64_t dh = static_cast<uint64_t>(digits[h]);
+  const uint64_t d1 = h >= 1 ? static_cast<uint64_t>(digits[h - 1]) : 0;
+  const uint64_t d2 = h >= 2 ? static_cast<uint64_t>(digits[h - 2]) : 0;
   const int t = top_bit(dh);  // 0..31
-  const uint64_t window = (dh << (63 - t)) | (d1 << (31 - t)) | ((t + 1 == 32) ? 0 : (d2 >> (t + 1)));
-  bool sticky = (d2 & ((1ull << (t + 1)) - 1)) != 0;
-  for (int i = h - 3; i >= 0 && !sticky; --i) sticky = limb[i] != 0;
+  const uint64_t window = (dh << (63 - t)) | (d1 << (31 - t)) | (d2 >> (t + 1));
+  sticky = sticky || (d2 & ((1ull << (t + 1)) - 1)) != 0;
+  for (int i = h - 3; i >= 0 && !sticky; --i) sticky = digits[i] != 0;
   const int lsb_exp = kLowestBit + 32 * (h - 2) + t + 1;
-  return round_magnitude(window, lsb_exp, sticky, negative, f);
+  *out = round_magnitude(window, lsb_exp, sticky, negative, f);
+  return true;
+}
+
+// RN_f(sum). The limbs are normalized in place (their value is unchanged).
+CARBON_HD double exact_sum_round(int64_t* limb, uint32_t flags, const FloatFormat& f) {
+  double out;
+  if (exact_sum_special(flags, &out)) return out;
+  const bool negative = exact_sum_to_magnitude(limb);
+  if (round_digits(limb, false, negative, f, &out)) return out;
+  return exact_zero(flags);
+}
+
+// RN_f(sum / n) for 0 < n < 2^32: one rounding of the exact quotient. Long
+// division by 32-bit digits (each step divides a number below n * 2^32, which
+// fits in 64 bits); a nonzero remainder is the sticky bit. The quotient keeps
+// every bit down to 2^kLowestBit, far below any format's quantum, so the
+// rounding sees all the bits it needs. The limbs end up holding the quotient.
+CARBON_HD double exact_sum_round_divided(int64_t* limb, uint32_t flags, uint64_t n, const FloatFormat& f) {
+  double out;
+  if (exact_sum_special(flags, &out)) return out;
+  const bool negative = exact_sum_to_magnitude(limb);
+  uint64_t rem = 0;
+  for (int i = kLimbs - 1; i >= 0; --i) {
+    const uint64_t cur = (rem << 32) | static_cast<uint64_t>(limb[i]);
+    limb[i] = static_cast<int64_t>(cur / n);
+    rem = cur % n;
+  }
+  if (round_digits(limb, rem != 0, negative, f, &out)) return out;
+  return exact_zero(flags);
 }
 
 }  // namespace carbon

@@ -136,6 +136,26 @@ CARBON_HD double round_double(double x, const FloatFormat& f) {
   return round_magnitude(mant, lsb_exp, false, (u & kSignBit) != 0, f);
 }
 
+// The value of the bits `bits` of format f, as a double (always exact). Integer
+// operations only, so subnormal inputs are read correctly whatever the
+// CPU's denormals-are-zero setting.
+CARBON_HD double decode(uint32_t bits, const FloatFormat& f) {
+  const int frac_bits = f.precision - 1;
+  const int exp_bits = f.total_bits - f.precision;
+  const uint64_t sign = ((bits >> (f.total_bits - 1)) & 1u) ? kSignBit : 0;
+  const uint32_t field = (bits >> frac_bits) & ((1u << exp_bits) - 1u);
+  const uint64_t frac = bits & ((1u << frac_bits) - 1u);
+  if (field == (1u << exp_bits) - 1u) return bits_to_double(frac ? (kExpMask | (1ull << 51)) : (sign | kExpMask));
+  if (field == 0) {
+    if (frac == 0) return bits_to_double(sign);
+    const int t = top_bit(frac);  // subnormal: frac * 2^quantum_exp, normalized
+    const uint64_t exp = static_cast<uint64_t>(quantum_exp(f) + t + 1023);
+    return bits_to_double(sign | (exp << 52) | ((frac << (52 - t)) & kFracMask));
+  }
+  const uint64_t exp = static_cast<uint64_t>(static_cast<int>(field) - f.max_exp + 1023);
+  return bits_to_double(sign | (exp << 52) | (frac << (52 - frac_bits)));
+}
+
 // Bits of v in format f. v must be NaN, +-inf, or exactly representable in f
 // (as everything round_magnitude / round_double returns is).
 CARBON_HD uint32_t encode(double v, const FloatFormat& f) {

@@ -28,6 +28,19 @@ CARBON_HD double gamma_n(int64_t n) {
   return nu / (1.0 - nu);
 }
 
+// If the exact value is known to lie in [lo, hi] (rigorous bounds), every
+// value there rounds to the same result in f and its sign is certain, write
+// it to *out and return true. Non-finite bounds are never decided.
+CARBON_HD bool round_interval_if_decided(double lo, double hi, const FloatFormat& f, double* out) {
+  if (!is_finite(lo) || !is_finite(hi)) return false;
+  if (!(lo > 0.0 || hi < 0.0)) return false;  // sign of the result not certain
+  const double r_lo = round_double(lo, f);
+  const double r_hi = round_double(hi, f);
+  if (double_to_bits(r_lo) != double_to_bits(r_hi)) return false;
+  *out = r_lo;
+  return true;
+}
+
 // If every value within `beta` of `approx` rounds to the same result in f and
 // the sign of that result is certain, write it to *out and return true.
 // approx and beta must come from IEEE double arithmetic; non-finite inputs
@@ -36,14 +49,17 @@ CARBON_HD bool round_if_decided(double approx, double beta, const FloatFormat& f
   if (!is_finite(approx) || !is_finite(beta)) return false;
   // fl(approx -+ beta) is within half an ulp of the exact endpoint; stepping
   // one more ulp outwards gives a strict bound on each side.
-  const double lo = next_down(approx - beta);
-  const double hi = next_up(approx + beta);
-  if (!(lo > 0.0 || hi < 0.0)) return false;  // sign of the result not certain
-  const double r_lo = round_double(lo, f);
-  const double r_hi = round_double(hi, f);
-  if (double_to_bits(r_lo) != double_to_bits(r_hi)) return false;
-  *out = r_lo;
-  return true;
+  return round_interval_if_decided(next_down(approx - beta), next_up(approx + beta), f, out);
+}
+
+// The same for the quotient c / n (n > 0) of a value c within `beta` of
+// `approx`: each rounded step is followed by a step outwards.
+CARBON_HD bool round_quotient_if_decided(double approx, double beta, double n, const FloatFormat& f,
+                                         double* out) {
+  if (!is_finite(approx) || !is_finite(beta)) return false;
+  const double lo = next_down(next_down(approx - beta) / n);
+  const double hi = next_up(next_up(approx + beta) / n);
+  return round_interval_if_decided(lo, hi, f, out);
 }
 
 // Compensated summation (TwoSum, Knuth): s + e == a + b exactly.

@@ -5,24 +5,13 @@
 
 #include <c10/util/Exception.h>
 
+#include "../dtypes.h"
+
 namespace carbon {
 namespace {
 
-bool is_supported(at::ScalarType t) {
-  return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
-}
-
-FormatId format_of(at::ScalarType t) {
-  if (t == at::kBFloat16) return FormatId::kBFloat16;
-  if (t == at::kHalf) return FormatId::kFloat16;
-  return FormatId::kFloat32;
-}
-
 void check_dtype(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK_TYPE(is_supported(t.scalar_type()), "carbon.", op, ": ", name, " has dtype ",
-                   t.scalar_type(),
-                   "; supported dtypes are float32, bfloat16 and float16 (carbon rounds the exact "
-                   "result into these formats; for float64 use torch.", op, ")");
+  check_supported_dtype(op, name, t);
 }
 
 void check_device(const char* op, const at::Tensor& a, const char* name, const at::Tensor& t) {
@@ -32,10 +21,7 @@ void check_device(const char* op, const at::Tensor& a, const char* name, const a
 
 at::ScalarType output_dtype(const char* op, const at::Tensor& a, const at::Tensor& b,
                             std::optional<at::ScalarType> requested) {
-  const at::ScalarType out = requested.value_or(at::promote_types(a.scalar_type(), b.scalar_type()));
-  TORCH_CHECK_TYPE(is_supported(out), "carbon.", op, ": out_dtype ", out,
-                   " is not supported; use float32, bfloat16 or float16");
-  return out;
+  return checked_out_dtype(op, requested.value_or(at::promote_types(a.scalar_type(), b.scalar_type())));
 }
 
 // a3: [B, M, K], b3: [B, K, N], bias: broadcastable to [B, M, N] or undefined.

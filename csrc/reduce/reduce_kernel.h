@@ -1,0 +1,63 @@
+// Per-row logic of the exact reductions, shared by the CPU and CUDA kernels.
+// A row of n values x_k is reduced to
+//     sum:  RN_f(c)        mean:  RN_f(c / n)        with c = sum_k x_k exact,
+// by the same three tiers as the matmul (see matmul_kernel.h):
+//   1. an fp64 sum (any order) and the fp64 sum of |x_k|: |fl - c| <= gamma_n sum|x|;
+//   2. a compensated (TwoSum) sum, error about 2^-53 |c| + gamma_n^2 sum|x|;
+//   3. the exact accumulator (and, for the mean, an exact long division).
+// Whichever tier decides, the value is the correctly rounded one.
+#pragma once
+
+#include "../exact/exact_sum.h"
+#include "../exact/rounding_test.h"
+
+namespace carbon {
+
+// The value of one element as a double (exact for every supported format).
+template <typename T>
+CARBON_HD double element_value(const T& x) {
+  return static_cast<double>(static_cast<float>(x));
+}
+
+// What a reduction returns for an empty row: sum +0, mean 0/0 = NaN.
+CARBON_HD double empty_reduction(bool mean) { return mean ? bits_to_double(kExpMask | (1ull << 51)) : 0.0; }
+
+// Tier 1: decide from the fp64 sum and absolute sum of n > 0 values.
+CARBON_HD bool reduce_round_fast(double sum, double abs_sum, int64_t n, bool mean, const FloatFormat& f,
+                                 double* out) {
+  const double beta = gamma_n(n) * abs_sum * kBoundSlack;
+  return mean ? round_quotient_if_decided(sum, beta, static_cast<double>(n), f, out)
+              : round_if_decided(sum, beta, f, out);
+}
+
+// Tier 2's decision, from a compensated sum built in at most `depth` steps.
+CARBON_HD bool reduce_round_compensated(const CompensatedSum& acc, double abs_sum, int64_t n, int64_t depth,
+                                        bool mean, const FloatFormat& f, double* out) {
+  const double value = acc.s + acc.t;
+  const double beta = compensated_bound(value, abs_sum, depth);
+  return mean ? round_quotient_if_decided(value, beta, static_cast<double>(n), f, out)
+              : round_if_decided(value, beta, f, out);
+}
+
+// Tier 3's rounding of an exact accumulator.
+CARBON_HD double reduce_round_exact_sum(int64_t* limb, uint32_t flags, int64_t n, bool mean,
+                                        const FloatFormat& f) {
+  return mean ? exact_sum_round_divided(limb, flags, static_cast<uint64_t>(n), f) : exact_sum_round(limb, flags, f);
+}
+
+// Tiers 2 and 3 for one row, sequentially (the CPU's path). `abs_sum` is
+// tier 1's fp64 sum of |x_k| (a bound on the true one within kBoundSlack).
+template <typename T>
+CARBON_HD double reduce_row_exact(const T* x, int64_t n, double abs_sum, bool mean, const FloatFormat& f) {
+  double out;
+  CompensatedSum acc;
+  for (int64_t k = 0; k < n; ++k) compensated_add(acc, element_value(x[k]));
+  if (reduce_round_compensated(acc, abs_sum * kBoundSlack, n, n + 1, mean, f, &out)) return out;
+  int64_t limb[kLimbs];
+  uint32_t flags;
+  exact_sum_clear(limb, flags);
+  for (int64_t k = 0; k < n; ++k) exact_sum_add(limb, flags, element_value(x[k]));
+  return reduce_round_exact_sum(limb, flags, n, mean, f);
+}
+
+}  // namespace carbon
