@@ -87,10 +87,9 @@ def _broadcast_back(ctx: Any, grad: Tensor) -> Tensor:
 
 
 def _sum_backward(ctx: Any, grad: Tensor) -> tuple:
-    grad_x = _broadcast_back(ctx, grad)
-    if grad_x.dtype != ctx.x_dtype:
-        grad_x = torch.ops.carbon.round_to(grad_x, ctx.x_dtype, 1)
-    return grad_x, None, None, None
+    # round_to even when the dtypes agree: it writes the canonical NaN, as
+    # every carbon result does (an incoming NaN may carry any payload).
+    return torch.ops.carbon.round_to(_broadcast_back(ctx, grad), ctx.x_dtype, 1), None, None, None
 
 
 def _mean_backward(ctx: Any, grad: Tensor) -> tuple:

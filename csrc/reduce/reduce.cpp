@@ -30,31 +30,37 @@ at::Tensor reduce(const char* op, const at::Tensor& x, at::OptionalIntArrayRef d
       reduced[w] = true;
     }
   }
-  std::vector<int64_t> order, out_shape;
+  std::vector<int64_t> kept_dims, reduced_dims, out_shape;
   int64_t rows = 1, n = 1;
-  for (int64_t d = 0; d < ndim; ++d)
+  for (int64_t d = 0; d < ndim; ++d) {
     if (!reduced[d]) {
-      order.push_back(d);
+      kept_dims.push_back(d);
       out_shape.push_back(x.size(d));
       rows *= x.size(d);
-    } else if (keepdim) {
-      out_shape.push_back(1);
-    }
-  for (int64_t d = 0; d < ndim; ++d)
-    if (reduced[d]) {
-      order.push_back(d);
+    } else {
+      reduced_dims.push_back(d);
       n *= x.size(d);
+      if (keepdim) out_shape.push_back(1);
     }
+  }
+  std::vector<int64_t> rows_order(kept_dims), columns_order(reduced_dims);
+  rows_order.insert(rows_order.end(), reduced_dims.begin(), reduced_dims.end());
+  columns_order.insert(columns_order.end(), kept_dims.begin(), kept_dims.end());
   // Fewer than 2^31 terms keeps the exact accumulator's limbs from overflowing.
   TORCH_CHECK_VALUE(n < (int64_t(1) << 31) - 1, "carbon.", op, ": at most 2^31 - 2 elements can be reduced into one output");
-  const at::Tensor x2 = x.permute(order).reshape({rows, n}).contiguous();
   at::Tensor out = at::empty({rows}, x.options().dtype(out_dtype));
+  const at::Tensor as_rows = x.permute(rows_order);
+  const at::Tensor as_columns = x.permute(columns_order);
   if (rows > 0) {
-    if (x.is_cpu()) {
-      reduce_rows_cpu(x2, mean, format_of(out_dtype), out);
+    if (x.is_cpu() && !as_rows.is_contiguous() && as_columns.is_contiguous()) {
+      // Reducing leading dimensions (e.g. over the tokens of a gradient):
+      // sum columns in place rather than transposing.
+      reduce_columns_cpu(as_columns.reshape({n, rows}), mean, format_of(out_dtype), out);
+    } else if (x.is_cpu()) {
+      reduce_rows_cpu(as_rows.reshape({rows, n}).contiguous(), mean, format_of(out_dtype), out);
     } else {
 #ifdef CARBON_WITH_CUDA
-      reduce_rows_cuda(x2, mean, format_of(out_dtype), out);
+      reduce_rows_cuda(as_rows.reshape({rows, n}).contiguous(), mean, format_of(out_dtype), out);
 #endif
     }
   }

@@ -1,10 +1,15 @@
-// CPU kernels of the exact reductions. Rows are split over threads; a few
-// long rows are split along the row instead, for tier 1's fp64 sums only
-// (their bound holds for any order). Each output is computed the same way
-// whatever the split, so the bits do not depend on the thread count.
+// CPU kernels of the exact reductions. Each output is computed the same way
+// whatever the thread count: the summation trees below depend only on the
+// sizes, and every tree's error bound is used as such.
+//   * many rows: rows split over threads, each row summed in eight chains;
+//   * a few long rows: each row cut into fixed chunks summed in parallel
+//     (all three tiers), partials combined in chunk order;
+//   * reducing leading dimensions ([n, cols] layout): columns summed side by
+//     side (vectorized across columns), in fixed chunks of rows.
 #include <ATen/Parallel.h>
 
-#include <utility>
+#include <array>
+#include <vector>
 
 #include "../dtypes.h"
 #include "reduce.h"
@@ -13,18 +18,21 @@
 namespace carbon {
 namespace {
 
-struct RowSums {
+struct Sums {
   double sum = 0.0, abs_sum = 0.0;
 };
 
-// Tier 1's fp64 sums over x[0, n); four independent chains so the loop is
-// not bound by the latency of one chain of additions.
+// Tier 1's fp64 sums of x[0, n) in kChains interleaved chains (one or two
+// SIMD registers of doubles): no value passes through more than
+// chain_depth(n) additions.
+constexpr int kChains = 8;
+
 template <typename T>
-RowSums row_sums(const T* x, int64_t n) {
-  double s[4] = {0.0, 0.0, 0.0, 0.0}, a[4] = {0.0, 0.0, 0.0, 0.0};
+__attribute__((target_clones("avx2", "default"))) Sums chain_sums(const T* x, int64_t n) {
+  double s[kChains] = {}, a[kChains] = {};
   int64_t k = 0;
-  for (; k + 4 <= n; k += 4)
-    for (int l = 0; l < 4; ++l) {
+  for (; k + kChains <= n; k += kChains)
+    for (int l = 0; l < kChains; ++l) {
       const double v = element_value(x[k + l]);
       s[l] = s[l] + v;
       a[l] = a[l] + abs_value(v);
@@ -34,39 +42,164 @@ RowSums row_sums(const T* x, int64_t n) {
     s[0] = s[0] + v;
     a[0] = a[0] + abs_value(v);
   }
-  return {(s[0] + s[1]) + (s[2] + s[3]), (a[0] + a[1]) + (a[2] + a[3])};
+  for (int width = kChains / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; ++l) {
+      s[l] = s[l] + s[l + width];
+      a[l] = a[l] + a[l + width];
+    }
+  return {s[0], a[0]};
+}
+
+int64_t chain_depth(int64_t n) { return (n + kChains - 1) / kChains + 4; }
+
+template <typename F>
+void store(double value, typename F::Bits* out) {
+  *out = static_cast<typename F::Bits>(encode(value, F::get()));
+}
+
+// ---------------------------------------------------------------- rows
+
+template <typename T, typename F>
+void reduce_many_rows(const T* x, int64_t rows, int64_t n, bool mean, typename F::Bits* out) {
+  constexpr FloatFormat f = F::get();
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(n, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* row = x + r * n;
+      double value;
+      if (n == 0) {
+        value = empty_reduction(mean);
+      } else {
+        const Sums t1 = chain_sums(row, n);
+        if (!reduce_round_fast(t1.sum, t1.abs_sum, n, chain_depth(n), mean, f, &value))
+          value = reduce_exact(row, n, 1, t1.abs_sum, mean, f);
+      }
+      store<F>(value, out + r);
+    }
+  });
+}
+
+constexpr int64_t kChunk = 8192;
+
+// One long row, every tier split into fixed chunks of kChunk elements.
+template <typename T, typename F>
+double reduce_long_row(const T* row, int64_t n, bool mean) {
+  constexpr FloatFormat f = F::get();
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  auto chunk_len = [&](int64_t c) { return std::min(kChunk, n - c * kChunk); };
+  std::vector<double> sums(chunks), abs_sums(chunks);
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const Sums s = chain_sums(row + c * kChunk, chunk_len(c));
+      sums[c] = s.sum;
+      abs_sums[c] = s.abs_sum;
+    }
+  });
+  const double sum = chain_sums(sums.data(), chunks).sum;
+  const double abs_sum = chain_sums(abs_sums.data(), chunks).sum;
+  double value;
+  if (reduce_round_fast(sum, abs_sum, n, chain_depth(kChunk) + chain_depth(chunks), mean, f, &value))
+    return value;
+
+  std::vector<CompensatedSum> parts(chunks);
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c)
+      for (int64_t k = 0; k < chunk_len(c); ++k) compensated_add(parts[c], element_value(row[c * kChunk + k]));
+  });
+  CompensatedSum acc;
+  for (const CompensatedSum& part : parts) acc = compensated_merge(acc, part);
+  if (reduce_round_compensated(acc, abs_sum * kBoundSlack, n, n + chunks + 2, mean, f, &value)) return value;
+
+  std::vector<std::array<int64_t, kLimbs>> limbs(chunks);
+  std::vector<uint32_t> flags(chunks);
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      exact_sum_clear(limbs[c].data(), flags[c]);
+      for (int64_t k = 0; k < chunk_len(c); ++k)
+        exact_sum_add(limbs[c].data(), flags[c], element_value(row[c * kChunk + k]));
+    }
+  });
+  int64_t total[kLimbs];
+  uint32_t all_flags;
+  exact_sum_clear(total, all_flags);
+  for (int64_t c = 0; c < chunks; ++c) {  // integer sums: exact in any order
+    for (int i = 0; i < kLimbs; ++i) total[i] += limbs[c][i];
+    all_flags |= flags[c];
+  }
+  return reduce_round_exact_sum(total, all_flags, n, mean, f);
 }
 
 template <typename T, typename F>
 void reduce_rows(const T* x, int64_t rows, int64_t n, bool mean, typename F::Bits* out) {
-  constexpr FloatFormat f = F::get();
-  auto finish = [&](int64_t r, const RowSums& t1) {
-    const T* row = x + r * n;
-    double value;
-    if (n == 0)
-      value = empty_reduction(mean);
-    else if (!reduce_round_fast(t1.sum, t1.abs_sum, n, mean, f, &value))
-      value = reduce_row_exact(row, n, t1.abs_sum, mean, f);
-    out[r] = static_cast<typename F::Bits>(encode(value, f));
-  };
-  constexpr int64_t kSplitRowAbove = 1 << 16;
-  if (rows < at::get_num_threads() && n > kSplitRowAbove) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* row = x + r * n;
-      const RowSums t1 = at::parallel_reduce(
-          0, n, kSplitRowAbove / 4, RowSums{},
-          [&](int64_t begin, int64_t end, RowSums acc) {
-            const RowSums part = row_sums(row + begin, end - begin);
-            return RowSums{acc.sum + part.sum, acc.abs_sum + part.abs_sum};
-          },
-          [](RowSums p, RowSums q) { return RowSums{p.sum + q.sum, p.abs_sum + q.abs_sum}; });
-      finish(r, t1);
-    }
+  if (rows < at::get_num_threads() && n > 4 * kChunk) {
+    for (int64_t r = 0; r < rows; ++r) store<F>(reduce_long_row<T, F>(x + r * n, n, mean), out + r);
     return;
   }
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(n, 1));
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) finish(r, row_sums(x + r * n, n));
+  reduce_many_rows<T, F>(x, rows, n, mean, out);
+}
+
+// ---------------------------------------------------------------- columns
+
+constexpr int64_t kColumnBlock = 256;  // columns summed side by side
+constexpr int64_t kRowChunk = 1024;    // rows per partial sum
+
+// part[j] = sum of x[r * cols + j] over r < rows, one chain per column (the
+// columns are independent, so the loop over j vectorizes).
+template <typename T>
+__attribute__((target_clones("avx2", "default"))) void column_chunk_sums(const T* x, int64_t rows, int64_t cols,
+                                                                          int64_t width, double* part,
+                                                                          double* abs_part) {
+  for (int64_t j = 0; j < width; ++j) part[j] = abs_part[j] = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* row = x + r * cols;
+    for (int64_t j = 0; j < width; ++j) {
+      const double v = element_value(row[j]);
+      part[j] = part[j] + v;
+      abs_part[j] = abs_part[j] + abs_value(v);
+    }
+  }
+}
+
+// out[j] = reduction of x[0..n)[j] for the columns of a contiguous [n, cols]
+// tensor. Per column: chunks of kRowChunk rows summed in one chain, the
+// chunk partials added in order: depth kRowChunk + n / kRowChunk + 1.
+template <typename T, typename F>
+void reduce_columns(const T* x, int64_t n, int64_t cols, bool mean, typename F::Bits* out) {
+  constexpr FloatFormat f = F::get();
+  const int64_t blocks = (cols + kColumnBlock - 1) / kColumnBlock;
+  const int64_t depth = kRowChunk + (n + kRowChunk - 1) / kRowChunk + 1;
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    double sum[kColumnBlock], abs_sum[kColumnBlock], part[kColumnBlock], abs_part[kColumnBlock];
+    for (int64_t blk = begin; blk < end; ++blk) {
+      const int64_t j0 = blk * kColumnBlock, width = std::min(kColumnBlock, cols - j0);
+      for (int64_t j = 0; j < width; ++j) sum[j] = abs_sum[j] = 0.0;
+      for (int64_t r0 = 0; r0 < n; r0 += kRowChunk) {
+        column_chunk_sums(x + r0 * cols + j0, std::min(n, r0 + kRowChunk) - r0, cols, width, part, abs_part);
+        for (int64_t j = 0; j < width; ++j) {
+          sum[j] = sum[j] + part[j];
+          abs_sum[j] = abs_sum[j] + abs_part[j];
+        }
+      }
+      for (int64_t j = 0; j < width; ++j) {
+        double value;
+        if (n == 0)
+          value = empty_reduction(mean);
+        else if (!reduce_round_fast(sum[j], abs_sum[j], n, depth, mean, f, &value))
+          value = reduce_exact(x + j0 + j, n, cols, abs_sum[j], mean, f);
+        store<F>(value, out + j0 + j);
+      }
+    }
+  });
+}
+
+template <typename Kernel>
+void dispatch(const at::Tensor& x, FormatId format, at::Tensor& out, Kernel&& kernel) {
+  with_element_type(x.scalar_type(), [&](auto element) {
+    using T = decltype(element);
+    with_format(format, [&](auto fmt) {
+      using F = decltype(fmt);
+      kernel(x.const_data_ptr<T>(), static_cast<typename F::Bits*>(out.mutable_data_ptr()), F{});
+    });
   });
 }
 
@@ -74,12 +207,17 @@ void reduce_rows(const T* x, int64_t rows, int64_t n, bool mean, typename F::Bit
 
 void reduce_rows_cpu(const at::Tensor& x, bool mean, FormatId format, at::Tensor& out) {
   const int64_t rows = x.size(0), n = x.size(1);
-  with_element_type(x.scalar_type(), [&](auto element) {
-    using T = decltype(element);
-    with_format(format, [&](auto fmt) {
-      using F = decltype(fmt);
-      reduce_rows<T, F>(x.const_data_ptr<T>(), rows, n, mean, static_cast<typename F::Bits*>(out.mutable_data_ptr()));
-    });
+  dispatch(x, format, out, [&](const auto* data, auto* bits, auto fmt) {
+    using T = std::remove_cv_t<std::remove_pointer_t<decltype(data)>>;
+    reduce_rows<T, decltype(fmt)>(data, rows, n, mean, bits);
+  });
+}
+
+void reduce_columns_cpu(const at::Tensor& x, bool mean, FormatId format, at::Tensor& out) {
+  const int64_t n = x.size(0), cols = x.size(1);
+  dispatch(x, format, out, [&](const auto* data, auto* bits, auto fmt) {
+    using T = std::remove_cv_t<std::remove_pointer_t<decltype(data)>>;
+    reduce_columns<T, decltype(fmt)>(data, n, cols, mean, bits);
   });
 }
 

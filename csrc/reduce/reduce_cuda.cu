@@ -40,7 +40,8 @@ __global__ void __launch_bounds__(kWarpSize* kWarpsPerBlock)
       }
       s = warp_sum(s);
       a = warp_sum(a);
-      if (!reduce_round_fast(s, a, n, mean, f, &value)) {
+      // Depth: n/32 sequential additions per lane, then 5 butterfly levels.
+      if (!reduce_round_fast(s, a, n, (n + kWarpSize - 1) / kWarpSize + 6, mean, f, &value)) {
         CompensatedSum acc;
         for (int64_t k = lane; k < n; k += kWarpSize) compensated_add(acc, element_value(row[k]));
         acc = warp_merge(acc);

@@ -8,6 +8,8 @@
 // Whichever tier decides, the value is the correctly rounded one.
 #pragma once
 
+#include <c10/util/BFloat16.h>
+
 #include "../exact/exact_sum.h"
 #include "../exact/rounding_test.h"
 
@@ -18,14 +20,30 @@ template <typename T>
 CARBON_HD double element_value(const T& x) {
   return static_cast<double>(static_cast<float>(x));
 }
+CARBON_HD double element_value(const double& x) { return x; }  // partial sums
+// bfloat16 is the top half of a float32: widen the bits directly (this form
+// vectorizes; the generic conversion does not).
+CARBON_HD double element_value(const c10::BFloat16& x) {
+  const uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float f;
+#if defined(__CUDA_ARCH__)
+  f = __uint_as_float(bits);
+#else
+  std::memcpy(&f, &bits, sizeof f);
+#endif
+  return static_cast<double>(f);
+}
 
 // What a reduction returns for an empty row: sum +0, mean 0/0 = NaN.
 CARBON_HD double empty_reduction(bool mean) { return mean ? bits_to_double(kExpMask | (1ull << 51)) : 0.0; }
 
-// Tier 1: decide from the fp64 sum and absolute sum of n > 0 values.
-CARBON_HD bool reduce_round_fast(double sum, double abs_sum, int64_t n, bool mean, const FloatFormat& f,
-                                 double* out) {
-  const double beta = gamma_n(n) * abs_sum * kBoundSlack;
+// Tier 1: decide from the fp64 sum and absolute sum of n > 0 values, summed
+// by a tree in which no value passes through more than `depth` additions:
+// |fl - c| <= gamma_depth * sum|x| (Higham, ch. 4), and the absolute sum,
+// computed alike, is within the slack of the true one.
+CARBON_HD bool reduce_round_fast(double sum, double abs_sum, int64_t n, int64_t depth, bool mean,
+                                 const FloatFormat& f, double* out) {
+  const double beta = gamma_n(depth) * abs_sum * kBoundSlack;
   return mean ? round_quotient_if_decided(sum, beta, static_cast<double>(n), f, out)
               : round_if_decided(sum, beta, f, out);
 }
@@ -45,18 +63,18 @@ CARBON_HD double reduce_round_exact_sum(int64_t* limb, uint32_t flags, int64_t n
   return mean ? exact_sum_round_divided(limb, flags, static_cast<uint64_t>(n), f) : exact_sum_round(limb, flags, f);
 }
 
-// Tiers 2 and 3 for one row, sequentially (the CPU's path). `abs_sum` is
-// tier 1's fp64 sum of |x_k| (a bound on the true one within kBoundSlack).
+// Tiers 2 and 3 for n values x[0], x[stride], ..., sequentially (the CPU's
+// path). `abs_sum` is tier 1's fp64 sum of |x_k|.
 template <typename T>
-CARBON_HD double reduce_row_exact(const T* x, int64_t n, double abs_sum, bool mean, const FloatFormat& f) {
+CARBON_HD double reduce_exact(const T* x, int64_t n, int64_t stride, double abs_sum, bool mean, const FloatFormat& f) {
   double out;
   CompensatedSum acc;
-  for (int64_t k = 0; k < n; ++k) compensated_add(acc, element_value(x[k]));
+  for (int64_t k = 0; k < n; ++k) compensated_add(acc, element_value(x[k * stride]));
   if (reduce_round_compensated(acc, abs_sum * kBoundSlack, n, n + 1, mean, f, &out)) return out;
   int64_t limb[kLimbs];
   uint32_t flags;
   exact_sum_clear(limb, flags);
-  for (int64_t k = 0; k < n; ++k) exact_sum_add(limb, flags, element_value(x[k]));
+  for (int64_t k = 0; k < n; ++k) exact_sum_add(limb, flags, element_value(x[k * stride]));
   return reduce_round_exact_sum(limb, flags, n, mean, f);
 }
 
