@@ -50,6 +50,9 @@ except ImportError:  # run from a checkout without an install: use the checkout
 
 from carbon.demo import correctly_rounded_reference, count_correctly_rounded, sample_indices
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import machine_load, time_interleaved  # noqa: E402
+
 Shape = Tuple[int, int, int]  # (M, K, N)
 
 CPU_SHAPES: List[Shape] = [(256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 768, 3072), (2048, 3072, 768)]
@@ -68,46 +71,6 @@ def _tf32(enabled: bool):
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
-
-
-def _timer(device: str) -> Callable[[Callable[[], object]], float]:
-    def once(fn: Callable[[], object]) -> float:
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end)
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-
-    return once
-
-
-def _time_interleaved(fns: List[Callable[[], object]], device: str, budget_s: float, max_reps: int) -> List[List[float]]:
-    """Times in ms of each fn over the same rounds: one warm-up call each, then
-    rounds that call every fn once in turn (so slow drifts in machine load hit
-    all of them alike), as many rounds as fit in ~budget_s (3 to max_reps)."""
-    once = _timer(device)
-    for fn in fns:
-        once(fn)  # warm-up (allocator, BLAS handles, kernel selection)
-    probe = sum(once(fn) for fn in fns)
-    reps = int(max(3, min(max_reps, budget_s * 1e3 / max(probe, 1e-3))))
-    times: List[List[float]] = [[] for _ in fns]
-    for _ in range(reps):
-        for t, fn in zip(times, fns):
-            t.append(once(fn))
-    return times
-
-
-def _load() -> str:
-    try:
-        return "/".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
 
 
 class Row:
@@ -142,7 +105,7 @@ def bench_shape(device: str, shape: Shape, samples: int, budget_s: float, max_re
         exact = []
         for _, fn, ref in specs:
             exact.append((count_correctly_rounded(fn(), idx, ref), len(idx)) if ref is not None else None)
-        times = _time_interleaved([fn for _, fn, _ in specs], device, budget_s, max_reps)
+        times = time_interleaved([fn for _, fn, _ in specs], device, budget_s, max_reps)
         return [Row(device, shape, impl, t, e) for (impl, _, _), t, e in zip(specs, times, exact)]
 
     if device == "cpu":
@@ -246,7 +209,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     print(f"torch {torch.__version__}, carbon {carbon.__version__}, {torch.get_num_threads()} CPU threads"
           + (f", GPU {torch.cuda.get_device_name()}" if "cuda" in devices else "")
-          + f", load average at start {_load()}")
+          + f", load average at start {machine_load()}")
     rows: List[Row] = []
     for device in devices:
         if device == "cpu":
@@ -261,7 +224,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"  {device} {'x'.join(map(str, shape))}: {summary} [{time.perf_counter() - t0:.1f} s]", flush=True)
 
     print()
-    print(f"load average at end {_load()} (CPU timings are only meaningful on an otherwise idle machine)")
+    print(f"load average at end {machine_load()} (CPU timings are only meaningful on an otherwise idle machine)")
     print()
     print(_markdown(rows))
     print()

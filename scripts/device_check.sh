@@ -12,6 +12,7 @@
 #   4. tests        python -m pytest -q tests -m cuda   (exit 5 = no tests collected: OK, reported)
 #                   On a machine without a GPU these are all skipped.
 #   5. benchmark    python benchmarks/bench_mm.py --device cuda
+#                   python benchmarks/bench_reduce.py --device cuda
 #   6. demo         python -m carbon demo
 # A failing step is recorded and the next one still runs; the summary table is
 # printed last, and the exit status is non-zero if any step failed.
@@ -32,7 +33,8 @@ T_ENV="${T_ENV:-20}"
 T_BUILD="${T_BUILD:-170}"
 T_SMOKE="${T_SMOKE:-30}"
 T_TESTS="${T_TESTS:-110}"
-T_BENCH="${T_BENCH:-110}"
+T_BENCH="${T_BENCH:-80}"
+T_REDUCE="${T_REDUCE:-30}"
 T_DEMO="${T_DEMO:-30}"
 
 declare -a STEP_NAMES=() STEP_STATUS=() STEP_SECS=()
@@ -119,6 +121,8 @@ TEST_COUNTS="$(grep -E ' in [0-9.]+s' "$LOGDIR/tests.log" 2>/dev/null | tail -n 
 # ---- 5. benchmark ------------------------------------------------------------
 run_step bench "$T_BENCH" "$PY" benchmarks/bench_mm.py --device cuda
 record "$STEP_RC"
+run_step reduce "$T_REDUCE" "$PY" benchmarks/bench_reduce.py --device cuda
+record "$STEP_RC"
 
 # ---- 6. demo -----------------------------------------------------------------
 run_step demo "$T_DEMO" "$PY" -m carbon demo
@@ -136,7 +140,7 @@ echo
 echo "build: ${BUILD_SECS} s"
 echo "tests (-m cuda): ${TEST_COUNTS:-none collected or no counts (see $LOGDIR/tests.log)}"
 echo "benchmark ratios:"
-grep -E '^RATIO' "$LOGDIR/bench.log" 2>/dev/null | sed 's/^/  /' || echo "  (none: see $LOGDIR/bench.log)"
+grep -hE '^RATIO' "$LOGDIR/bench.log" "$LOGDIR/reduce.log" 2>/dev/null | sed 's/^/  /' || echo "  (none: see $LOGDIR/bench.log, $LOGDIR/reduce.log)"
 echo "demo (carbon rows):"
 grep -E '^\| (cpu|cuda) +\| carbon' "$LOGDIR/demo.log" 2>/dev/null | sed 's/^/  /' || echo "  (none: see $LOGDIR/demo.log)"
 echo "logs: $LOGDIR"
