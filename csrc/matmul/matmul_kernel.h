@@ -4,8 +4,9 @@
 // and the result is RN_f(c). Three tiers, each exact in what it returns:
 //   1. fp64 GEMM value + a rigorous bound (any summation order) -> decided
 //      for almost every output (round_if_decided).
-//   2. A compensated (TwoSum) dot product with an error bound ~2^-106 times
-//      smaller -> decides everything except (near-)ties and exact zeros.
+//   2. A compensated (TwoSum) dot product, error at most about
+//      2^-53 |c| + gamma_K^2 sum|terms| -> decides everything except
+//      (near-)ties and exact zeros.
 //   3. The exact accumulator (exact_sum.h): always decides.
 // Whatever tier decides, the returned value is RN_f(c): the result depends
 // only on the inputs, never on which tier or which hardware ran.
