@@ -354,3 +354,186 @@ def assert_bits_equal(actual: torch.Tensor, expected_bits: torch.Tensor, context
             f"  at {tuple(idx)}: expected {bits_to_float(e, actual.dtype)!r} (0x{e:0{width}X}), "
             f"got {bits_to_float(g, actual.dtype)!r} (0x{g:0{width}X})")
     raise AssertionError("\n".join(lines))
+
+
+# ----------------------------------------------------------------------------
+# Reductions: sum and mean over some dimensions (torch.sum / torch.mean shape
+# semantics), each output the exact sum (or exact sum / n) rounded ONCE.
+
+
+def reduced_dims(ndim: int, dim) -> tuple:
+    """The reduced dimensions, normalized and sorted: `dim` None, an int, or a
+    list/tuple of ints (negative allowed); None or an empty list = all dims.
+    A 0-dim tensor accepts dim 0 / -1 (its one element) and reduces nothing
+    away (the result stays 0-dim)."""
+    if dim is None:
+        dims = list(range(ndim))
+    elif isinstance(dim, int):
+        dims = [dim]
+    else:
+        dims = list(dim)
+        if not dims:
+            dims = list(range(ndim))
+    rank = max(ndim, 1)
+    out = []
+    for d in dims:
+        assert -rank <= d < rank, f"oracle: dim {d} out of range for {ndim}-D"
+        out.append(d % rank)
+    assert len(set(out)) == len(out), f"oracle: repeated dim in {dim}"
+    return tuple(sorted(d for d in out if d < ndim))
+
+
+def reduced_shape(shape: Sequence[int], dim, keepdim: bool) -> tuple:
+    dims = reduced_dims(len(shape), dim)
+    if keepdim:
+        return tuple(1 if d in dims else s for d, s in enumerate(shape))
+    return tuple(s for d, s in enumerate(shape) if d not in dims)
+
+
+def reduction_rows(x: torch.Tensor, dim, keepdim: bool = False):
+    """(output shape, rows): rows[i] lists (as Python floats, exact) the
+    elements reduced into the i-th output element in row-major order of the
+    output. Independent of carbon: a permute + reshape of the float64 copy."""
+    assert x.dtype in FORMATS, f"oracle: unsupported input dtype {x.dtype}"
+    dims = reduced_dims(x.dim(), dim)
+    kept = [d for d in range(x.dim()) if d not in dims]
+    y = x.detach().cpu().double()
+    if x.dim():
+        y = y.permute(kept + list(dims))
+    n = math.prod(x.shape[d] for d in dims)
+    k = math.prod(x.shape[d] for d in kept)
+    rows = y.reshape(k, n).tolist()
+    return reduced_shape(tuple(x.shape), dim, keepdim), rows
+
+
+@dataclass
+class RowSum:
+    """The exact sum of a list of values: `total` = sum * 2^SCALE (an int)
+    and the facts the special-value / signed-zero rules need."""
+    total: int
+    n: int
+    nan: bool
+    pos_inf: bool
+    neg_inf: bool
+    all_neg_zero: bool  # every element is -0 (vacuously true for n = 0)
+
+
+def row_sum(values: Sequence[float]) -> RowSum:
+    total, nan, pos_inf, neg_inf, all_neg_zero = 0, False, False, False, True
+    for v in values:
+        if v != v:
+            nan = True
+        elif v == math.inf:
+            pos_inf = True
+        elif v == -math.inf:
+            neg_inf = True
+        elif v == 0:
+            all_neg_zero = all_neg_zero and _is_neg(v)
+        else:
+            all_neg_zero = False
+            total += _scaled(v)
+    return RowSum(total, len(values), nan, pos_inf, neg_inf, all_neg_zero)
+
+
+def _special_bits(s: RowSum, f: Format) -> Optional[int]:
+    if s.nan or (s.pos_inf and s.neg_inf):
+        return f.nan_bits
+    if s.pos_inf:
+        return f.inf_bits
+    if s.neg_inf:
+        return f.sign_bit | f.inf_bits
+    return None
+
+
+def row_sum_bits(values: Sequence[float], dtype: torch.dtype) -> int:
+    """Unsigned bits of RN_dtype(exact sum of values), with the rules of the contract."""
+    f = fmt_of(dtype)
+    s = row_sum(values)
+    special = _special_bits(s, f)
+    if special is not None:
+        return special
+    if s.total == 0:
+        return f.sign_bit if (s.n > 0 and s.all_neg_zero) else 0
+    return _round_rational(abs(s.total), 1 << SCALE, s.total < 0, f)
+
+
+def row_mean_bits(values: Sequence[float], dtype: torch.dtype) -> int:
+    """Unsigned bits of RN_dtype(exact sum / n): ONE rounding of the exact
+    quotient. n = 0 -> NaN; inf / n = inf; an exact zero sum -> the sum's zero."""
+    f = fmt_of(dtype)
+    s = row_sum(values)
+    if s.n == 0:
+        return f.nan_bits
+    special = _special_bits(s, f)
+    if special is not None:
+        return special
+    if s.total == 0:
+        return f.sign_bit if s.all_neg_zero else 0
+    return _round_rational(abs(s.total), s.n << SCALE, s.total < 0, f)
+
+
+def _reduce_bits(x: torch.Tensor, dim, keepdim: bool, dtype: Optional[torch.dtype], row_fn) -> torch.Tensor:
+    out_dtype = x.dtype if dtype is None else dtype
+    f = fmt_of(out_dtype)
+    shape, rows = reduction_rows(x, dim, keepdim)
+    flat = [_signed(row_fn(r, out_dtype), f) for r in rows]
+    return torch.tensor(flat, dtype=f.bits_dtype).reshape(shape)
+
+
+def sum_bits(x: torch.Tensor, dim=None, keepdim: bool = False, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Expected bits of carbon.sum(x, dim, keepdim, dtype=dtype)."""
+    return _reduce_bits(x, dim, keepdim, dtype, row_sum_bits)
+
+
+def mean_bits(x: torch.Tensor, dim=None, keepdim: bool = False, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Expected bits of carbon.mean(x, dim, keepdim, dtype=dtype)."""
+    return _reduce_bits(x, dim, keepdim, dtype, row_mean_bits)
+
+
+def exact_value(values: Sequence[float]) -> Fraction:
+    """The exact sum of finite values as a Fraction."""
+    return Fraction(row_sum(values).total, 1 << SCALE)
+
+
+# ----------------------------------------------------------------------------
+# Elementwise rounding (carbon.round_to).
+
+
+def round_to_bits(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Expected bits of carbon.round_to(x, dtype): RN_dtype of each value
+    (NaN -> the canonical NaN, infinities and signed zeros kept)."""
+    f = fmt_of(dtype)
+    values = _floats(x.reshape(-1))
+    cache: dict = {}
+    flat = []
+    for v in values:
+        key = (v, math.copysign(1.0, v)) if v == v else "nan"
+        b = cache.get(key)
+        if b is None:
+            b = cache[key] = _signed(round_bits(v, dtype), f)
+        flat.append(b)
+    return torch.tensor(flat, dtype=f.bits_dtype).reshape(x.shape)
+
+
+def reduce_grad_bits(grad: torch.Tensor, x_shape: Sequence[int], dim, keepdim: bool, x_dtype: torch.dtype,
+                     divide_by_n: bool) -> torch.Tensor:
+    """Expected bits of x.grad for y = sum(x, dim, keepdim) (divide_by_n False:
+    RN_{x.dtype}(g) broadcast back) or y = mean(...) (divide_by_n True:
+    RN_{x.dtype}(g / n), the exact quotient rounded once; inf / n = inf,
+    +-0 / n = +-0, NaN -> the canonical NaN), g the incoming gradient."""
+    x_shape = tuple(x_shape)
+    dims = reduced_dims(len(x_shape), dim)
+    n = math.prod(x_shape[d] for d in dims)
+    keep_shape = reduced_shape(x_shape, dim, True)
+    f = fmt_of(x_dtype)
+    if n == 0:  # x has no elements
+        return torch.zeros(x_shape, dtype=f.bits_dtype)
+    values = _floats(grad.reshape(keep_shape).reshape(-1))
+    flat = []
+    for v in values:
+        if divide_by_n and math.isfinite(v) and v != 0:
+            flat.append(_signed(round_bits(Fraction(v) / n, x_dtype), f))
+        else:
+            flat.append(_signed(round_bits(v, x_dtype), f))
+    bits = torch.tensor(flat, dtype=f.bits_dtype).reshape(keep_shape)
+    return bits.expand(x_shape).contiguous()

@@ -1,0 +1,60 @@
+"""Shared helpers of the reduction tests (carbon.sum / carbon.mean)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+import carbon
+from oracle import as_bits, assert_bits_equal, mean_bits, reduced_shape, sum_bits
+
+ORACLES = {"sum": sum_bits, "mean": mean_bits}
+
+
+def carbon_op(op: str):
+    return getattr(carbon, op)
+
+
+def call(op: str, x, dim=None, keepdim=False, dtype=None):
+    """carbon.<op>(x, dim, keepdim, dtype=dtype), passing only what is set
+    (so the defaults are exercised too)."""
+    fn = carbon_op(op)
+    kwargs = {}
+    if dim is not None:
+        kwargs["dim"] = dim
+    if keepdim:
+        kwargs["keepdim"] = True
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    return fn(x, **kwargs)
+
+
+def check(op: str, x, dim=None, keepdim=False, dtype=None, context=""):
+    """carbon.<op> against the oracle: bits, dtype and shape (the shape also
+    against torch's own reduction of the same call)."""
+    out = call(op, x, dim, keepdim, dtype)
+    ctx = f"{op}(shape={tuple(x.shape)}, {x.dtype}, dim={dim}, keepdim={keepdim}, dtype={dtype}) {context}"
+    want_shape = reduced_shape(tuple(x.shape), dim, keepdim)
+    torch_shape = tuple(getattr(torch, op)(torch.zeros(x.shape), dim=dim, keepdim=keepdim).shape)
+    assert want_shape == torch_shape, f"{ctx}: oracle shape {want_shape} vs torch {torch_shape}"
+    assert_bits_equal(out, ORACLES[op](x, dim, keepdim, dtype), ctx, dtype=dtype or x.dtype)
+    return out
+
+
+def same_bits(x, y, context=""):
+    assert x.dtype == y.dtype and tuple(x.shape) == tuple(y.shape), (
+        f"{context}: {x.dtype} {tuple(x.shape)} vs {y.dtype} {tuple(y.shape)}")
+    bx, by = as_bits(x), as_bits(y)
+    bad = (bx != by).nonzero()
+    assert bad.numel() == 0, f"{context}: {bad.shape[0]} outputs differ, first at {bad[:5].tolist()}"
+
+
+def hand_bits(kind: str, dtype) -> int:
+    return {torch.float32: {"+inf": 0x7F800000, "-inf": 0xFF800000, "nan": 0x7FC00000, "+0": 0, "-0": 0x80000000},
+            torch.bfloat16: {"+inf": 0x7F80, "-inf": 0xFF80, "nan": 0x7FC0, "+0": 0, "-0": 0x8000},
+            torch.float16: {"+inf": 0x7C00, "-inf": 0xFC00, "nan": 0x7E00, "+0": 0, "-0": 0x8000}}[dtype][kind]
+
+
+def is_neg_zero(v: float) -> bool:
+    return v == 0 and math.copysign(1.0, v) < 0
