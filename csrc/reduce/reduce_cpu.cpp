@@ -146,9 +146,10 @@ constexpr int64_t kRowChunk = 1024;    // rows per partial sum
 // part[j] = sum of x[r * cols + j] over r < rows, one chain per column (the
 // columns are independent, so the loop over j vectorizes).
 template <typename T>
-__attribute__((target_clones("avx2", "default"))) void column_chunk_sums(const T* x, int64_t rows, int64_t cols,
-                                                                          int64_t width, double* part,
-                                                                          double* abs_part) {
+__attribute__((target_clones("avx2", "default"))) void column_chunk_sums(const T* __restrict__ x, int64_t rows,
+                                                                          int64_t cols, int64_t width,
+                                                                          double* __restrict__ part,
+                                                                          double* __restrict__ abs_part) {
   for (int64_t j = 0; j < width; ++j) part[j] = abs_part[j] = 0.0;
   for (int64_t r = 0; r < rows; ++r) {
     const T* row = x + r * cols;
@@ -161,33 +162,37 @@ __attribute__((target_clones("avx2", "default"))) void column_chunk_sums(const T
 }
 
 // out[j] = reduction of x[0..n)[j] for the columns of a contiguous [n, cols]
-// tensor. Per column: chunks of kRowChunk rows summed in one chain, the
-// chunk partials added in order: depth kRowChunk + n / kRowChunk + 1.
+// tensor. Tiles of kRowChunk rows x kColumnBlock columns are summed in
+// parallel (one chain per column), then each column adds its tiles' partials
+// in row order: depth kRowChunk + n / kRowChunk + 1.
 template <typename T, typename F>
 void reduce_columns(const T* x, int64_t n, int64_t cols, bool mean, typename F::Bits* out) {
   constexpr FloatFormat f = F::get();
+  const int64_t chunks = std::max<int64_t>(1, (n + kRowChunk - 1) / kRowChunk);
   const int64_t blocks = (cols + kColumnBlock - 1) / kColumnBlock;
-  const int64_t depth = kRowChunk + (n + kRowChunk - 1) / kRowChunk + 1;
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    double sum[kColumnBlock], abs_sum[kColumnBlock], part[kColumnBlock], abs_part[kColumnBlock];
-    for (int64_t blk = begin; blk < end; ++blk) {
-      const int64_t j0 = blk * kColumnBlock, width = std::min(kColumnBlock, cols - j0);
-      for (int64_t j = 0; j < width; ++j) sum[j] = abs_sum[j] = 0.0;
-      for (int64_t r0 = 0; r0 < n; r0 += kRowChunk) {
-        column_chunk_sums(x + r0 * cols + j0, std::min(n, r0 + kRowChunk) - r0, cols, width, part, abs_part);
-        for (int64_t j = 0; j < width; ++j) {
-          sum[j] = sum[j] + part[j];
-          abs_sum[j] = abs_sum[j] + abs_part[j];
-        }
+  const int64_t depth = kRowChunk + chunks + 1;
+  std::vector<double> sums(chunks * cols), abs_sums(chunks * cols);
+  at::parallel_for(0, chunks * blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t tile = begin; tile < end; ++tile) {
+      const int64_t c = tile / blocks, j0 = (tile % blocks) * kColumnBlock;
+      const int64_t rows = std::min(kRowChunk, n - c * kRowChunk), width = std::min(kColumnBlock, cols - j0);
+      column_chunk_sums(x + c * kRowChunk * cols + j0, std::max<int64_t>(rows, 0), cols, width,
+                        sums.data() + c * cols + j0, abs_sums.data() + c * cols + j0);
+    }
+  });
+  at::parallel_for(0, cols, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      double sum = 0.0, abs_sum = 0.0;
+      for (int64_t c = 0; c < chunks; ++c) {
+        sum = sum + sums[c * cols + j];
+        abs_sum = abs_sum + abs_sums[c * cols + j];
       }
-      for (int64_t j = 0; j < width; ++j) {
-        double value;
-        if (n == 0)
-          value = empty_reduction(mean);
-        else if (!reduce_round_fast(sum[j], abs_sum[j], n, depth, mean, f, &value))
-          value = reduce_exact(x + j0 + j, n, cols, abs_sum[j], mean, f);
-        store<F>(value, out + j0 + j);
-      }
+      double value;
+      if (n == 0)
+        value = empty_reduction(mean);
+      else if (!reduce_round_fast(sum, abs_sum, n, depth, mean, f, &value))
+        value = reduce_exact(x + j, n, cols, abs_sum, mean, f);
+      store<F>(value, out + j);
     }
   });
 }
