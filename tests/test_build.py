@@ -9,7 +9,7 @@ import torch
 
 import carbon
 
-OPS = ["mm", "addmm", "bmm", "baddbmm"]
+OPS = ["mm", "addmm", "bmm", "baddbmm", "sum", "mean", "round_to"]
 
 
 def _nvcc_available() -> bool:
@@ -32,6 +32,6 @@ def test_cuda_kernels_compiled_when_toolchain_present(op):
 
 
 def test_package_exports():
-    for name in ["mm", "addmm", "bmm", "baddbmm", "linear", "matmul"]:
+    for name in ["mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "sum", "mean", "round_to"]:
         assert callable(getattr(carbon, name))
     assert issubclass(carbon.nn.Linear, torch.nn.Linear)
