@@ -58,3 +58,22 @@ def hand_bits(kind: str, dtype) -> int:
 
 def is_neg_zero(v: float) -> bool:
     return v == 0 and math.copysign(1.0, v) < 0
+
+
+# Shapes from 0-D to 4-D, with size-0 and size-1 dimensions, and the dim
+# arguments tried on each (every spelling: None, [], ints, tuples, lists).
+SHAPES = [(), (7,), (0,), (1,), (5, 9), (3, 0), (0, 4), (1, 1), (4, 1, 6), (2, 3, 5), (2, 0, 3),
+          (3, 2, 1, 4), (2, 1, 0, 3), (2, 3, 2, 5)]
+
+
+def dims_for(ndim):
+    if ndim == 0:
+        return [None, 0, -1, []]
+    out = [None, [], 0, -1]
+    if ndim >= 2:
+        out += [1, (0, ndim - 1), [-1, 0]]
+    if ndim >= 3:
+        out += [(0, 2), [1, -1], (1,)]
+    if ndim == 4:
+        out += [(1, 2, 3), [3, 0, 2], (0, 1, 2, 3)]
+    return out

@@ -21,7 +21,7 @@ from data import (
     random_values, reduction_values, shuffle_reduced, tie_rows, to_rows,
 )
 from oracle import assert_bits_equal, bits_tensor, is_midpoint, round_bits, sum_bits
-from reduce_util import check, hand_bits, same_bits
+from reduce_util import SHAPES, check, dims_for, hand_bits, same_bits
 
 pytestmark = pytest.mark.skipif(not hasattr(carbon, "sum"), reason="carbon.sum not built yet")
 
@@ -40,23 +40,6 @@ def seed_of(*parts) -> int:
 
 
 # ---------------------------------------------------------------- random data, every shape / dim / dtype
-
-SHAPES = [(), (7,), (0,), (1,), (5, 9), (3, 0), (0, 4), (1, 1), (4, 1, 6), (2, 3, 5), (2, 0, 3),
-          (3, 2, 1, 4), (2, 1, 0, 3), (2, 3, 2, 5)]
-
-
-def dims_for(ndim):
-    if ndim == 0:
-        return [None, 0, -1, []]
-    out = [None, [], 0, -1]
-    if ndim >= 2:
-        out += [1, (0, ndim - 1), [-1, 0]]
-    if ndim >= 3:
-        out += [(0, 2), [1, -1], (1,)]
-    if ndim == 4:
-        out += [(1, 2, 3), [3, 0, 2], (0, 1, 2, 3)]
-    return out
-
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)) or "scalar")
 @pytest.mark.parametrize("in_dtype,out_dtype", DTYPE_PAIRS)
