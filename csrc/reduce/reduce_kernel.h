@@ -2,7 +2,8 @@
 // A row of n values x_k is reduced to
 //     sum:  RN_f(c)        mean:  RN_f(c / n)        with c = sum_k x_k exact,
 // by the same three tiers as the matmul (see matmul_kernel.h):
-//   1. an fp64 sum (any order) and the fp64 sum of |x_k|: |fl - c| <= gamma_n sum|x|;
+//   1. an fp64 sum and the fp64 sum of |x_k| by a summation tree of depth d
+//      (any tree; the kernels know theirs): |fl - c| <= gamma_d sum|x|;
 //   2. a compensated (TwoSum) sum, error about 2^-53 |c| + gamma_n^2 sum|x|;
 //   3. the exact accumulator (and, for the mean, an exact long division).
 // Whichever tier decides, the value is the correctly rounded one.
@@ -21,8 +22,8 @@ CARBON_HD double element_value(const T& x) {
   return static_cast<double>(static_cast<float>(x));
 }
 CARBON_HD double element_value(const double& x) { return x; }  // partial sums
-// bfloat16 is the top half of a float32: widen the bits directly (this form
-// vectorizes; the generic conversion does not).
+// bfloat16 is the top half of a float32: widen the bits directly (an exact
+// integer operation, the same on host and device).
 CARBON_HD double element_value(const c10::BFloat16& x) {
   const uint32_t bits = static_cast<uint32_t>(x.x) << 16;
   float f;
