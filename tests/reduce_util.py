@@ -77,3 +77,28 @@ def dims_for(ndim):
     if ndim == 4:
         out += [(1, 2, 3), [3, 0, 2], (0, 1, 2, 3)]
     return out
+
+
+def check_memory_layouts(op: str, base, x4) -> None:
+    """carbon.<op> of strided views of the 3-D `base` (and of the channels-last
+    4-D `x4`) gives the same bits as of contiguous copies, for several dims,
+    and the oracle's bits on one of them."""
+    a, _, c = base.shape
+    views = {
+        "transposed": base.transpose(0, 2),
+        "permuted storage": base.permute(2, 0, 1).contiguous().permute(1, 2, 0),
+        "sliced with steps": base[::2, 1::3],
+        "step slice last dim": base[:, :, ::2],
+        "expanded (stride 0)": base[:, :1, :].expand(a, 5, c),
+        "narrowed": base.narrow(1, 2, 5),
+    }
+    fn = carbon_op(op)
+    for name, v in views.items():
+        assert not v.is_contiguous(), name
+        contiguous = v.contiguous()
+        for dim in [None, 0, 1, 2, (0, 2), [-1, 0], (1, 2)]:
+            for out_dtype in (None, torch.float32):
+                same_bits(fn(v, dim, dtype=out_dtype), fn(contiguous, dim, dtype=out_dtype), f"{name}, dim {dim}")
+        check(op, v, (0, 2), context=name)
+    for dim in [1, (2, 3), (0, 2, 3), None]:
+        same_bits(fn(x4, dim, keepdim=True), fn(x4.contiguous(), dim, keepdim=True), f"channels_last {dim}")
