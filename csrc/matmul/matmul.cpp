@@ -10,10 +10,6 @@
 namespace carbon {
 namespace {
 
-void check_dtype(const char* op, const char* name, const at::Tensor& t) {
-  check_supported_dtype(op, name, t);
-}
-
 void check_device(const char* op, const at::Tensor& a, const char* name, const at::Tensor& t) {
   TORCH_CHECK_VALUE(t.device() == a.device(), "carbon.", op, ": expected all tensors on one device, ",
                     "but a is on ", a.device(), " and ", name, " is on ", t.device());
@@ -90,8 +86,8 @@ at::Tensor matmul_correctly_rounded(const at::Tensor& a3, const at::Tensor& b3,
 }
 
 void check_operands(const char* op, const at::Tensor& a, const at::Tensor& b, int64_t rank) {
-  check_dtype(op, "a", a);
-  check_dtype(op, "b", b);
+  check_supported_dtype(op, "a", a);
+  check_supported_dtype(op, "b", b);
   check_device(op, a, "b", b);
   TORCH_CHECK(a.is_cpu() || a.is_cuda(), "carbon.", op, ": tensors on ", a.device(),
               " are not supported (CPU and CUDA only)");
@@ -109,7 +105,7 @@ void check_operands(const char* op, const at::Tensor& a, const at::Tensor& b, in
 
 const at::Tensor& checked_bias(const char* op, const at::Tensor& bias, const at::Tensor& a,
                         at::IntArrayRef out_shape) {
-  check_dtype(op, "bias", bias);
+  check_supported_dtype(op, "bias", bias);
   check_device(op, a, "bias", bias);
   TORCH_CHECK_VALUE(bias.dim() <= static_cast<int64_t>(out_shape.size()) &&
                         at::is_expandable_to(bias.sizes(), out_shape),
