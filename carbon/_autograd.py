@@ -110,3 +110,51 @@ def _round_to_backward(ctx: Any, grad: Tensor) -> tuple:
 torch.library.register_autograd("carbon::sum", _sum_backward, setup_context=_setup_reduce)
 torch.library.register_autograd("carbon::mean", _mean_backward, setup_context=_setup_reduce)
 torch.library.register_autograd("carbon::round_to", _round_to_backward, setup_context=_setup_round_to)
+
+
+# ---------------------------------------------------------------- softmax family
+# Every gradient is carbon's own kernel (docs/contract.md §8): the softmax
+# gradients need one exact sum per row, cross-entropy's only the saved
+# log-probabilities.
+
+
+def _setup_softmax(ctx: Any, inputs: tuple, output: Tensor) -> None:
+    x, dim, _ = inputs
+    ctx.dim, ctx.x_dtype = dim, x.dtype
+    ctx.save_for_backward(output)
+
+
+def _as_output_dtype(grad: Tensor, y: Tensor) -> Tensor:
+    return grad if grad.dtype == y.dtype else torch.ops.carbon.round_to(grad, y.dtype, 1)
+
+
+def _softmax_backward(ctx: Any, grad: Tensor) -> tuple:
+    (y,) = ctx.saved_tensors
+    return torch.ops.carbon.softmax_backward(_as_output_dtype(grad, y), y, ctx.dim, ctx.x_dtype), None, None
+
+
+def _log_softmax_backward(ctx: Any, grad: Tensor) -> tuple:
+    (y,) = ctx.saved_tensors
+    return torch.ops.carbon.log_softmax_backward(_as_output_dtype(grad, y), y, ctx.dim, ctx.x_dtype), None, None
+
+
+def _setup_cross_entropy(ctx: Any, inputs: tuple, output: tuple) -> None:
+    logits, target, reduction, ignore_index, label_smoothing = inputs
+    _, log_probs, count = output
+    ctx.mark_non_differentiable(log_probs, count)
+    ctx.args = (reduction, ignore_index, label_smoothing, logits.dtype)
+    ctx.save_for_backward(log_probs, target, count)
+
+
+def _cross_entropy_backward(ctx: Any, grad: Tensor, _grad_log_probs: Any, _grad_count: Any) -> tuple:
+    log_probs, target, count = ctx.saved_tensors
+    reduction, ignore_index, label_smoothing, dtype = ctx.args
+    dx = torch.ops.carbon.cross_entropy_backward(
+        grad, log_probs, target, count, reduction, ignore_index, label_smoothing, dtype
+    )
+    return dx, None, None, None, None
+
+
+torch.library.register_autograd("carbon::softmax", _softmax_backward, setup_context=_setup_softmax)
+torch.library.register_autograd("carbon::log_softmax", _log_softmax_backward, setup_context=_setup_softmax)
+torch.library.register_autograd("carbon::cross_entropy", _cross_entropy_backward, setup_context=_setup_cross_entropy)

@@ -125,3 +125,103 @@ def _round_to_fake(x: Tensor, dtype: torch.dtype, divisor: int = 1) -> Tensor:
     if not 1 <= divisor < 2**32:
         raise ValueError(f"carbon.round_to: divisor must be in [1, 2^32), got {divisor}")
     return x.new_empty(x.shape, dtype=dtype)
+
+
+# ---------------------------------------------------------------- softmax family
+
+
+def _softmax_dim(op: str, ndim: int, dim: int) -> int:
+    span = max(ndim, 1)
+    if not -span <= dim < span:
+        raise ValueError(f"carbon.{op}: dim {dim} is out of range for a tensor with {ndim} dimensions")
+    return dim % span
+
+
+def _softmax_fake(op: str, x: Tensor, dim: int, dtype: Optional[torch.dtype]) -> Tensor:
+    _check_dtype(op, "x", x)
+    out_dtype = dtype if dtype is not None else x.dtype
+    if out_dtype not in SUPPORTED:
+        raise TypeError(f"carbon.{op}: output dtype {out_dtype} is not supported; use float32, bfloat16 or float16")
+    _softmax_dim(op, x.dim(), dim)
+    return x.new_empty(x.shape, dtype=out_dtype)
+
+
+@torch.library.register_fake("carbon::softmax")
+def _softmax_forward_fake(x: Tensor, dim: int, dtype: Optional[torch.dtype] = None) -> Tensor:
+    return _softmax_fake("softmax", x, dim, dtype)
+
+
+@torch.library.register_fake("carbon::log_softmax")
+def _log_softmax_forward_fake(x: Tensor, dim: int, dtype: Optional[torch.dtype] = None) -> Tensor:
+    return _softmax_fake("log_softmax", x, dim, dtype)
+
+
+def _softmax_backward_fake(op: str, grad: Tensor, y: Tensor, dim: int, input_dtype: torch.dtype) -> Tensor:
+    _check_dtype(op, "grad", grad)
+    _check_dtype(op, "y", y)
+    if input_dtype not in SUPPORTED:
+        raise TypeError(f"carbon.{op}: output dtype {input_dtype} is not supported; use float32, bfloat16 or float16")
+    if grad.shape != y.shape:
+        raise ValueError(f"carbon.{op}: grad has shape {tuple(grad.shape)} but the output has shape {tuple(y.shape)}")
+    if grad.dtype != y.dtype:
+        raise TypeError(f"carbon.{op}: grad has dtype {grad.dtype} but the output has dtype {y.dtype}")
+    _softmax_dim(op, y.dim(), dim)
+    return y.new_empty(y.shape, dtype=input_dtype)
+
+
+@torch.library.register_fake("carbon::softmax_backward")
+def _softmax_backward_op_fake(grad: Tensor, y: Tensor, dim: int, input_dtype: torch.dtype) -> Tensor:
+    return _softmax_backward_fake("softmax_backward", grad, y, dim, input_dtype)
+
+
+@torch.library.register_fake("carbon::log_softmax_backward")
+def _log_softmax_backward_op_fake(grad: Tensor, y: Tensor, dim: int, input_dtype: torch.dtype) -> Tensor:
+    return _softmax_backward_fake("log_softmax_backward", grad, y, dim, input_dtype)
+
+
+def _check_cross_entropy_args(op: str, reduction: int, label_smoothing: float) -> None:
+    if reduction not in (0, 1, 2):
+        raise ValueError(f"carbon.{op}: reduction must be 0 (none), 1 (mean) or 2 (sum), got {reduction}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"carbon.{op}: label_smoothing must be in [0, 1], got {label_smoothing}")
+
+
+@torch.library.register_fake("carbon::cross_entropy")
+def _cross_entropy_fake(
+    input: Tensor, target: Tensor, reduction: int = 1, ignore_index: int = -100, label_smoothing: float = 0.0
+) -> tuple:
+    _check_dtype("cross_entropy", "input", input)
+    if input.dim() != 2:
+        raise ValueError(f"carbon.cross_entropy: expected 2-D logits [N, C], got shape {tuple(input.shape)}")
+    if target.dtype != torch.int64:
+        raise TypeError(f"carbon.cross_entropy: target must hold class indices of dtype int64, got {target.dtype}")
+    if target.device != input.device:
+        raise ValueError(
+            f"carbon.cross_entropy: expected all tensors on one device, but input is on {input.device} and target is on {target.device}"
+        )
+    if target.dim() != 1 or target.shape[0] != input.shape[0]:
+        raise ValueError(
+            f"carbon.cross_entropy: target has shape {tuple(target.shape)} but input has shape {tuple(input.shape)} (expected target of shape [N])"
+        )
+    _check_cross_entropy_args("cross_entropy", reduction, label_smoothing)
+    n = input.shape[0]
+    loss = input.new_empty((n,) if reduction == 0 else ())
+    return loss, input.new_empty(input.shape, dtype=torch.float32), input.new_empty((), dtype=torch.int64)
+
+
+@torch.library.register_fake("carbon::cross_entropy_backward")
+def _cross_entropy_backward_fake(
+    grad: Tensor,
+    log_probs: Tensor,
+    target: Tensor,
+    count: Tensor,
+    reduction: int,
+    ignore_index: int,
+    label_smoothing: float,
+    input_dtype: torch.dtype,
+) -> Tensor:
+    _check_dtype("cross_entropy_backward", "grad", grad)
+    _check_cross_entropy_args("cross_entropy_backward", reduction, label_smoothing)
+    if input_dtype not in SUPPORTED:
+        raise TypeError(f"carbon.cross_entropy_backward: output dtype {input_dtype} is not supported")
+    return log_probs.new_empty(log_probs.shape, dtype=input_dtype)

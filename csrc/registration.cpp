@@ -7,6 +7,7 @@
 #include "convert/round_to.h"
 #include "matmul/matmul.h"
 #include "reduce/reduce.h"
+#include "softmax/softmax.h"
 
 // `import carbon._C` loads this library, which runs the registrations below.
 extern "C" PyObject* PyInit__C(void) {
@@ -22,6 +23,15 @@ TORCH_LIBRARY(carbon, m) {
   m.def("sum(Tensor x, int[]? dim=None, bool keepdim=False, ScalarType? dtype=None) -> Tensor");
   m.def("mean(Tensor x, int[]? dim=None, bool keepdim=False, ScalarType? dtype=None) -> Tensor");
   m.def("round_to(Tensor x, ScalarType dtype, int divisor=1) -> Tensor");
+  // softmax family (csrc/softmax/)
+  m.def("softmax(Tensor x, int dim, ScalarType? dtype=None) -> Tensor");
+  m.def("log_softmax(Tensor x, int dim, ScalarType? dtype=None) -> Tensor");
+  m.def("softmax_backward(Tensor grad, Tensor y, int dim, ScalarType input_dtype) -> Tensor");
+  m.def("log_softmax_backward(Tensor grad, Tensor y, int dim, ScalarType input_dtype) -> Tensor");
+  m.def("cross_entropy(Tensor input, Tensor target, int reduction=1, int ignore_index=-100, "
+        "float label_smoothing=0.0) -> (Tensor loss, Tensor log_probs, Tensor count)");
+  m.def("cross_entropy_backward(Tensor grad, Tensor log_probs, Tensor target, Tensor count, int reduction, "
+        "int ignore_index, float label_smoothing, ScalarType input_dtype) -> Tensor");
 }
 
 // The ops are device-generic at this level: each checks its inputs and
@@ -34,6 +44,12 @@ TORCH_LIBRARY_IMPL(carbon, CPU, m) {
   m.impl("sum", &carbon::sum);
   m.impl("mean", &carbon::mean);
   m.impl("round_to", &carbon::round_to);
+  m.impl("softmax", &carbon::softmax);
+  m.impl("log_softmax", &carbon::log_softmax);
+  m.impl("softmax_backward", &carbon::softmax_backward);
+  m.impl("log_softmax_backward", &carbon::log_softmax_backward);
+  m.impl("cross_entropy", &carbon::cross_entropy);
+  m.impl("cross_entropy_backward", &carbon::cross_entropy_backward);
 }
 
 #ifdef CARBON_WITH_CUDA
@@ -45,5 +61,11 @@ TORCH_LIBRARY_IMPL(carbon, CUDA, m) {
   m.impl("sum", &carbon::sum);
   m.impl("mean", &carbon::mean);
   m.impl("round_to", &carbon::round_to);
+  m.impl("softmax", &carbon::softmax);
+  m.impl("log_softmax", &carbon::log_softmax);
+  m.impl("softmax_backward", &carbon::softmax_backward);
+  m.impl("log_softmax_backward", &carbon::log_softmax_backward);
+  m.impl("cross_entropy", &carbon::cross_entropy);
+  m.impl("cross_entropy_backward", &carbon::cross_entropy_backward);
 }
 #endif

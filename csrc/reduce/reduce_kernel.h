@@ -64,19 +64,31 @@ CARBON_HD double reduce_round_exact_sum(int64_t* limb, uint32_t flags, int64_t n
   return mean ? exact_sum_round_divided(limb, flags, static_cast<uint64_t>(n), f) : exact_sum_round(limb, flags, f);
 }
 
-// Tiers 2 and 3 for n values x[0], x[stride], ..., sequentially (the CPU's
-// path). `abs_sum` is tier 1's fp64 sum of |x_k|.
-template <typename T>
-CARBON_HD double reduce_exact(const T* x, int64_t n, int64_t stride, double abs_sum, bool mean, const FloatFormat& f) {
+// Tiers 2 and 3 for the n exact fp64 values value_at(0), ..., value_at(n-1)
+// (elements, or products of two elements), sequentially; `abs_sum` is tier
+// 1's fp64 sum of their absolute values. Any kernel whose terms are exact in
+// fp64 falls back on this. With mean, the sum is divided by `divisor`
+// (default: n).
+template <typename ValueAt>
+CARBON_HD double reduce_exact_values(int64_t n, ValueAt value_at, double abs_sum, bool mean, const FloatFormat& f,
+                                     int64_t divisor = -1) {
+  if (divisor < 0) divisor = n;
   double out;
   CompensatedSum acc;
-  for (int64_t k = 0; k < n; ++k) compensated_add(acc, element_value(x[k * stride]));
-  if (reduce_round_compensated(acc, abs_sum * kBoundSlack, n, n + 1, mean, f, &out)) return out;
+  for (int64_t k = 0; k < n; ++k) compensated_add(acc, value_at(k));
+  if (reduce_round_compensated(acc, abs_sum * kBoundSlack, divisor, n + 1, mean, f, &out)) return out;
   int64_t limb[kLimbs];
   uint32_t flags;
   exact_sum_clear(limb, flags);
-  for (int64_t k = 0; k < n; ++k) exact_sum_add(limb, flags, element_value(x[k * stride]));
-  return reduce_round_exact_sum(limb, flags, n, mean, f);
+  for (int64_t k = 0; k < n; ++k) exact_sum_add(limb, flags, value_at(k));
+  return reduce_round_exact_sum(limb, flags, divisor, mean, f);
+}
+
+// Tiers 2 and 3 for n values x[0], x[stride], ... (the CPU's path).
+template <typename T>
+CARBON_HD double reduce_exact(const T* x, int64_t n, int64_t stride, double abs_sum, bool mean, const FloatFormat& f) {
+  return reduce_exact_values(
+      n, [&](int64_t k) { return element_value(x[k * stride]); }, abs_sum, mean, f);
 }
 
 }  // namespace carbon

@@ -1,0 +1,277 @@
+// CPU kernels of softmax and log_softmax, forward and backward. Rows are
+// split over threads; each row is summed in kChains interleaved fp64 chains
+// (a tree that depends only on n), so the bits never depend on the thread
+// count.
+#include <ATen/Parallel.h>
+
+#include <vector>
+
+#include "../dtypes.h"
+#include "softmax.h"
+#include "../convert/round_to.h"
+#include "softmax_kernel.h"
+
+namespace carbon {
+namespace {
+
+constexpr int kChains = 8;
+
+// No value passes through more additions than this in a kChains-chain sum.
+int64_t chains_depth(int64_t n) { return (n + kChains - 1) / kChains + 4; }
+
+// Sum of the kChains partial sums, pairwise (fixed order).
+double fold_chains(double* s) {
+  for (int width = kChains / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; ++l) s[l] = s[l] + s[l + width];
+  return s[0];
+}
+
+template <typename F>
+typename F::Bits bits_of(double value) {
+  return static_cast<typename F::Bits>(encode(value, F::get()));
+}
+
+int64_t grain_for(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)); }
+
+// One row of n values into o[0, n); e is scratch for n floats.
+template <typename T, typename F, bool kLog>
+void softmax_row(const T* row, int64_t n, float* e, typename F::Bits* o) {
+  constexpr FloatFormat f = F::get();
+  RowMax mx;
+  for (int64_t j = 0; j < n; ++j) row_max_add(mx, static_cast<float>(element_value(row[j])));
+  const RowCase c = row_case(mx);
+  if (c != RowCase::kNormal) {
+    const double fill = c == RowCase::kNaN ? canonical_nan() : (kLog ? -INFINITY : 0.0);
+    for (int64_t j = 0; j < n; ++j) o[j] = bits_of<F>(fill);
+    return;
+  }
+  double s[kChains] = {};
+  int64_t j = 0;
+  for (; j + kChains <= n; j += kChains)
+    for (int l = 0; l < kChains; ++l) {
+      e[j + l] = softmax_exp(static_cast<float>(element_value(row[j + l])), mx.m);
+      s[l] = s[l] + e[j + l];
+    }
+  for (; j < n; ++j) {
+    e[j] = softmax_exp(static_cast<float>(element_value(row[j])), mx.m);
+    s[0] = s[0] + e[j];
+  }
+  const double sum = fold_chains(s);
+  double S;
+  if (!softmax_sum_if_decided(sum, chains_depth(n), &S))
+    S = reduce_exact_values(
+        n, [&](int64_t k) { return static_cast<double>(e[k]); }, sum, false, float32_format());
+  if (kLog) {
+    const double L = log32(static_cast<float>(S));
+    for (int64_t k = 0; k < n; ++k)
+      o[k] = bits_of<F>(log_softmax_value(static_cast<float>(element_value(row[k])), mx.m, L, f));
+  } else {
+    for (int64_t k = 0; k < n; ++k) o[k] = bits_of<F>(softmax_value(e[k], S, f));
+  }
+}
+
+template <typename T, typename F, bool kLog>
+void softmax_rows(const T* x, int64_t rows, int64_t n, typename F::Bits* out) {
+  at::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
+    std::vector<float> e(n);
+    for (int64_t r = begin; r < end; ++r) softmax_row<T, F, kLog>(x + r * n, n, e.data(), out + r * n);
+  });
+}
+
+// RN_f(sum_k v[k]) (divisor 0) or RN_f(sum_k v[k] / divisor) of n float32
+// values: the tiers of carbon.sum / carbon.mean.
+double round_sum_of_floats(const float* v, int64_t n, int64_t divisor, const FloatFormat& f) {
+  const bool mean = divisor != 0;
+  if (n == 0) return empty_reduction(mean);
+  double s[kChains] = {}, a[kChains] = {};
+  int64_t j = 0;
+  for (; j + kChains <= n; j += kChains)
+    for (int l = 0; l < kChains; ++l) {
+      s[l] = s[l] + v[j + l];
+      a[l] = a[l] + abs_value(v[j + l]);
+    }
+  for (; j < n; ++j) {
+    s[0] = s[0] + v[j];
+    a[0] = a[0] + abs_value(v[j]);
+  }
+  const double sum = fold_chains(s), abs_sum = fold_chains(a);
+  double value;
+  if (reduce_round_fast(sum, abs_sum, mean ? divisor : n, chains_depth(n), mean, f, &value)) return value;
+  return reduce_exact_values(
+      n, [&](int64_t k) { return static_cast<double>(v[k]); }, abs_sum, mean, f, mean ? divisor : n);
+}
+
+// D = RN32(sum g_k y_k) for softmax, G = RN32(sum g_k) for log_softmax.
+template <typename T, bool kLog>
+double grad_row_sum(const T* g, const T* y, int64_t n) {
+  auto term = [&](int64_t k) {
+    return kLog ? element_value(g[k]) : element_value(g[k]) * element_value(y[k]);  // exact in fp64
+  };
+  double s[kChains] = {}, a[kChains] = {};
+  int64_t j = 0;
+  for (; j + kChains <= n; j += kChains)
+    for (int l = 0; l < kChains; ++l) {
+      const double t = term(j + l);
+      s[l] = s[l] + t;
+      a[l] = a[l] + abs_value(t);
+    }
+  for (; j < n; ++j) {
+    const double t = term(j);
+    s[0] = s[0] + t;
+    a[0] = a[0] + abs_value(t);
+  }
+  const double sum = fold_chains(s), abs_sum = fold_chains(a);
+  double value;
+  if (grad_sum_if_decided(sum, abs_sum, chains_depth(n), &value)) return value;
+  return reduce_exact_values(n, term, abs_sum, false, float32_format());
+}
+
+template <typename T, typename F, bool kLog>
+void softmax_backward_rows(const T* g, const T* y, int64_t rows, int64_t n, typename F::Bits* out) {
+  constexpr FloatFormat f = F::get();
+  at::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* gr = g + r * n;
+      const T* yr = y + r * n;
+      typename F::Bits* o = out + r * n;
+      const double D = grad_row_sum<T, kLog>(gr, yr, n);
+      for (int64_t k = 0; k < n; ++k) {
+        const double yk = element_value(yr[k]), gk = element_value(gr[k]);
+        o[k] = bits_of<F>(kLog ? log_softmax_grad_value(yk, gk, D, f) : softmax_grad_value(yk, gk, D, f));
+      }
+    }
+  });
+}
+
+// Cross-entropy rows: log_probs (float32) and each row's float32 loss.
+template <typename T>
+void cross_entropy_rows(const T* x, const int64_t* target, int64_t N, int64_t C, int64_t ignore_index, double eps,
+                        float* log_probs, float* loss) {
+  using F32 = Format<FormatId::kFloat32>;
+  at::parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
+    std::vector<float> e(C);
+    for (int64_t i = begin; i < end; ++i) {
+      float* lsm = log_probs + i * C;
+      softmax_row<T, F32, true>(x + i * C, C, e.data(), reinterpret_cast<uint32_t*>(lsm));
+      const int64_t t = target[i];
+      if (t == ignore_index) {
+        loss[i] = 0.0f;
+        continue;
+      }
+      const double smooth = eps == 0.0 ? 0.0 : -round_sum_of_floats(lsm, C, C, float32_format());
+      loss[i] = static_cast<float>(cross_entropy_loss(-lsm[t], eps, smooth));
+    }
+  });
+}
+
+template <typename F>
+void cross_entropy_grad_rows(const double* coef, const float* log_probs, const int64_t* target, int64_t N,
+                             int64_t C, int64_t ignore_index, double eps, typename F::Bits* out) {
+  constexpr FloatFormat f = F::get();
+  at::parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      typename F::Bits* o = out + i * C;
+      const int64_t t = target[i];
+      if (t == ignore_index) {
+        for (int64_t j = 0; j < C; ++j) o[j] = 0;
+        continue;
+      }
+      const float* lsm = log_probs + i * C;
+      for (int64_t j = 0; j < C; ++j) o[j] = bits_of<F>(cross_entropy_grad_value(coef[i], lsm[j], j == t, eps, C, f));
+    }
+  });
+}
+
+}  // namespace
+
+void softmax_rows_cpu(const at::Tensor& x, bool log, FormatId format, at::Tensor& out) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  with_element_type(x.scalar_type(), [&](auto element) {
+    using T = decltype(element);
+    with_format(format, [&](auto fmt) {
+      using F = decltype(fmt);
+      auto* o = static_cast<typename F::Bits*>(out.mutable_data_ptr());
+      if (log)
+        softmax_rows<T, F, true>(x.const_data_ptr<T>(), rows, n, o);
+      else
+        softmax_rows<T, F, false>(x.const_data_ptr<T>(), rows, n, o);
+    });
+  });
+}
+
+void softmax_backward_rows_cpu(const at::Tensor& grad, const at::Tensor& y, bool log, FormatId format,
+                               at::Tensor& out) {
+  const int64_t rows = y.size(0), n = y.size(1);
+  with_element_type(y.scalar_type(), [&](auto element) {
+    using T = decltype(element);
+    with_format(format, [&](auto fmt) {
+      using F = decltype(fmt);
+      auto* o = static_cast<typename F::Bits*>(out.mutable_data_ptr());
+      if (log)
+        softmax_backward_rows<T, F, true>(grad.const_data_ptr<T>(), y.const_data_ptr<T>(), rows, n, o);
+      else
+        softmax_backward_rows<T, F, false>(grad.const_data_ptr<T>(), y.const_data_ptr<T>(), rows, n, o);
+    });
+  });
+}
+
+void cross_entropy_cpu(const at::Tensor& logits, const at::Tensor& target, int64_t reduction, int64_t ignore_index,
+                       double label_smoothing, FormatId format, at::Tensor& loss, at::Tensor& log_probs,
+                       at::Tensor& count) {
+  const int64_t N = logits.size(0), C = logits.size(1);
+  const int64_t* t = target.const_data_ptr<int64_t>();
+  int64_t valid = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    if (t[i] == ignore_index) continue;
+    TORCH_CHECK_INDEX(t[i] >= 0 && t[i] < C, "carbon.cross_entropy: target ", t[i], " at position ", i,
+                      " is out of bounds for ", C, " classes");
+    ++valid;
+  }
+  count.fill_(valid);
+  std::vector<float> row_loss(N);
+  with_element_type(logits.scalar_type(), [&](auto element) {
+    using T = decltype(element);
+    cross_entropy_rows<T>(logits.const_data_ptr<T>(), t, N, C, ignore_index, label_smoothing,
+                          log_probs.mutable_data_ptr<float>(), row_loss.data());
+  });
+  with_format(format, [&](auto fmt) {
+    using F = decltype(fmt);
+    auto* o = static_cast<typename F::Bits*>(loss.mutable_data_ptr());
+    if (reduction == 0) {
+      for (int64_t i = 0; i < N; ++i) o[i] = bits_of<F>(round_double(row_loss[i], F::get()));
+    } else {
+      // sum: RN(sum of the row losses); mean: RN(sum / count), NaN when count = 0.
+      const int64_t divisor = reduction == 1 ? valid : 0;
+      const double value = reduction == 1 && valid == 0 ? canonical_nan()
+                                                         : round_sum_of_floats(row_loss.data(), N, divisor, F::get());
+      o[0] = bits_of<F>(value);
+    }
+  });
+}
+
+void cross_entropy_backward_cpu(const at::Tensor& grad, const at::Tensor& log_probs, const at::Tensor& target,
+                                const at::Tensor& count, int64_t reduction, int64_t ignore_index,
+                                double label_smoothing, FormatId format, at::Tensor& out) {
+  const int64_t N = log_probs.size(0), C = log_probs.size(1);
+  std::vector<double> coef(N);
+  with_element_type(grad.scalar_type(), [&](auto element) {
+    using T = decltype(element);
+    const T* g = grad.const_data_ptr<T>();
+    const int64_t valid = count.item<int64_t>();
+    for (int64_t i = 0; i < N; ++i) {
+      if (reduction == 0)
+        coef[i] = element_value(g[i]);
+      else if (reduction == 2 || valid == 0)
+        coef[i] = element_value(g[0]);
+      else
+        coef[i] = round_quotient(element_value(g[0]), static_cast<uint32_t>(valid), float32_format());
+    }
+  });
+  with_format(format, [&](auto fmt) {
+    using F = decltype(fmt);
+    cross_entropy_grad_rows<F>(coef.data(), log_probs.const_data_ptr<float>(), target.const_data_ptr<int64_t>(), N,
+                               C, ignore_index, label_smoothing, static_cast<typename F::Bits*>(out.mutable_data_ptr()));
+  });
+}
+
+}  // namespace carbon
