@@ -13,7 +13,8 @@ from carbon import _autograd, _fake  # noqa: F401  (registrations)
 from carbon import nn
 from carbon.ops import addmm, baddbmm, bmm, linear, matmul, mm
 from carbon.reductions import mean, round_to, sum  # noqa: A004
+from carbon.attention import scaled_dot_product_attention
 from carbon.softmax import cross_entropy, log_softmax, softmax
 
-__all__ = ["mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "sum", "mean", "round_to", "softmax", "log_softmax", "cross_entropy", "nn"]
+__all__ = ["mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "sum", "mean", "round_to", "softmax", "log_softmax", "cross_entropy", "scaled_dot_product_attention", "nn"]
 __version__ = "0.1.0"

@@ -158,3 +158,21 @@ def _cross_entropy_backward(ctx: Any, grad: Tensor, _grad_log_probs: Any, _grad_
 torch.library.register_autograd("carbon::softmax", _softmax_backward, setup_context=_setup_softmax)
 torch.library.register_autograd("carbon::log_softmax", _log_softmax_backward, setup_context=_setup_softmax)
 torch.library.register_autograd("carbon::cross_entropy", _cross_entropy_backward, setup_context=_setup_cross_entropy)
+
+
+# ---------------------------------------------------------------- attention
+
+
+def _setup_attention_logits(ctx: Any, inputs: tuple, output: Tensor) -> None:
+    _, scale, _, _ = inputs
+    ctx.scale = scale
+
+
+def _attention_logits_backward(ctx: Any, grad: Tensor) -> tuple:
+    # d/ds of RN32(s * scale + m) is the same step without the mask: RN32(dz * scale).
+    return torch.ops.carbon.attention_logits(grad.float(), ctx.scale, None, False), None, None, None
+
+
+torch.library.register_autograd(
+    "carbon::attention_logits", _attention_logits_backward, setup_context=_setup_attention_logits
+)

@@ -225,3 +225,21 @@ def _cross_entropy_backward_fake(
     if input_dtype not in SUPPORTED:
         raise TypeError(f"carbon.cross_entropy_backward: output dtype {input_dtype} is not supported")
     return log_probs.new_empty(log_probs.shape, dtype=input_dtype)
+
+
+# ---------------------------------------------------------------- attention
+
+
+@torch.library.register_fake("carbon::attention_logits")
+def _attention_logits_fake(scores: Tensor, scale: float, mask: Optional[Tensor] = None, causal: bool = False) -> Tensor:
+    if scores.dtype != torch.float32:
+        raise TypeError(f"carbon.attention_logits: scores must be float32, got {scores.dtype}")
+    if scores.dim() != 3:
+        raise ValueError(f"carbon.attention_logits: expected scores [B, Tq, Tk], got shape {tuple(scores.shape)}")
+    if mask is not None:
+        _check_dtype("attention_logits", "mask", mask)
+        if tuple(mask.shape) != tuple(scores.shape):
+            raise ValueError(
+                f"carbon.attention_logits: mask has shape {tuple(mask.shape)} but the scores have shape {tuple(scores.shape)}"
+            )
+    return torch.empty_like(scores, memory_format=torch.contiguous_format)

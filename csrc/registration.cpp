@@ -4,6 +4,7 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include "attention/attention.h"
 #include "convert/round_to.h"
 #include "matmul/matmul.h"
 #include "reduce/reduce.h"
@@ -32,6 +33,8 @@ TORCH_LIBRARY(carbon, m) {
         "float label_smoothing=0.0) -> (Tensor loss, Tensor log_probs, Tensor count)");
   m.def("cross_entropy_backward(Tensor grad, Tensor log_probs, Tensor target, Tensor count, int reduction, "
         "int ignore_index, float label_smoothing, ScalarType input_dtype) -> Tensor");
+  // attention (csrc/attention/; the rest of attention is bmm and softmax)
+  m.def("attention_logits(Tensor scores, float scale, Tensor? mask=None, bool causal=False) -> Tensor");
 }
 
 // The ops are device-generic at this level: each checks its inputs and
@@ -50,6 +53,7 @@ TORCH_LIBRARY_IMPL(carbon, CPU, m) {
   m.impl("log_softmax_backward", &carbon::log_softmax_backward);
   m.impl("cross_entropy", &carbon::cross_entropy);
   m.impl("cross_entropy_backward", &carbon::cross_entropy_backward);
+  m.impl("attention_logits", &carbon::attention_logits);
 }
 
 #ifdef CARBON_WITH_CUDA
@@ -67,5 +71,6 @@ TORCH_LIBRARY_IMPL(carbon, CUDA, m) {
   m.impl("log_softmax_backward", &carbon::log_softmax_backward);
   m.impl("cross_entropy", &carbon::cross_entropy);
   m.impl("cross_entropy_backward", &carbon::cross_entropy_backward);
+  m.impl("attention_logits", &carbon::attention_logits);
 }
 #endif

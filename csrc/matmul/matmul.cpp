@@ -20,6 +20,12 @@ at::ScalarType output_dtype(const char* op, const at::Tensor& a, const at::Tenso
   return checked_out_dtype(op, requested.value_or(at::promote_types(a.scalar_type(), b.scalar_type())));
 }
 
+// An exact fp64 copy of x, contiguous, in one pass (x.to(kDouble) keeps a
+// transposed layout, and .contiguous() would then copy a second time).
+at::Tensor contiguous_double(const at::Tensor& x) {
+  return at::empty(x.sizes(), x.options().dtype(at::kDouble)).copy_(x);
+}
+
 // a3: [B, M, K], b3: [B, K, N], bias: broadcastable to [B, M, N] or undefined.
 // The bias is converted before it is expanded, so a broadcast bias costs no
 // memory.
@@ -31,8 +37,8 @@ at::Tensor matmul_correctly_rounded(const at::Tensor& a3, const at::Tensor& b3,
 
   // Exact copies in double (every supported value is a double), laid out so
   // that a row of a and a column of b are contiguous for the exact tiers.
-  const at::Tensor a64 = a3.to(at::kDouble).contiguous();
-  const at::Tensor bt64 = b3.transpose(1, 2).to(at::kDouble).contiguous();
+  const at::Tensor a64 = contiguous_double(a3);
+  const at::Tensor bt64 = contiguous_double(b3.transpose(1, 2));
   // Tier 1's approximation. Any fp64 GEMM is fine: the bound covers every
   // summation order, so the BLAS's blocking and threading cannot matter.
   const at::Tensor approx = (B == 1 ? at::mm(a64[0], bt64[0].t()).unsqueeze(0)

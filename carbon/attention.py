@@ -1,0 +1,91 @@
+"""Carbon's attention: ``scaled_dot_product_attention`` composed of exact ops.
+
+    s = RN32(q kᵀ)                              carbon.bmm, exact, one rounding
+    z = RN32((s ⊗ scale) ⊕ mask)               attention_logits (−∞ above the diagonal if causal)
+    p = carbon.softmax(z, −1)                   float32
+    o = RN(p v)                                 carbon.bmm, in q's dtype
+
+Every step is one of carbon's correctly rounded ops, so the output and all
+gradients (by autograd through those ops) are the same bits on every device,
+batch size and thread count. docs/contract.md §9 states the definition.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from carbon.ops import bmm
+from carbon.softmax import softmax
+
+__all__ = ["scaled_dot_product_attention"]
+
+
+def _additive_mask(mask: Tensor, shape: tuple, batch: int) -> Tensor:
+    """The mask as additive float values of shape [batch, L, S]: a boolean
+    mask (True = attend) becomes 0 / −∞ exactly."""
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill(~mask, -math.inf)
+    try:
+        full = mask.expand(shape)
+    except RuntimeError:
+        raise ValueError(
+            f"carbon.scaled_dot_product_attention: attn_mask of shape {tuple(mask.shape)} does not broadcast to {shape}"
+        ) from None
+    return full.reshape(batch, shape[-2], shape[-1])
+
+
+def scaled_dot_product_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention`` with Carbon's
+    contract. query [..., L, E], key [..., S, E], value [..., S, Ev] with the
+    same leading dimensions; attn_mask boolean (True = attend) or additive,
+    broadcastable to [..., L, S]; is_causal masks j > i (top-left aligned, as
+    torch does); scale defaults to 1/sqrt(E). The scores and probabilities are
+    float32 whatever the input dtype; the output has query's dtype. A fully
+    masked row gives zeros (not NaN). dropout_p > 0 arrives with
+    carbon.Generator; attn_mask gradients are not supported."""
+    op = "carbon.scaled_dot_product_attention"
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"{op}: dropout_p > 0 needs carbon's counter-based generator (not yet available)")
+    if enable_gqa:
+        raise NotImplementedError(f"{op}: enable_gqa is not supported")
+    if query.dim() < 2 or key.dim() != query.dim() or value.dim() != query.dim():
+        raise ValueError(
+            f"{op}: query, key and value must have the same number (>= 2) of dimensions, got shapes "
+            f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
+        )
+    lead = tuple(query.shape[:-2])
+    if tuple(key.shape[:-2]) != lead or tuple(value.shape[:-2]) != lead:
+        raise ValueError(f"{op}: query, key and value must share their leading dimensions (no broadcasting), got "
+                         f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+    L, E = query.shape[-2:]
+    S, Ek = key.shape[-2:]
+    if Ek != E or value.shape[-2] != S:
+        raise ValueError(f"{op}: shapes do not match: query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}")
+    if not (query.device == key.device == value.device):
+        raise ValueError(f"{op}: expected all tensors on one device, got {query.device}, {key.device}, {value.device}")
+    if is_causal and attn_mask is not None:
+        raise ValueError(f"{op}: pass either attn_mask or is_causal, not both")
+    if attn_mask is not None and attn_mask.requires_grad:
+        raise NotImplementedError(f"{op}: gradients with respect to attn_mask are not supported")
+    batch = math.prod(lead)
+    q3, k3, v3 = query.reshape(batch, L, E), key.reshape(batch, S, E), value.reshape(batch, S, -1)
+    scores = bmm(q3, k3.transpose(1, 2), out_dtype=torch.float32)
+    mask3 = None if attn_mask is None else _additive_mask(attn_mask.to(query.device), lead + (L, S), batch)
+    factor = 1.0 / math.sqrt(E) if scale is None else float(scale)
+    logits = torch.ops.carbon.attention_logits(scores, factor, mask3, is_causal)
+    probs = softmax(logits, -1)
+    out = bmm(probs, v3, out_dtype=query.dtype)
+    return out.reshape(lead + (L, value.shape[-1]))

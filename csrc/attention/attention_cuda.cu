@@ -1,0 +1,43 @@
+// CUDA kernel of attention_logits: one thread per element (grid-stride).
+#include <c10/cuda/CUDAGuard.h>
+
+#include "../cuda_launch.cuh"
+#include "../dtypes.h"
+#include "../reduce/reduce_kernel.h"
+#include "attention.h"
+#include "attention_kernel.h"
+
+namespace carbon {
+namespace {
+
+template <typename T>
+__global__ void attention_logits_kernel(const float* s, int64_t total, int64_t Tq, int64_t Tk, double scale,
+                                        const T* mask, int64_t sb, int64_t sq, int64_t sk, bool causal, float* out) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t j = e % Tk, i = (e / Tk) % Tq, b = e / (Tk * Tq);
+    const double m = mask == nullptr ? -0.0 : element_value(mask[b * sb + i * sq + j * sk]);
+    out[e] = static_cast<float>(attention_logit(s[e], scale, m, causal && j > i));
+  }
+}
+
+}  // namespace
+
+void attention_logits_cuda(const at::Tensor& s, double scale, const at::Tensor& mask, bool causal, at::Tensor& out) {
+  const c10::cuda::CUDAGuard guard(s.device());
+  const int64_t Tq = s.size(1), Tk = s.size(2), total = s.numel();
+  constexpr int kThreads = 256;
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  const at::ScalarType mask_type = mask.defined() ? mask.scalar_type() : at::kFloat;
+  with_element_type(mask_type, [&](auto element) {
+    using T = decltype(element);
+    const T* m = mask.defined() ? mask.const_data_ptr<T>() : nullptr;
+    const int64_t sb = mask.defined() ? mask.stride(0) : 0, sq = mask.defined() ? mask.stride(1) : 0,
+                  sk = mask.defined() ? mask.stride(2) : 0;
+    attention_logits_kernel<T><<<blocks_for(total, kThreads), kThreads, 0, stream>>>(
+        s.const_data_ptr<float>(), total, Tq, Tk, scale, m, sb, sq, sk, causal, out.mutable_data_ptr<float>());
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace carbon

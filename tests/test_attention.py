@@ -1,0 +1,182 @@
+"""carbon.scaled_dot_product_attention against its definition (contract §9),
+composed from independent references: the integer bmm oracle
+(tests/oracle.py), the softmax reference (tests/softmax_reference.py) and the
+logits step written here with numpy float64 operations."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import carbon
+from oracle import assert_bits_equal, as_bits, bmm_bits, fmt_of
+from softmax_reference import softmax_backward_bits, softmax_bits
+
+from data import generator
+
+
+def _from_bits(bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return bits.view(dtype)
+
+
+def _logits(s: torch.Tensor, scale: float, mask, causal: bool) -> torch.Tensor:
+    """z = RN32((s (*) scale) (+) m), -inf above the diagonal when causal:
+    fp64 operations in numpy, one float32 rounding (numpy's cast rounds to
+    nearest even)."""
+    z = s.double().numpy() * scale
+    if mask is not None:
+        z = z + mask.double().numpy()
+    z = torch.from_numpy(z.astype(np.float32))
+    if causal:
+        L, S = z.shape[-2:]
+        z = z.masked_fill(torch.ones(L, S, dtype=torch.bool).triu(1), -math.inf)
+    return z
+
+
+def reference_attention(q, k, v, mask=None, causal=False, scale=None):
+    """Forward of contract §9, plus the intermediate tensors."""
+    lead, (L, E), S = q.shape[:-2], q.shape[-2:], k.shape[-2]
+    B = math.prod(lead)
+    q3, k3, v3 = q.reshape(B, L, E), k.reshape(B, S, E), v.reshape(B, S, -1)
+    sigma = 1.0 / math.sqrt(E) if scale is None else scale
+    s = _from_bits(bmm_bits(q3, k3.transpose(1, 2), out_dtype=torch.float32), torch.float32)
+    m = None
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape).masked_fill(~mask, -math.inf)
+        m = mask.expand(lead + (L, S)).reshape(B, L, S)
+    z = _logits(s, sigma, m, causal)
+    p = _from_bits(softmax_bits(z, -1), torch.float32)
+    o = _from_bits(bmm_bits(p, v3, out_dtype=q.dtype), q.dtype)
+    return o.reshape(lead + (L, v.shape[-1])), (q3, k3, v3, p, sigma)
+
+
+def reference_grads(q, k, v, grad_out, causal=False):
+    """Gradients by the chain rule through the same ops, each step's gradient
+    from its own reference (bmm oracle, softmax backward reference)."""
+    o, (q3, k3, v3, p, sigma) = reference_attention(q, k, v, causal=causal)
+    B, L = q3.shape[:2]
+    g3 = grad_out.reshape(B, L, -1)
+    dp = _from_bits(bmm_bits(g3, v3.transpose(1, 2), out_dtype=torch.float32), torch.float32)
+    dv = _from_bits(bmm_bits(p.transpose(1, 2), g3, out_dtype=v.dtype), v.dtype)
+    dz = _from_bits(softmax_backward_bits(dp, p, -1, torch.float32), torch.float32)
+    ds = _logits(dz, sigma, None, False)
+    dq = _from_bits(bmm_bits(ds, k3, out_dtype=q.dtype), q.dtype)
+    dk = _from_bits(bmm_bits(ds.transpose(1, 2), q3, out_dtype=k.dtype), k.dtype)
+    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+
+
+def _qkv(shape, dtype=torch.float32, seed=0, kv_len=None):
+    g = generator(seed)
+    *lead, L, E = shape
+    S = kv_len or L
+    q = torch.randn(*lead, L, E, generator=g).to(dtype)
+    k = torch.randn(*lead, S, E, generator=g).to(dtype)
+    v = torch.randn(*lead, S, E, generator=g).to(dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_forward_matches_definition(causal, dtype):
+    q, k, v = _qkv((2, 2, 6, 4), dtype)
+    out = carbon.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    expected, _ = reference_attention(q, k, v, causal=causal)
+    assert_bits_equal(out, as_bits(expected), f"attention causal={causal}", dtype=dtype)
+
+
+def test_forward_with_masks_and_scale():
+    q, k, v = _qkv((1, 2, 5, 3), kv_len=7)
+    g = generator(3)
+    bool_mask = torch.rand(5, 7, generator=g) > 0.4
+    bool_mask[2] = False  # a fully masked row gives zeros
+    add_mask = torch.randn(2, 5, 7, generator=g)
+    for mask in (bool_mask, add_mask):
+        out = carbon.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3)
+        expected, _ = reference_attention(q, k, v, mask=mask, scale=0.3)
+        assert_bits_equal(out, as_bits(expected), f"mask {mask.dtype}")
+    out = carbon.scaled_dot_product_attention(q, k, v, attn_mask=bool_mask)
+    assert torch.equal(out[0, :, 2], torch.zeros_like(out[0, :, 2]))
+
+
+def test_causal_with_longer_keys_is_top_left_aligned():
+    q, k, v = _qkv((1, 1, 3, 4), kv_len=5)
+    out = carbon.scaled_dot_product_attention(q, k, v, is_causal=True)
+    expected, _ = reference_attention(q, k, v, causal=True)
+    assert_bits_equal(out, as_bits(expected), "causal L < S")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gradients_match_definition(dtype):
+    q, k, v = _qkv((1, 2, 5, 3), dtype, seed=7)
+    grad_out = torch.randn(1, 2, 5, 3, generator=generator(8)).to(dtype)
+    qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
+    out = carbon.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+    got = torch.autograd.grad(out, (qs, ks, vs), grad_out)
+    for name, g, e in zip("qkv", got, reference_grads(q, k, v, grad_out, causal=True)):
+        assert_bits_equal(g, as_bits(e), f"d{name}", dtype=dtype)
+
+
+def test_batch_and_thread_invariance():
+    q, k, v = _qkv((6, 3, 33, 16), seed=11)
+    full = carbon.scaled_dot_product_attention(q, k, v, is_causal=True)
+    alone = carbon.scaled_dot_product_attention(q[2:3], k[2:3], v[2:3], is_causal=True)
+    assert torch.equal(as_bits(full[2:3]), as_bits(alone))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = carbon.scaled_dot_product_attention(q, k, v, is_causal=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(as_bits(full), as_bits(one))
+
+
+def test_close_to_torch():
+    q, k, v = _qkv((2, 4, 40, 16), seed=5)
+    out = carbon.scaled_dot_product_attention(q, k, v, is_causal=True)
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_logits_opcheck():
+    g = generator(2)
+    s = torch.randn(2, 4, 5, generator=g)
+    mask = torch.randn(4, 5, generator=g).expand(2, 4, 5)
+    torch.library.opcheck(torch.ops.carbon.attention_logits.default, (s.requires_grad_(), 0.25, mask, True))
+    torch.library.opcheck(torch.ops.carbon.attention_logits.default, (s.detach(), 0.5, None, False))
+
+
+def test_compiles_fullgraph():
+    q, k, v = _qkv((1, 2, 8, 4), seed=4)
+    fn = torch.compile(lambda a, b, c: carbon.scaled_dot_product_attention(a, b, c, is_causal=True), fullgraph=True)
+    assert torch.equal(as_bits(fn(q, k, v)), as_bits(carbon.scaled_dot_product_attention(q, k, v, is_causal=True)))
+
+
+def test_errors():
+    q, k, v = _qkv((1, 2, 4, 3))
+    sdpa = carbon.scaled_dot_product_attention
+    with pytest.raises(NotImplementedError, match="dropout"):
+        sdpa(q, k, v, dropout_p=0.1)
+    with pytest.raises(ValueError, match="not both"):
+        sdpa(q, k, v, attn_mask=torch.ones(4, 4, dtype=torch.bool), is_causal=True)
+    with pytest.raises(ValueError, match="shapes do not match"):
+        sdpa(q, k[..., :2], v)
+    with pytest.raises(ValueError, match="leading dimensions"):
+        sdpa(q, k[:, :1], v[:, :1])
+    with pytest.raises(ValueError, match="does not broadcast"):
+        sdpa(q, k, v, attn_mask=torch.zeros(3, 4))
+    with pytest.raises(TypeError, match="float64"):
+        sdpa(q.double(), k.double(), v.double())
+    with pytest.raises(TypeError, match="float32"):
+        torch.ops.carbon.attention_logits(torch.zeros(1, 2, 2, dtype=torch.float16), 1.0, None, False)
+    with pytest.raises(ValueError, match="mask has shape"):
+        torch.ops.carbon.attention_logits(torch.zeros(1, 2, 2), 1.0, torch.zeros(1, 2, 3), False)
+
+
+def test_meta_shapes():
+    q, k, v = (t.to("meta") for t in _qkv((2, 3, 5, 4), kv_len=6))
+    assert carbon.scaled_dot_product_attention(q, k, v).shape == (2, 3, 5, 4)
