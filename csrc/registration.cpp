@@ -5,6 +5,9 @@
 #include <torch/library.h>
 
 #include "convert/round_to.h"
+// ---- elementwise math (exp, log, tanh, sigmoid, erf, gelu, silu) ----
+#include "elementwise/elementwise.h"
+// ---- end elementwise math ----
 #include "matmul/matmul.h"
 #include "reduce/reduce.h"
 
@@ -22,6 +25,16 @@ TORCH_LIBRARY(carbon, m) {
   m.def("sum(Tensor x, int[]? dim=None, bool keepdim=False, ScalarType? dtype=None) -> Tensor");
   m.def("mean(Tensor x, int[]? dim=None, bool keepdim=False, ScalarType? dtype=None) -> Tensor");
   m.def("round_to(Tensor x, ScalarType dtype, int divisor=1) -> Tensor");
+  // ---- elementwise math ----
+  m.def("exp(Tensor x) -> Tensor");
+  m.def("log(Tensor x) -> Tensor");
+  m.def("tanh(Tensor x) -> Tensor");
+  m.def("sigmoid(Tensor x) -> Tensor");
+  m.def("erf(Tensor x) -> Tensor");
+  m.def("gelu(Tensor x, str approximate='none') -> Tensor");
+  m.def("silu(Tensor x) -> Tensor");
+  m.def("elementwise_backward(Tensor grad, Tensor x, str fn) -> Tensor");
+  // ---- end elementwise math ----
 }
 
 // The ops are device-generic at this level: each checks its inputs and
@@ -34,6 +47,16 @@ TORCH_LIBRARY_IMPL(carbon, CPU, m) {
   m.impl("sum", &carbon::sum);
   m.impl("mean", &carbon::mean);
   m.impl("round_to", &carbon::round_to);
+  // ---- elementwise math ----
+  m.impl("exp", &carbon::exp_op);
+  m.impl("log", &carbon::log_op);
+  m.impl("tanh", &carbon::tanh_op);
+  m.impl("sigmoid", &carbon::sigmoid_op);
+  m.impl("erf", &carbon::erf_op);
+  m.impl("gelu", &carbon::gelu_op);
+  m.impl("silu", &carbon::silu_op);
+  m.impl("elementwise_backward", &carbon::elementwise_backward);
+  // ---- end elementwise math ----
 }
 
 #ifdef CARBON_WITH_CUDA
@@ -45,5 +68,15 @@ TORCH_LIBRARY_IMPL(carbon, CUDA, m) {
   m.impl("sum", &carbon::sum);
   m.impl("mean", &carbon::mean);
   m.impl("round_to", &carbon::round_to);
+  // ---- elementwise math ----
+  m.impl("exp", &carbon::exp_op);
+  m.impl("log", &carbon::log_op);
+  m.impl("tanh", &carbon::tanh_op);
+  m.impl("sigmoid", &carbon::sigmoid_op);
+  m.impl("erf", &carbon::erf_op);
+  m.impl("gelu", &carbon::gelu_op);
+  m.impl("silu", &carbon::silu_op);
+  m.impl("elementwise_backward", &carbon::elementwise_backward);
+  // ---- end elementwise math ----
 }
 #endif
