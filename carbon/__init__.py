@@ -11,10 +11,18 @@ import torch  # noqa: F401  (must load before the extension: it links libtorch)
 from carbon import _C  # noqa: F401  (loads the kernels and registers torch.ops.carbon.*)
 from carbon import _autograd, _fake  # noqa: F401  (registrations)
 from carbon import nn
+from carbon.elementwise import erf, exp, gelu, log, sigmoid, silu, tanh
 from carbon.ops import addmm, baddbmm, bmm, linear, matmul, mm
-from carbon.reductions import mean, round_to, sum  # noqa: A004
 from carbon.attention import scaled_dot_product_attention
+from carbon.reductions import mean, round_to, sum  # noqa: A004
 from carbon.softmax import cross_entropy, log_softmax, softmax
 
-__all__ = ["mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "sum", "mean", "round_to", "softmax", "log_softmax", "cross_entropy", "scaled_dot_product_attention", "nn"]
+__all__ = [
+    "mm", "addmm", "bmm", "baddbmm", "linear", "matmul",
+    "sum", "mean", "round_to",
+    "exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu",
+    "softmax", "log_softmax", "cross_entropy",
+    "scaled_dot_product_attention",
+    "nn",
+]
 __version__ = "0.1.0"

@@ -176,3 +176,28 @@ def _attention_logits_backward(ctx: Any, grad: Tensor) -> tuple:
 torch.library.register_autograd(
     "carbon::attention_logits", _attention_logits_backward, setup_context=_setup_attention_logits
 )
+# ---------------------------------------------------------------------------
+# Elementwise math: d x = RN_{x.dtype}(grad * f'(x)), one fp64 product of the
+# incoming gradient and the derivative's fp64 core, rounded once
+# (torch.ops.carbon.elementwise_backward). Self-contained section.
+# ---------------------------------------------------------------------------
+
+
+def _setup_elementwise(ctx: Any, inputs: tuple, output: Tensor) -> None:
+    ctx.save_for_backward(inputs[0])
+    ctx.fn = "gelu_tanh" if len(inputs) > 1 and inputs[1] == "tanh" else None
+
+
+def _elementwise_backward_for(name: str) -> Any:
+    def backward(ctx: Any, grad: Tensor) -> tuple:
+        (x,) = ctx.saved_tensors
+        fn = ctx.fn or name
+        grad_x = torch.ops.carbon.elementwise_backward(grad, x, fn) if ctx.needs_input_grad[0] else None
+        return (grad_x, None) if name == "gelu" else grad_x
+
+    return backward
+
+
+for _name in ("exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu"):
+    torch.library.register_autograd(f"carbon::{_name}", _elementwise_backward_for(_name), setup_context=_setup_elementwise)
+del _name

@@ -243,3 +243,45 @@ def _attention_logits_fake(scores: Tensor, scale: float, mask: Optional[Tensor] 
                 f"carbon.attention_logits: mask has shape {tuple(mask.shape)} but the scores have shape {tuple(scores.shape)}"
             )
     return torch.empty_like(scores, memory_format=torch.contiguous_format)
+# ---------------------------------------------------------------------------
+# Elementwise math (exp, log, tanh, sigmoid, erf, gelu, silu, their backward).
+# Same checks as csrc/elementwise/elementwise.cpp. Self-contained section.
+# ---------------------------------------------------------------------------
+
+ELEMENTWISE_FUNCTIONS = ("exp", "log", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "silu")
+
+
+def _elementwise_fake(op: str, x: Tensor) -> Tensor:
+    _check_dtype(op, "x", x)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _register_elementwise_fakes() -> None:
+    for name in ("exp", "log", "tanh", "sigmoid", "erf", "silu"):
+        torch.library.register_fake(f"carbon::{name}")(lambda x, _name=name: _elementwise_fake(_name, x))
+
+
+_register_elementwise_fakes()
+
+
+@torch.library.register_fake("carbon::gelu")
+def _gelu_fake(x: Tensor, approximate: str = "none") -> Tensor:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"carbon.gelu: approximate must be 'none' or 'tanh', got '{approximate}'")
+    return _elementwise_fake("gelu", x)
+
+
+@torch.library.register_fake("carbon::elementwise_backward")
+def _elementwise_backward_fake(grad: Tensor, x: Tensor, fn: str) -> Tensor:
+    op = "elementwise_backward"
+    if fn not in ELEMENTWISE_FUNCTIONS:
+        raise ValueError(f"carbon.{op}: unknown function '{fn}'; expected exp, log, tanh, sigmoid, erf, gelu, gelu_tanh or silu")
+    _check_dtype(op, "x", x)
+    _check_dtype(op, "grad", grad)
+    if grad.dtype != x.dtype:
+        raise TypeError(f"carbon.{op}: grad has dtype {grad.dtype} but x has dtype {x.dtype} (they must agree)")
+    if grad.shape != x.shape:
+        raise ValueError(f"carbon.{op}: grad has shape {list(grad.shape)} but x has shape {list(x.shape)} (they must agree)")
+    if grad.device != x.device:
+        raise ValueError(f"carbon.{op}: expected all tensors on one device, but grad is on {grad.device} and x is on {x.device}")
+    return torch.empty_like(x, memory_format=torch.contiguous_format)

@@ -6,6 +6,9 @@
 
 #include "attention/attention.h"
 #include "convert/round_to.h"
+// ---- elementwise math (exp, log, tanh, sigmoid, erf, gelu, silu) ----
+#include "elementwise/elementwise.h"
+// ---- end elementwise math ----
 #include "matmul/matmul.h"
 #include "reduce/reduce.h"
 #include "softmax/softmax.h"
@@ -35,6 +38,16 @@ TORCH_LIBRARY(carbon, m) {
         "int ignore_index, float label_smoothing, ScalarType input_dtype) -> Tensor");
   // attention (csrc/attention/; the rest of attention is bmm and softmax)
   m.def("attention_logits(Tensor scores, float scale, Tensor? mask=None, bool causal=False) -> Tensor");
+  // ---- elementwise math ----
+  m.def("exp(Tensor x) -> Tensor");
+  m.def("log(Tensor x) -> Tensor");
+  m.def("tanh(Tensor x) -> Tensor");
+  m.def("sigmoid(Tensor x) -> Tensor");
+  m.def("erf(Tensor x) -> Tensor");
+  m.def("gelu(Tensor x, str approximate='none') -> Tensor");
+  m.def("silu(Tensor x) -> Tensor");
+  m.def("elementwise_backward(Tensor grad, Tensor x, str fn) -> Tensor");
+  // ---- end elementwise math ----
 }
 
 // The ops are device-generic at this level: each checks its inputs and
@@ -54,6 +67,16 @@ TORCH_LIBRARY_IMPL(carbon, CPU, m) {
   m.impl("cross_entropy", &carbon::cross_entropy);
   m.impl("cross_entropy_backward", &carbon::cross_entropy_backward);
   m.impl("attention_logits", &carbon::attention_logits);
+  // ---- elementwise math ----
+  m.impl("exp", &carbon::exp_op);
+  m.impl("log", &carbon::log_op);
+  m.impl("tanh", &carbon::tanh_op);
+  m.impl("sigmoid", &carbon::sigmoid_op);
+  m.impl("erf", &carbon::erf_op);
+  m.impl("gelu", &carbon::gelu_op);
+  m.impl("silu", &carbon::silu_op);
+  m.impl("elementwise_backward", &carbon::elementwise_backward);
+  // ---- end elementwise math ----
 }
 
 #ifdef CARBON_WITH_CUDA
@@ -72,5 +95,15 @@ TORCH_LIBRARY_IMPL(carbon, CUDA, m) {
   m.impl("cross_entropy", &carbon::cross_entropy);
   m.impl("cross_entropy_backward", &carbon::cross_entropy_backward);
   m.impl("attention_logits", &carbon::attention_logits);
+  // ---- elementwise math ----
+  m.impl("exp", &carbon::exp_op);
+  m.impl("log", &carbon::log_op);
+  m.impl("tanh", &carbon::tanh_op);
+  m.impl("sigmoid", &carbon::sigmoid_op);
+  m.impl("erf", &carbon::erf_op);
+  m.impl("gelu", &carbon::gelu_op);
+  m.impl("silu", &carbon::silu_op);
+  m.impl("elementwise_backward", &carbon::elementwise_backward);
+  // ---- end elementwise math ----
 }
 #endif

@@ -1,0 +1,57 @@
+"""Carbon's elementwise math: exp, log, tanh, sigmoid, erf, gelu, silu.
+
+Each returns, elementwise and in the input's dtype (float32, bfloat16 or
+float16), ONE rounding (to nearest, ties to even) of an fp64 evaluation of
+the function whose relative error is below 2^-40: so the result is the
+correctly rounded value except within ~2^-16 ulp of a rounding midpoint, is
+always within 0.5 + 2^-16 ulp, and is bit-identical on every CPU and CUDA GPU
+(one shared implementation from IEEE +, -, *, /, fma; no libm). Gradients
+are RN(grad * f'(x)) with f' evaluated the same way. docs/contract.md §6 and
+docs/elementwise.md give the definitions and the measured accuracy.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu"]
+
+
+def exp(x: Tensor) -> Tensor:
+    """e^x, elementwise. exp(-inf) = 0, overflow gives inf."""
+    return torch.ops.carbon.exp(x)
+
+
+def log(x: Tensor) -> Tensor:
+    """Natural logarithm, elementwise. log(+-0) = -inf, log(x < 0) = NaN."""
+    return torch.ops.carbon.log(x)
+
+
+def tanh(x: Tensor) -> Tensor:
+    """Hyperbolic tangent, elementwise (odd: keeps the sign of zero)."""
+    return torch.ops.carbon.tanh(x)
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    """Logistic function 1 / (1 + e^-x), elementwise, accurate also where it
+    underflows (large negative x)."""
+    return torch.ops.carbon.sigmoid(x)
+
+
+def erf(x: Tensor) -> Tensor:
+    """Error function, elementwise (odd; saturates to +-1)."""
+    return torch.ops.carbon.erf(x)
+
+
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    """GELU, ``torch.nn.functional.gelu`` semantics: x * Phi(x) for
+    ``approximate="none"``, and x/2 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    for ``approximate="tanh"``; each correctly rounded as a function of x
+    (no cancellation for negative x). gelu(-inf) = -0."""
+    return torch.ops.carbon.gelu(x, approximate)
+
+
+def silu(x: Tensor) -> Tensor:
+    """SiLU (swish) x * sigmoid(x), elementwise. silu(-inf) = -0."""
+    return torch.ops.carbon.silu(x)

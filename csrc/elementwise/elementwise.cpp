@@ -1,0 +1,125 @@
+// The elementwise math ops: input checks and the CPU kernel.
+#include "elementwise.h"
+
+#include <ATen/Parallel.h>
+
+#include "../dtypes.h"
+
+namespace carbon {
+namespace {
+
+// One function, one direction, one format: the loop the compiler sees has
+// constants for everything (specialized per function and format).
+template <math::Fn kFn, bool kBackward, typename F>
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void elementwise_range(
+    const typename F::Bits* __restrict__ x, const typename F::Bits* __restrict__ g, typename F::Bits* __restrict__ out,
+    int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i)
+    out[i] = elementwise_one<kFn, kBackward, F>(x[i], kBackward ? g[i] : typename F::Bits{0});
+}
+
+const char* op_name(math::Fn fn) {
+  switch (fn) {
+    case math::Fn::kExp: return "exp";
+    case math::Fn::kLog: return "log";
+    case math::Fn::kTanh: return "tanh";
+    case math::Fn::kSigmoid: return "sigmoid";
+    case math::Fn::kErf: return "erf";
+    case math::Fn::kGelu: return "gelu";
+    case math::Fn::kGeluTanh: return "gelu";
+    case math::Fn::kSilu: return "silu";
+  }
+  return "?";
+}
+
+void check_device(const char* op, const at::Tensor& t) {
+  TORCH_CHECK(t.is_cpu() || t.is_cuda(), "carbon.", op, ": tensors on ", t.device(),
+              " are not supported (CPU and CUDA only)");
+}
+
+at::Tensor run(math::Fn fn, const at::Tensor& x) {
+  const char* op = op_name(fn);
+  check_supported_dtype(op, "x", x);
+  check_device(op, x);
+  const at::Tensor input = x.contiguous();
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  if (out.numel() == 0) return out;
+  if (x.is_cpu()) {
+    elementwise_cpu(fn, false, input, at::Tensor(), out);
+  } else {
+#ifdef CARBON_WITH_CUDA
+    elementwise_cuda(fn, false, input, at::Tensor(), out);
+#endif
+  }
+  return out;
+}
+
+}  // namespace
+
+void elementwise_cpu(math::Fn fn, bool backward, const at::Tensor& x, const at::Tensor& grad, at::Tensor& out) {
+  with_format(format_of(x.scalar_type()), [&](auto fmt) {
+    using F = decltype(fmt);
+    using Bits = typename F::Bits;
+    const Bits* xp = static_cast<const Bits*>(x.const_data_ptr());
+    const Bits* gp = backward ? static_cast<const Bits*>(grad.const_data_ptr()) : nullptr;
+    Bits* op = static_cast<Bits*>(out.mutable_data_ptr());
+    with_fn(fn, [&](auto fn_tag) {
+      constexpr math::Fn kFn = decltype(fn_tag)::value;
+      at::parallel_for(0, x.numel(), 8192, [&](int64_t begin, int64_t end) {
+        if (backward)
+          elementwise_range<kFn, true, F>(xp, gp, op, begin, end);
+        else
+          elementwise_range<kFn, false, F>(xp, gp, op, begin, end);
+      });
+    });
+  });
+}
+
+at::Tensor exp_op(const at::Tensor& x) { return run(math::Fn::kExp, x); }
+at::Tensor log_op(const at::Tensor& x) { return run(math::Fn::kLog, x); }
+at::Tensor tanh_op(const at::Tensor& x) { return run(math::Fn::kTanh, x); }
+at::Tensor sigmoid_op(const at::Tensor& x) { return run(math::Fn::kSigmoid, x); }
+at::Tensor erf_op(const at::Tensor& x) { return run(math::Fn::kErf, x); }
+at::Tensor silu_op(const at::Tensor& x) { return run(math::Fn::kSilu, x); }
+
+at::Tensor gelu_op(const at::Tensor& x, c10::string_view approximate) {
+  TORCH_CHECK_VALUE(approximate == "none" || approximate == "tanh",
+                    "carbon.gelu: approximate must be 'none' or 'tanh', got '", std::string(approximate), "'");
+  return run(approximate == "tanh" ? math::Fn::kGeluTanh : math::Fn::kGelu, x);
+}
+
+at::Tensor elementwise_backward(const at::Tensor& grad, const at::Tensor& x, c10::string_view fn_name) {
+  static const std::pair<const char*, math::Fn> kNames[] = {
+      {"exp", math::Fn::kExp},         {"log", math::Fn::kLog},   {"tanh", math::Fn::kTanh},
+      {"sigmoid", math::Fn::kSigmoid}, {"erf", math::Fn::kErf},   {"gelu", math::Fn::kGelu},
+      {"gelu_tanh", math::Fn::kGeluTanh}, {"silu", math::Fn::kSilu},
+  };
+  const math::Fn* found = nullptr;
+  for (const auto& entry : kNames)
+    if (fn_name == entry.first) found = &entry.second;
+  TORCH_CHECK_VALUE(found != nullptr, "carbon.elementwise_backward: unknown function '", std::string(fn_name),
+                    "'; expected exp, log, tanh, sigmoid, erf, gelu, gelu_tanh or silu");
+  const char* op = "elementwise_backward";
+  check_supported_dtype(op, "x", x);
+  check_supported_dtype(op, "grad", grad);
+  TORCH_CHECK_TYPE(grad.scalar_type() == x.scalar_type(), "carbon.elementwise_backward: grad has dtype ",
+                   grad.scalar_type(), " but x has dtype ", x.scalar_type(), " (they must agree)");
+  TORCH_CHECK_VALUE(grad.sizes() == x.sizes(), "carbon.elementwise_backward: grad has shape ", grad.sizes(),
+                    " but x has shape ", x.sizes(), " (they must agree)");
+  TORCH_CHECK_VALUE(grad.device() == x.device(), "carbon.elementwise_backward: expected all tensors on one device, but grad is on ",
+                    grad.device(), " and x is on ", x.device());
+  check_device(op, x);
+  const at::Tensor xc = x.contiguous(), gc = grad.contiguous();
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  if (out.numel() == 0) return out;
+  if (x.is_cpu()) {
+    elementwise_cpu(*found, true, xc, gc, out);
+  } else {
+#ifdef CARBON_WITH_CUDA
+    elementwise_cuda(*found, true, xc, gc, out);
+#endif
+  }
+  return out;
+}
+
+}  // namespace carbon

@@ -1,0 +1,65 @@
+// Host-side interface of the elementwise math ops: exp, log, tanh, sigmoid,
+// erf, gelu (erf form or tanh approximation), silu and their backward.
+// out = RN_F(f_core(x)) and grad_x = RN_F(g * f'_core(x)) in x's format F,
+// with the shared host/device cores of elementwise_math.h.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <type_traits>
+
+#include "../exact/float_format.h"
+#include "elementwise_math.h"
+
+namespace carbon {
+
+at::Tensor exp_op(const at::Tensor& x);
+at::Tensor log_op(const at::Tensor& x);
+at::Tensor tanh_op(const at::Tensor& x);
+at::Tensor sigmoid_op(const at::Tensor& x);
+at::Tensor erf_op(const at::Tensor& x);
+at::Tensor gelu_op(const at::Tensor& x, c10::string_view approximate);
+at::Tensor silu_op(const at::Tensor& x);
+// grad_x of function `fn` ("exp", "log", "tanh", "sigmoid", "erf", "gelu",
+// "gelu_tanh", "silu") at x for the incoming gradient `grad` (same shape and dtype).
+at::Tensor elementwise_backward(const at::Tensor& grad, const at::Tensor& x, c10::string_view fn);
+
+// Device kernels over contiguous tensors of one dtype and size. grad is
+// undefined for the forward pass.
+void elementwise_cpu(math::Fn fn, bool backward, const at::Tensor& x, const at::Tensor& grad, at::Tensor& out);
+#ifdef CARBON_WITH_CUDA
+void elementwise_cuda(math::Fn fn, bool backward, const at::Tensor& x, const at::Tensor& grad, at::Tensor& out);
+#endif
+
+// Calls body(std::integral_constant<math::Fn, f>{}) for f known at run time.
+template <typename Body>
+void with_fn(math::Fn f, Body&& body) {
+  using math::Fn;
+  switch (f) {
+    case Fn::kExp: return body(std::integral_constant<Fn, Fn::kExp>{});
+    case Fn::kLog: return body(std::integral_constant<Fn, Fn::kLog>{});
+    case Fn::kTanh: return body(std::integral_constant<Fn, Fn::kTanh>{});
+    case Fn::kSigmoid: return body(std::integral_constant<Fn, Fn::kSigmoid>{});
+    case Fn::kErf: return body(std::integral_constant<Fn, Fn::kErf>{});
+    case Fn::kGelu: return body(std::integral_constant<Fn, Fn::kGelu>{});
+    case Fn::kGeluTanh: return body(std::integral_constant<Fn, Fn::kGeluTanh>{});
+    case Fn::kSilu: return body(std::integral_constant<Fn, Fn::kSilu>{});
+  }
+}
+
+// One output element: RN_F(f(x)) or RN_F(g * f'(x)), as bits of F.
+template <math::Fn kFn, bool kBackward, typename F>
+CARBON_HD typename F::Bits elementwise_one(typename F::Bits x, typename F::Bits g) {
+  constexpr FloatFormat f = F::get();
+  const double xv = decode(x, f);
+  double v;
+  if constexpr (kBackward) {
+    v = decode(g, f) * math::grad_core<kFn>(xv);
+  } else {
+    v = math::forward_core<kFn>(xv);
+  }
+  return static_cast<typename F::Bits>(encode(round_double(v, f), f));
+}
+
+}  // namespace carbon
