@@ -28,13 +28,13 @@ at::Tensor as_rows(const at::Tensor& x, int64_t dim) {
   return moved.view({-1, std::max<int64_t>(moved.size(-1), 1)});
 }
 
-// The [rows, n] result back in x's shape.
+// The [rows, n] result back in x's shape, contiguous (as the fakes promise).
 at::Tensor from_rows(const at::Tensor& rows, const at::Tensor& x, int64_t dim) {
   if (x.dim() == 0) return rows.reshape({});
   std::vector<int64_t> moved_shape(x.sizes().begin(), x.sizes().end());
   moved_shape.erase(moved_shape.begin() + dim);
   moved_shape.push_back(x.size(dim));
-  return rows.view(moved_shape).movedim(-1, dim);
+  return rows.view(moved_shape).movedim(-1, dim).contiguous();
 }
 
 at::Tensor forward(const char* op, const at::Tensor& x, int64_t dim, std::optional<at::ScalarType> dtype, bool log) {
@@ -42,7 +42,7 @@ at::Tensor forward(const char* op, const at::Tensor& x, int64_t dim, std::option
   check_device(op, x);
   const at::ScalarType out_dtype = checked_out_dtype(op, dtype.value_or(x.scalar_type()));
   dim = wrap_dim(op, dim, x.dim());
-  if (x.numel() == 0) return at::empty_like(x, x.options().dtype(out_dtype));
+  if (x.numel() == 0) return at::empty(x.sizes(), x.options().dtype(out_dtype));
   const at::Tensor rows = as_rows(x, dim);
   at::Tensor out = at::empty(rows.sizes(), rows.options().dtype(out_dtype));
   if (x.is_cpu()) {
@@ -68,7 +68,7 @@ at::Tensor backward(const char* op, const at::Tensor& grad, const at::Tensor& y,
   TORCH_CHECK_TYPE(grad.scalar_type() == y.scalar_type(), "carbon.", op, ": grad has dtype ", grad.scalar_type(),
                    " but the output has dtype ", y.scalar_type());
   dim = wrap_dim(op, dim, y.dim());
-  if (y.numel() == 0) return at::empty_like(y, y.options().dtype(out_dtype));
+  if (y.numel() == 0) return at::empty(y.sizes(), y.options().dtype(out_dtype));
   const at::Tensor y_rows = as_rows(y, dim), g_rows = as_rows(grad, dim);
   at::Tensor out = at::empty(y_rows.sizes(), y_rows.options().dtype(out_dtype));
   if (y.is_cpu()) {

@@ -33,9 +33,14 @@ typename F::Bits bits_of(double value) {
 
 int64_t grain_for(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)); }
 
+// The row kernels are compiled twice: for x86-64-v3 (AVX2 + FMA, so the
+// elementwise cores' fma is one instruction) and for any x86-64 (fma from
+// libm). Both compute the same IEEE operations, so the bits are the same.
+#define CARBON_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+
 // One row of n values into o[0, n); e is scratch for n floats.
 template <typename T, typename F, bool kLog>
-void softmax_row(const T* row, int64_t n, float* e, typename F::Bits* o) {
+CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, float* e, typename F::Bits* o) {
   constexpr FloatFormat f = F::get();
   RowMax mx;
   for (int64_t j = 0; j < n; ++j) row_max_add(mx, static_cast<float>(element_value(row[j])));
@@ -103,7 +108,7 @@ double round_sum_of_floats(const float* v, int64_t n, int64_t divisor, const Flo
 
 // D = RN32(sum g_k y_k) for softmax, G = RN32(sum g_k) for log_softmax.
 template <typename T, bool kLog>
-double grad_row_sum(const T* g, const T* y, int64_t n) {
+CARBON_CPU_CLONES double grad_row_sum(const T* g, const T* y, int64_t n) {
   auto term = [&](int64_t k) {
     return kLog ? element_value(g[k]) : element_value(g[k]) * element_value(y[k]);  // exact in fp64
   };
@@ -127,7 +132,7 @@ double grad_row_sum(const T* g, const T* y, int64_t n) {
 }
 
 template <typename T, typename F, bool kLog>
-void softmax_backward_rows(const T* g, const T* y, int64_t rows, int64_t n, typename F::Bits* out) {
+CARBON_CPU_CLONES void softmax_backward_rows(const T* g, const T* y, int64_t rows, int64_t n, typename F::Bits* out) {
   constexpr FloatFormat f = F::get();
   at::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -159,13 +164,13 @@ void cross_entropy_rows(const T* x, const int64_t* target, int64_t N, int64_t C,
         continue;
       }
       const double smooth = eps == 0.0 ? 0.0 : -round_sum_of_floats(lsm, C, C, float32_format());
-      loss[i] = static_cast<float>(cross_entropy_loss(-lsm[t], eps, smooth));
+      loss[i] = static_cast<float>(cross_entropy_loss(0.0f - lsm[t], eps, smooth));
     }
   });
 }
 
 template <typename F>
-void cross_entropy_grad_rows(const double* coef, const float* log_probs, const int64_t* target, int64_t N,
+CARBON_CPU_CLONES void cross_entropy_grad_rows(const double* coef, const float* log_probs, const int64_t* target, int64_t N,
                              int64_t C, int64_t ignore_index, double eps, typename F::Bits* out) {
   constexpr FloatFormat f = F::get();
   at::parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {

@@ -183,7 +183,7 @@ __global__ void cross_entropy_rows_kernel(const T* x, const int64_t* target, int
                 C, [&](int64_t k) { return static_cast<double>(lsm[k]); }, a, true, float32_format());
           smooth = -mean;
         }
-        row_loss[i] = static_cast<float>(cross_entropy_loss(-lsm[t], eps, smooth));
+        row_loss[i] = static_cast<float>(cross_entropy_loss(0.0f - lsm[t], eps, smooth));
       }
     }
   }

@@ -99,7 +99,8 @@ CARBON_HD bool grad_sum_if_decided(double sum, double abs_sum, int64_t depth, do
 }
 
 // Cross-entropy of a row of C logits with target t (docs/contract.md §8):
-//   nll = -lsm_t  (lsm = log_softmax in float32, exact negation)
+//   nll = 0 (-) lsm_t  (lsm = log_softmax in float32; exact, and +0 when
+//                       lsm_t = +0, as a loss should be)
 //   loss = nll                                  if eps == 0
 //   loss = RN32(((1 (-) eps) (*) nll) (+) (eps (*) sm))   otherwise,
 // with sm = -RN32(sum_c lsm_c / C) (exact mean). Rows whose target is
