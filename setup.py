@@ -36,7 +36,7 @@ from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, C
 ROOT = os.path.dirname(os.path.abspath(__file__))
 # -fopenmp: at::parallel_for is inlined from ATen's OpenMP backend; without
 # the flag its pragma is ignored and carbon's CPU loops run on one thread.
-CXX_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-Wall", "-fopenmp"]
+CXX_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math", "-Wall", "-fopenmp"]
 LINK_FLAGS = ["-fopenmp"]
 NVCC_FLAGS = [
     "-O3",

@@ -44,6 +44,8 @@ CARBON_HD double horner(const double (&c)[N], double x) {
   double p = c[0];
 #if defined(__CUDA_ARCH__)
 #pragma unroll
+#else
+#pragma GCC unroll 32  // unrolled before vectorization, so CPU loops over a core vectorize
 #endif
   for (int i = 1; i < N; ++i) p = fma(p, x, c[i]);
   return p;

@@ -38,9 +38,10 @@ int64_t grain_for(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int6
 // libm). Both compute the same IEEE operations, so the bits are the same.
 #define CARBON_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 
-// One row of n values into o[0, n); e is scratch for n floats.
+// One row of n values into o[0, n); t and e are scratch for n values. The
+// exp cores run in a loop of their own (it vectorizes), then are rounded.
 template <typename T, typename F, bool kLog>
-CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, float* e, typename F::Bits* o) {
+CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, double* t, float* e, typename F::Bits* o) {
   constexpr FloatFormat f = F::get();
   RowMax mx;
   for (int64_t j = 0; j < n; ++j) row_max_add(mx, static_cast<float>(element_value(row[j])));
@@ -50,15 +51,17 @@ CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, float* e, typename F
     for (int64_t j = 0; j < n; ++j) o[j] = bits_of<F>(fill);
     return;
   }
+  const float m = mx.m;
+  for (int64_t j = 0; j < n; ++j) t[j] = math::exp_core(static_cast<float>(element_value(row[j])) - m);
   double s[kChains] = {};
   int64_t j = 0;
   for (; j + kChains <= n; j += kChains)
     for (int l = 0; l < kChains; ++l) {
-      e[j + l] = softmax_exp(static_cast<float>(element_value(row[j + l])), mx.m);
+      e[j + l] = round32(t[j + l]);
       s[l] = s[l] + e[j + l];
     }
   for (; j < n; ++j) {
-    e[j] = softmax_exp(static_cast<float>(element_value(row[j])), mx.m);
+    e[j] = round32(t[j]);
     s[0] = s[0] + e[j];
   }
   const double sum = fold_chains(s);
@@ -69,17 +72,25 @@ CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, float* e, typename F
   if (kLog) {
     const double L = log32(static_cast<float>(S));
     for (int64_t k = 0; k < n; ++k)
-      o[k] = bits_of<F>(log_softmax_value(static_cast<float>(element_value(row[k])), mx.m, L, f));
+      o[k] = bits_of<F>(log_softmax_value(static_cast<float>(element_value(row[k])), m, L, f));
   } else {
     for (int64_t k = 0; k < n; ++k) o[k] = bits_of<F>(softmax_value(e[k], S, f));
   }
 }
 
+// Scratch for one thread's rows.
+struct RowScratch {
+  std::vector<double> t;
+  std::vector<float> e;
+  explicit RowScratch(int64_t n) : t(n), e(n) {}
+};
+
 template <typename T, typename F, bool kLog>
 void softmax_rows(const T* x, int64_t rows, int64_t n, typename F::Bits* out) {
   at::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
-    std::vector<float> e(n);
-    for (int64_t r = begin; r < end; ++r) softmax_row<T, F, kLog>(x + r * n, n, e.data(), out + r * n);
+    RowScratch scratch(n);
+    for (int64_t r = begin; r < end; ++r)
+      softmax_row<T, F, kLog>(x + r * n, n, scratch.t.data(), scratch.e.data(), out + r * n);
   });
 }
 
@@ -131,20 +142,28 @@ CARBON_CPU_CLONES double grad_row_sum(const T* g, const T* y, int64_t n) {
   return reduce_exact_values(n, term, abs_sum, false, float32_format());
 }
 
+// One row's gradient; p is scratch for n values (log_softmax only).
 template <typename T, typename F, bool kLog>
-CARBON_CPU_CLONES void softmax_backward_rows(const T* g, const T* y, int64_t rows, int64_t n, typename F::Bits* out) {
+CARBON_CPU_CLONES void softmax_backward_row(const T* gr, const T* yr, int64_t n, double* p, typename F::Bits* o) {
   constexpr FloatFormat f = F::get();
+  const double D = grad_row_sum<T, kLog>(gr, yr, n);
+  if (kLog) {
+    for (int64_t k = 0; k < n; ++k) p[k] = math::exp_core(static_cast<float>(element_value(yr[k])));
+    for (int64_t k = 0; k < n; ++k)
+      o[k] = bits_of<F>(log_softmax_grad_from_p(round32(p[k]), element_value(gr[k]), D, f));
+  } else {
+    for (int64_t k = 0; k < n; ++k)
+      o[k] = bits_of<F>(softmax_grad_value(element_value(yr[k]), element_value(gr[k]), D, f));
+  }
+}
+
+// (Lambdas do not inherit target_clones: the loops live in the row functions.)
+template <typename T, typename F, bool kLog>
+void softmax_backward_rows(const T* g, const T* y, int64_t rows, int64_t n, typename F::Bits* out) {
   at::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* gr = g + r * n;
-      const T* yr = y + r * n;
-      typename F::Bits* o = out + r * n;
-      const double D = grad_row_sum<T, kLog>(gr, yr, n);
-      for (int64_t k = 0; k < n; ++k) {
-        const double yk = element_value(yr[k]), gk = element_value(gr[k]);
-        o[k] = bits_of<F>(kLog ? log_softmax_grad_value(yk, gk, D, f) : softmax_grad_value(yk, gk, D, f));
-      }
-    }
+    std::vector<double> p(kLog ? n : 0);
+    for (int64_t r = begin; r < end; ++r)
+      softmax_backward_row<T, F, kLog>(g + r * n, y + r * n, n, p.data(), out + r * n);
   });
 }
 
@@ -154,10 +173,10 @@ void cross_entropy_rows(const T* x, const int64_t* target, int64_t N, int64_t C,
                         float* log_probs, float* loss) {
   using F32 = Format<FormatId::kFloat32>;
   at::parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
-    std::vector<float> e(C);
+    RowScratch scratch(C);
     for (int64_t i = begin; i < end; ++i) {
       float* lsm = log_probs + i * C;
-      softmax_row<T, F32, true>(x + i * C, C, e.data(), reinterpret_cast<uint32_t*>(lsm));
+      softmax_row<T, F32, true>(x + i * C, C, scratch.t.data(), scratch.e.data(), reinterpret_cast<uint32_t*>(lsm));
       const int64_t t = target[i];
       if (t == ignore_index) {
         loss[i] = 0.0f;
@@ -169,20 +188,27 @@ void cross_entropy_rows(const T* x, const int64_t* target, int64_t N, int64_t C,
   });
 }
 
+// One row's gradient; p is scratch for C values.
 template <typename F>
-CARBON_CPU_CLONES void cross_entropy_grad_rows(const double* coef, const float* log_probs, const int64_t* target, int64_t N,
-                             int64_t C, int64_t ignore_index, double eps, typename F::Bits* out) {
+CARBON_CPU_CLONES void cross_entropy_grad_row(double coef, const float* lsm, int64_t t, int64_t C, double eps,
+                                              double* p, typename F::Bits* o) {
   constexpr FloatFormat f = F::get();
+  for (int64_t j = 0; j < C; ++j) p[j] = math::exp_core(lsm[j]);
+  for (int64_t j = 0; j < C; ++j) o[j] = bits_of<F>(cross_entropy_grad_from_p(coef, round32(p[j]), j == t, eps, C, f));
+}
+
+template <typename F>
+void cross_entropy_grad_rows(const double* coef, const float* log_probs, const int64_t* target, int64_t N, int64_t C,
+                             int64_t ignore_index, double eps, typename F::Bits* out) {
   at::parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
+    std::vector<double> p(C);
     for (int64_t i = begin; i < end; ++i) {
       typename F::Bits* o = out + i * C;
-      const int64_t t = target[i];
-      if (t == ignore_index) {
+      if (target[i] == ignore_index) {
         for (int64_t j = 0; j < C; ++j) o[j] = 0;
         continue;
       }
-      const float* lsm = log_probs + i * C;
-      for (int64_t j = 0; j < C; ++j) o[j] = bits_of<F>(cross_entropy_grad_value(coef[i], lsm[j], j == t, eps, C, f));
+      cross_entropy_grad_row<F>(coef[i], log_probs + i * C, target[i], C, eps, p.data(), o);
     }
   });
 }

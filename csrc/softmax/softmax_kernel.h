@@ -22,7 +22,9 @@ namespace carbon {
 CARBON_HD constexpr FloatFormat float32_format() { return Format<FormatId::kFloat32>::get(); }
 
 // carbon.exp / carbon.log of a float32 value: one rounding of the fp64 core.
-CARBON_HD float exp32(float x) { return static_cast<float>(round_double(math::exp_core(x), float32_format())); }
+// (CPU loops call the two steps separately, so that the core's loop vectorizes.)
+CARBON_HD float round32(double v) { return static_cast<float>(round_double(v, float32_format())); }
+CARBON_HD float exp32(float x) { return round32(math::exp_core(x)); }
 CARBON_HD float log32(float x) { return static_cast<float>(round_double(math::log_core(x), float32_format())); }
 
 // The row's maximum, and whether it holds a NaN (max is order-free: threads
@@ -89,8 +91,12 @@ CARBON_HD double softmax_grad_value(double y, double g, double D, const FloatFor
   return round_double(y * (g - D), f);
 }
 
+CARBON_HD double log_softmax_grad_from_p(float p, double g, double G, const FloatFormat& f) {
+  return round_double(g - static_cast<double>(p) * G, f);
+}
+
 CARBON_HD double log_softmax_grad_value(double y, double g, double G, const FloatFormat& f) {
-  return round_double(g - static_cast<double>(exp32(static_cast<float>(y))) * G, f);
+  return log_softmax_grad_from_p(exp32(static_cast<float>(y)), g, G, f);
 }
 
 // Tier 1 of D or G: the fp64 sum and absolute sum of the exact terms.
@@ -114,10 +120,15 @@ CARBON_HD double cross_entropy_loss(float nll, double eps, double smooth) {
 // coefficient c (the loss's incoming gradient; for the mean, RN32(g / count)):
 //   dx_j = RN_out(c (*) (p_j (-) q_j)),  p_j = carbon.exp(lsm_j),
 //   q_j = [j == t] * (1 (-) eps) (+) (eps (/) C).
+CARBON_HD double cross_entropy_grad_from_p(double c, float p, bool is_target, double eps, int64_t C,
+                                           const FloatFormat& f) {
+  const double q = (is_target ? 1.0 - eps : 0.0) + eps / static_cast<double>(C);
+  return round_double(c * (static_cast<double>(p) - q), f);
+}
+
 CARBON_HD double cross_entropy_grad_value(double c, float lsm, bool is_target, double eps, int64_t C,
                                           const FloatFormat& f) {
-  const double q = (is_target ? 1.0 - eps : 0.0) + eps / static_cast<double>(C);
-  return round_double(c * (static_cast<double>(exp32(lsm)) - q), f);
+  return cross_entropy_grad_from_p(c, exp32(lsm), is_target, eps, C, f);
 }
 
 }  // namespace carbon
