@@ -11,8 +11,9 @@ import torch  # noqa: F401  (must load before the extension: it links libtorch)
 from carbon import _C  # noqa: F401  (loads the kernels and registers torch.ops.carbon.*)
 from carbon import _autograd, _fake  # noqa: F401  (registrations)
 from carbon import nn
+from carbon.norm import layer_norm, rms_norm
 from carbon.ops import addmm, baddbmm, bmm, linear, matmul, mm
 from carbon.reductions import mean, round_to, sum  # noqa: A004
 
-__all__ = ["mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "sum", "mean", "round_to", "nn"]
+__all__ = ["mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "sum", "mean", "round_to", "layer_norm", "rms_norm", "nn"]
 __version__ = "0.1.0"

@@ -6,6 +6,7 @@
 
 #include "convert/round_to.h"
 #include "matmul/matmul.h"
+#include "norm/norm.h"
 #include "reduce/reduce.h"
 
 // `import carbon._C` loads this library, which runs the registrations below.
@@ -22,6 +23,15 @@ TORCH_LIBRARY(carbon, m) {
   m.def("sum(Tensor x, int[]? dim=None, bool keepdim=False, ScalarType? dtype=None) -> Tensor");
   m.def("mean(Tensor x, int[]? dim=None, bool keepdim=False, ScalarType? dtype=None) -> Tensor");
   m.def("round_to(Tensor x, ScalarType dtype, int divisor=1) -> Tensor");
+
+  // ---- normalization (csrc/norm/): layer_norm, rms_norm and their backwards
+  m.def("layer_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) "
+        "-> (Tensor, Tensor, Tensor)");
+  m.def("layer_norm_backward(Tensor grad_out, Tensor x, int[] normalized_shape, Tensor mean, Tensor rstd, "
+        "Tensor? weight=None) -> Tensor");
+  m.def("rms_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, float? eps=None) -> (Tensor, Tensor)");
+  m.def("rms_norm_backward(Tensor grad_out, Tensor x, int[] normalized_shape, Tensor rstd, Tensor? weight=None) "
+        "-> Tensor");
 }
 
 // The ops are device-generic at this level: each checks its inputs and
@@ -34,6 +44,11 @@ TORCH_LIBRARY_IMPL(carbon, CPU, m) {
   m.impl("sum", &carbon::sum);
   m.impl("mean", &carbon::mean);
   m.impl("round_to", &carbon::round_to);
+  // ---- normalization
+  m.impl("layer_norm", &carbon::layer_norm);
+  m.impl("layer_norm_backward", &carbon::layer_norm_backward);
+  m.impl("rms_norm", &carbon::rms_norm);
+  m.impl("rms_norm_backward", &carbon::rms_norm_backward);
 }
 
 #ifdef CARBON_WITH_CUDA
@@ -45,5 +60,10 @@ TORCH_LIBRARY_IMPL(carbon, CUDA, m) {
   m.impl("sum", &carbon::sum);
   m.impl("mean", &carbon::mean);
   m.impl("round_to", &carbon::round_to);
+  // ---- normalization
+  m.impl("layer_norm", &carbon::layer_norm);
+  m.impl("layer_norm_backward", &carbon::layer_norm_backward);
+  m.impl("rms_norm", &carbon::rms_norm);
+  m.impl("rms_norm_backward", &carbon::rms_norm_backward);
 }
 #endif

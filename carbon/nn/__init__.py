@@ -2,5 +2,6 @@
 correctly rounded ops. Constructors and state_dicts match torch.nn's."""
 
 from carbon.nn.linear import Linear
+from carbon.nn.normalization import LayerNorm, RMSNorm
 
-__all__ = ["Linear"]
+__all__ = ["Linear", "LayerNorm", "RMSNorm"]

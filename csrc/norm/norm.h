@@ -1,0 +1,40 @@
+// Host-side interface of the normalization family (layer_norm, rms_norm).
+// docs/contract.md §7 states what they return.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <tuple>
+
+namespace carbon {
+
+// (y, mean, rstd); mean and rstd are float32 of shape x.shape[:-len(normalized_shape)].
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm(const at::Tensor& x, at::IntArrayRef normalized_shape,
+                                                          const std::optional<at::Tensor>& weight,
+                                                          const std::optional<at::Tensor>& bias, double eps);
+// dx (dtype of x).
+at::Tensor layer_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, at::IntArrayRef normalized_shape,
+                               const at::Tensor& mean, const at::Tensor& rstd,
+                               const std::optional<at::Tensor>& weight);
+// (y, rstd).
+std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& x, at::IntArrayRef normalized_shape,
+                                            const std::optional<at::Tensor>& weight, std::optional<double> eps);
+at::Tensor rms_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, at::IntArrayRef normalized_shape,
+                             const at::Tensor& rstd, const std::optional<at::Tensor>& weight);
+
+// Device kernels. x, dy, y, dx: contiguous [rows, n] in x's dtype; weight,
+// bias: contiguous [n] (or undefined); mean, rstd: contiguous float32 [rows].
+// rms: mean is undefined and the row statistic is the mean square.
+struct NormArgs {
+  at::Tensor x, weight, bias, mean, rstd;
+  double eps32 = 0.0;  // RN32(eps)
+  bool rms = false;
+};
+void norm_forward_cpu(const NormArgs& a, at::Tensor& y);
+void norm_backward_cpu(const NormArgs& a, const at::Tensor& dy, at::Tensor& dx);
+#ifdef CARBON_WITH_CUDA
+void norm_forward_cuda(const NormArgs& a, at::Tensor& y);
+void norm_backward_cuda(const NormArgs& a, const at::Tensor& dy, at::Tensor& dx);
+#endif
+
+}  // namespace carbon

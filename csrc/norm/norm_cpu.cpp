@@ -1,0 +1,234 @@
+// CPU kernels of layer_norm and rms_norm. Rows are split over threads
+// (at::parallel_for); each row is computed by one thread with summation
+// trees that depend only on n (eight interleaved chains, then three pairwise
+// levels), so the bits never depend on the thread count. Each row is first
+// decoded into doubles (exact), then: statistics (tier 1, exact tier when
+// undecided), then the elementwise outputs.
+#include <ATen/Parallel.h>
+
+#include <vector>
+
+#include "../dtypes.h"
+#include "norm.h"
+#include "norm_kernel.h"
+
+namespace carbon {
+namespace {
+
+constexpr int kChains = 8;
+
+// No value passes through more than this many additions in the sums below.
+int64_t chain_depth(int64_t n) { return (n + kChains - 1) / kChains + 4; }
+
+struct Sums {
+  double sum = 0.0, abs_sum = 0.0;
+};
+
+double fold(double* s) {
+  for (int width = kChains / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; ++l) s[l] = s[l] + s[l + width];
+  return s[0];
+}
+
+// sum v_k and sum |v_k|.
+__attribute__((target_clones("avx2", "default"))) Sums chain_sums(const double* v, int64_t n) {
+  double s[kChains] = {}, a[kChains] = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains)
+    for (int l = 0; l < kChains; ++l) {
+      s[l] = s[l] + v[k + l];
+      a[l] = a[l] + abs_value(v[k + l]);
+    }
+  for (; k < n; ++k) {
+    s[0] = s[0] + v[k];
+    a[0] = a[0] + abs_value(v[k]);
+  }
+  return {fold(s), fold(a)};
+}
+
+// sum a_k (x) b_k and sum |a_k (x) b_k| (exact products).
+__attribute__((target_clones("avx2", "default"))) Sums chain_dot(const double* x, const double* y, int64_t n) {
+  double s[kChains] = {}, a[kChains] = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains)
+    for (int l = 0; l < kChains; ++l) {
+      const double p = x[k + l] * y[k + l];
+      s[l] = s[l] + p;
+      a[l] = a[l] + abs_value(p);
+    }
+  for (; k < n; ++k) {
+    const double p = x[k] * y[k];
+    s[0] = s[0] + p;
+    a[0] = a[0] + abs_value(p);
+  }
+  return {fold(s), fold(a)};
+}
+
+// sum (v_k (-) c)^2 (c = 0: the exact squares).
+__attribute__((target_clones("avx2", "default"))) double chain_squares(const double* v, double c, int64_t n) {
+  double s[kChains] = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains)
+    for (int l = 0; l < kChains; ++l) {
+      const double d = v[k + l] - c;
+      s[l] = s[l] + d * d;
+    }
+  for (; k < n; ++k) {
+    const double d = v[k] - c;
+    s[0] = s[0] + d * d;
+  }
+  return fold(s);
+}
+
+template <typename T>
+void decode_row(const T* x, int64_t n, double* out) {
+  for (int64_t k = 0; k < n; ++k) out[k] = element_value(x[k]);
+}
+
+// Exact tier of RN32(sum v / n).
+double exact_mean(const double* v, int64_t n) {
+  int64_t limb[kLimbs];
+  uint32_t flags;
+  exact_sum_clear(limb, flags);
+  for (int64_t k = 0; k < n; ++k) exact_sum_add(limb, flags, v[k]);
+  return exact_mean_round(limb, flags, n);
+}
+
+// Exact tier of RN32(sum a_k b_k / n).
+double exact_mean_dot(const double* a, const double* b, int64_t n) {
+  int64_t limb[kLimbs];
+  uint32_t flags;
+  exact_sum_clear(limb, flags);
+  for (int64_t k = 0; k < n; ++k) exact_sum_add_product(limb, flags, a[k], b[k]);
+  return exact_mean_round(limb, flags, n);
+}
+
+// Exact tier of RN32(sum (v_k - mu)^2 / n), finite v and mu.
+double exact_mean_centered_squares(const double* v, double mu, int64_t n) {
+  int64_t limb[kLimbs];
+  uint32_t flags;
+  exact_sum_clear(limb, flags);
+  for (int64_t k = 0; k < n; ++k) add_centered_square(limb, flags, v[k], mu);
+  return exact_mean_round(limb, flags, n);
+}
+
+std::vector<double> decode_param(const at::Tensor& p) {
+  std::vector<double> out;
+  if (!p.defined()) return out;
+  out.resize(p.numel());
+  with_element_type(p.scalar_type(), [&](auto element) {
+    using T = decltype(element);
+    decode_row(p.const_data_ptr<T>(), p.numel(), out.data());
+  });
+  return out;
+}
+
+template <typename F>
+void store(double value, typename F::Bits* out) {
+  *out = static_cast<typename F::Bits>(encode(round_double(value, F::get()), F::get()));
+}
+
+void store32(double value, float* out) {
+  const uint32_t bits = encode(value, F32::get());
+  std::memcpy(out, &bits, sizeof bits);
+}
+
+double load32(const float* p) {
+  uint32_t bits;
+  std::memcpy(&bits, p, sizeof bits);
+  return decode(bits, F32::get());
+}
+
+// Rows per task: about 32K elements.
+int64_t grain_for(int64_t n) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(n, 1)); }
+
+template <typename T>
+void forward_rows(const NormArgs& a, at::Tensor& y_tensor) {
+  using F = typename FormatOf<T>::type;
+  const int64_t rows = a.x.size(0), n = a.x.size(1);
+  const T* x = a.x.const_data_ptr<T>();
+  auto* y = static_cast<typename F::Bits*>(y_tensor.mutable_data_ptr());
+  const std::vector<double> wv = decode_param(a.weight), bv = decode_param(a.bias);
+  const double* w = wv.empty() ? nullptr : wv.data();
+  const double* b = bv.empty() ? nullptr : bv.data();
+  float* mean = a.rms ? nullptr : a.mean.mutable_data_ptr<float>();
+  float* rstd = a.rstd.mutable_data_ptr<float>();
+  const int64_t depth = chain_depth(n);
+  at::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
+    std::vector<double> v(n);
+    for (int64_t r = begin; r < end; ++r) {
+      decode_row(x + r * n, n, v.data());
+      double mu = 0.0, var;
+      if (a.rms) {
+        if (!mean_of_squares_fast(chain_squares(v.data(), 0.0, n), n, depth, 0, &var))
+          var = exact_mean_dot(v.data(), v.data(), n);
+      } else {
+        const Sums s = chain_sums(v.data(), n);
+        if (!mean_fast(s.sum, s.abs_sum, n, depth, &mu)) mu = exact_mean(v.data(), n);
+        if (!is_finite(mu))  // a row with an inf or a NaN
+          var = canonical_nan();
+        else if (!mean_of_squares_fast(chain_squares(v.data(), mu, n), n, depth, 3, &var))
+          var = exact_mean_centered_squares(v.data(), mu, n);
+        store32(mu, mean + r);
+      }
+      const double rs = rstd_of(var, a.eps32);
+      store32(rs, rstd + r);
+      auto* out = y + r * n;
+      if (a.rms) {
+        for (int64_t k = 0; k < n; ++k) store<F>(affine(rms_xhat(v[k], rs), w ? w + k : nullptr, nullptr), out + k);
+      } else {
+        for (int64_t k = 0; k < n; ++k)
+          store<F>(affine(ln_xhat(v[k], mu, rs), w ? w + k : nullptr, b ? b + k : nullptr), out + k);
+      }
+    }
+  });
+}
+
+template <typename T>
+void backward_rows(const NormArgs& a, const at::Tensor& dy_tensor, at::Tensor& dx_tensor) {
+  using F = typename FormatOf<T>::type;
+  const int64_t rows = a.x.size(0), n = a.x.size(1);
+  const T* x = a.x.const_data_ptr<T>();
+  const T* dy = dy_tensor.const_data_ptr<T>();
+  auto* dx = static_cast<typename F::Bits*>(dx_tensor.mutable_data_ptr());
+  const std::vector<double> wv = decode_param(a.weight);
+  const double* w = wv.empty() ? nullptr : wv.data();
+  const float* mean = a.rms ? nullptr : a.mean.const_data_ptr<float>();
+  const float* rstd = a.rstd.const_data_ptr<float>();
+  const int64_t depth = chain_depth(n);
+  at::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
+    std::vector<double> xh(n), g(n);
+    for (int64_t r = begin; r < end; ++r) {
+      const double mu = a.rms ? 0.0 : load32(mean + r), rs = load32(rstd + r);
+      decode_row(x + r * n, n, xh.data());
+      for (int64_t k = 0; k < n; ++k) xh[k] = a.rms ? rms_xhat(xh[k], rs) : ln_xhat(xh[k], mu, rs);
+      decode_row(dy + r * n, n, g.data());
+      for (int64_t k = 0; k < n; ++k) g[k] = scaled_grad(g[k], w ? w + k : nullptr);
+      double A = 0.0, B;
+      if (!a.rms) {
+        const Sums s = chain_sums(g.data(), n);
+        if (!mean_fast(s.sum, s.abs_sum, n, depth, &A)) A = exact_mean(g.data(), n);
+      }
+      const Sums p = chain_dot(g.data(), xh.data(), n);
+      if (!mean_fast(p.sum, p.abs_sum, n, depth, &B)) B = exact_mean_dot(g.data(), xh.data(), n);
+      auto* out = dx + r * n;
+      if (a.rms) {
+        for (int64_t k = 0; k < n; ++k) store<F>(rms_dx(g[k], xh[k], B, rs), out + k);
+      } else {
+        for (int64_t k = 0; k < n; ++k) store<F>(ln_dx(g[k], xh[k], A, B, rs), out + k);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void norm_forward_cpu(const NormArgs& a, at::Tensor& y) {
+  with_element_type(a.x.scalar_type(), [&](auto element) { forward_rows<decltype(element)>(a, y); });
+}
+
+void norm_backward_cpu(const NormArgs& a, const at::Tensor& dy, at::Tensor& dx) {
+  with_element_type(a.x.scalar_type(), [&](auto element) { backward_rows<decltype(element)>(a, dy, dx); });
+}
+
+}  // namespace carbon
