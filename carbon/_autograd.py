@@ -145,6 +145,12 @@ def _norm_param_grads(grad: Tensor, x: Tensor, normalized_shape: Sequence[int], 
     return grad_w, grad_b
 
 
+def _needs(ctx: Any, i: int) -> bool:
+    # needs_input_grad omits trailing arguments left at their defaults
+    need = ctx.needs_input_grad
+    return i < len(need) and bool(need[i])
+
+
 def _setup_layer_norm(ctx: Any, inputs: tuple, output: tuple) -> None:
     x, normalized_shape, weight, bias, _ = inputs
     _, mean, rstd = output
@@ -156,12 +162,11 @@ def _setup_layer_norm(ctx: Any, inputs: tuple, output: tuple) -> None:
 
 def _layer_norm_backward(ctx: Any, grad: Tensor, _grad_mean: Any, _grad_rstd: Any) -> tuple:
     x, mean, rstd, weight = ctx.saved_tensors
-    need = ctx.needs_input_grad
     grad_x = None
-    if need[0]:
+    if _needs(ctx, 0):
         grad_x = torch.ops.carbon.layer_norm_backward(grad, x, ctx.normalized_shape, mean, rstd, weight)
     grad_w, grad_b = _norm_param_grads(grad, x, ctx.normalized_shape, mean, rstd, weight, ctx.bias_dtype,
-                                       need[2], need[3])
+                                       _needs(ctx, 2), _needs(ctx, 3))
     return grad_x, None, grad_w, grad_b, None
 
 
@@ -175,11 +180,10 @@ def _setup_rms_norm(ctx: Any, inputs: tuple, output: tuple) -> None:
 
 def _rms_norm_backward(ctx: Any, grad: Tensor, _grad_rstd: Any) -> tuple:
     x, rstd, weight = ctx.saved_tensors
-    need = ctx.needs_input_grad
     grad_x = None
-    if need[0]:
+    if _needs(ctx, 0):
         grad_x = torch.ops.carbon.rms_norm_backward(grad, x, ctx.normalized_shape, rstd, weight)
-    grad_w, _ = _norm_param_grads(grad, x, ctx.normalized_shape, None, rstd, weight, None, need[2], False)
+    grad_w, _ = _norm_param_grads(grad, x, ctx.normalized_shape, None, rstd, weight, None, _needs(ctx, 2), False)
     return grad_x, None, grad_w, None
 
 

@@ -192,7 +192,7 @@ def _layer_norm_fake(x: Tensor, normalized_shape: Sequence[int], weight: Optiona
     _norm_param("layer_norm", "weight", weight, x, normalized_shape)
     _norm_param("layer_norm", "bias", bias, x, normalized_shape)
     _norm_eps("layer_norm", eps)
-    return (x.new_empty(x.shape, memory_format=torch.contiguous_format), x.new_empty(lead, dtype=torch.float32),
+    return (x.new_empty(x.shape), x.new_empty(lead, dtype=torch.float32),
             x.new_empty(lead, dtype=torch.float32))
 
 
@@ -203,7 +203,7 @@ def _rms_norm_fake(x: Tensor, normalized_shape: Sequence[int], weight: Optional[
     _norm_param("rms_norm", "weight", weight, x, normalized_shape)
     if eps is not None:
         _norm_eps("rms_norm", eps)
-    return x.new_empty(x.shape, memory_format=torch.contiguous_format), x.new_empty(lead, dtype=torch.float32)
+    return x.new_empty(x.shape), x.new_empty(lead, dtype=torch.float32)
 
 
 @torch.library.register_fake("carbon::layer_norm_backward")
@@ -215,7 +215,7 @@ def _layer_norm_backward_fake(grad_out: Tensor, x: Tensor, normalized_shape: Seq
     _norm_grad(op, grad_out, x)
     _norm_stat(op, "mean", mean, x, lead)
     _norm_stat(op, "rstd", rstd, x, lead)
-    return x.new_empty(x.shape, memory_format=torch.contiguous_format)
+    return x.new_empty(x.shape)
 
 
 @torch.library.register_fake("carbon::rms_norm_backward")
@@ -226,4 +226,4 @@ def _rms_norm_backward_fake(grad_out: Tensor, x: Tensor, normalized_shape: Seque
     _norm_param(op, "weight", weight, x, normalized_shape)
     _norm_grad(op, grad_out, x)
     _norm_stat(op, "rstd", rstd, x, lead)
-    return x.new_empty(x.shape, memory_format=torch.contiguous_format)
+    return x.new_empty(x.shape)
