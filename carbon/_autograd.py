@@ -115,34 +115,19 @@ torch.library.register_autograd("carbon::round_to", _round_to_backward, setup_co
 # ============================================================================
 # Normalization (layer_norm, rms_norm). docs/contract.md §7:
 #   dx = carbon.<norm>_backward (per row: exact means of g and g * xhat)
-#   d weight[j] = RN_w(sum over rows of dy[row, j] * xhat[row, j])  (exact: carbon.bmm, batch = columns)
-#   d bias[j]   = RN_b(sum over rows of dy[row, j])                 (exact: carbon.sum)
+#   d weight[j] = RN_w(sum over rows of dy[row, j] * xhat[row, j])  } carbon.norm_param_grads:
+#   d bias[j]   = RN_b(sum over rows of dy[row, j])                 } exact column sums
 # with xhat = RN32((x (-) mean) (x) rstd) (layer_norm) or RN32(x (x) rstd) (rms_norm),
-# recomputed here from the saved statistics with the same float64 operations.
-
-
-def _norm_xhat(x2: Tensor, mean: Optional[Tensor], rstd: Tensor) -> Tensor:
-    rows = x2.shape[0]
-    centered = x2.double() if mean is None else x2.double() - mean.reshape(rows, 1).double()
-    return (centered * rstd.reshape(rows, 1).double()).float()
+# recomputed from the saved statistics.
 
 
 def _norm_param_grads(grad: Tensor, x: Tensor, normalized_shape: Sequence[int], mean: Optional[Tensor], rstd: Tensor,
-                      weight: Optional[Tensor], bias_dtype: Optional[torch.dtype], need_w: bool,
-                      need_b: bool) -> tuple:
-    n = math.prod(normalized_shape)
-    rows = x.numel() // n if n else math.prod(x.shape[: x.dim() - len(normalized_shape)])
-    dy2 = grad.reshape(rows, n)
-    grad_w = grad_b = None
-    if need_w and weight is not None:
-        xhat = _norm_xhat(x.reshape(rows, n), mean, rstd)
-        grad_w = torch.ops.carbon.bmm(dy2.t().unsqueeze(1), xhat.t().unsqueeze(2), weight.dtype).reshape(normalized_shape)
-    if need_b and bias_dtype is not None:
-        if rows == 1:  # one row: the sum is dy itself (rounded: canonical NaN)
-            grad_b = torch.ops.carbon.round_to(dy2[0], bias_dtype, 1).reshape(normalized_shape)
-        else:
-            grad_b = torch.ops.carbon.sum(dy2, [0], False, bias_dtype).reshape(normalized_shape)
-    return grad_w, grad_b
+                      weight: Optional[Tensor], has_bias: bool, need_w: bool, need_b: bool) -> tuple:
+    want_w, want_b = need_w and weight is not None, need_b and has_bias
+    if not (want_w or want_b):
+        return None, None
+    grad_w, grad_b = torch.ops.carbon.norm_param_grads(grad, x, normalized_shape, mean, rstd, want_w, want_b)
+    return (grad_w if want_w else None), (grad_b if want_b else None)
 
 
 def _needs(ctx: Any, i: int) -> bool:
@@ -157,7 +142,7 @@ def _setup_layer_norm(ctx: Any, inputs: tuple, output: tuple) -> None:
     ctx.mark_non_differentiable(mean, rstd)
     ctx.save_for_backward(x, mean, rstd, weight)
     ctx.normalized_shape = list(normalized_shape)
-    ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.has_bias = bias is not None
 
 
 def _layer_norm_backward(ctx: Any, grad: Tensor, _grad_mean: Any, _grad_rstd: Any) -> tuple:
@@ -165,7 +150,7 @@ def _layer_norm_backward(ctx: Any, grad: Tensor, _grad_mean: Any, _grad_rstd: An
     grad_x = None
     if _needs(ctx, 0):
         grad_x = torch.ops.carbon.layer_norm_backward(grad, x, ctx.normalized_shape, mean, rstd, weight)
-    grad_w, grad_b = _norm_param_grads(grad, x, ctx.normalized_shape, mean, rstd, weight, ctx.bias_dtype,
+    grad_w, grad_b = _norm_param_grads(grad, x, ctx.normalized_shape, mean, rstd, weight, ctx.has_bias,
                                        _needs(ctx, 2), _needs(ctx, 3))
     return grad_x, None, grad_w, grad_b, None
 
@@ -183,7 +168,7 @@ def _rms_norm_backward(ctx: Any, grad: Tensor, _grad_rstd: Any) -> tuple:
     grad_x = None
     if _needs(ctx, 0):
         grad_x = torch.ops.carbon.rms_norm_backward(grad, x, ctx.normalized_shape, rstd, weight)
-    grad_w, _ = _norm_param_grads(grad, x, ctx.normalized_shape, None, rstd, weight, None, _needs(ctx, 2), False)
+    grad_w, _ = _norm_param_grads(grad, x, ctx.normalized_shape, None, rstd, weight, False, _needs(ctx, 2), False)
     return grad_x, None, grad_w, None
 
 

@@ -227,3 +227,16 @@ def _rms_norm_backward_fake(grad_out: Tensor, x: Tensor, normalized_shape: Seque
     _norm_grad(op, grad_out, x)
     _norm_stat(op, "rstd", rstd, x, lead)
     return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("carbon::norm_param_grads")
+def _norm_param_grads_fake(grad_out: Tensor, x: Tensor, normalized_shape: Sequence[int], mean: Optional[Tensor],
+                           rstd: Tensor, weight: bool = True, bias: bool = True):
+    op = "norm_param_grads"
+    lead = _norm_rows(op, x, normalized_shape)
+    _norm_grad(op, grad_out, x)
+    if mean is not None:
+        _norm_stat(op, "mean", mean, x, lead)
+    _norm_stat(op, "rstd", rstd, x, lead)
+    shape = list(normalized_shape)
+    return x.new_empty(shape if weight else [0]), x.new_empty(shape if bias else [0])

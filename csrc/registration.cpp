@@ -32,6 +32,8 @@ TORCH_LIBRARY(carbon, m) {
   m.def("rms_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, float? eps=None) -> (Tensor, Tensor)");
   m.def("rms_norm_backward(Tensor grad_out, Tensor x, int[] normalized_shape, Tensor rstd, Tensor? weight=None) "
         "-> Tensor");
+  m.def("norm_param_grads(Tensor grad_out, Tensor x, int[] normalized_shape, Tensor? mean, Tensor rstd, "
+        "bool weight=True, bool bias=True) -> (Tensor, Tensor)");
 }
 
 // The ops are device-generic at this level: each checks its inputs and
@@ -49,6 +51,7 @@ TORCH_LIBRARY_IMPL(carbon, CPU, m) {
   m.impl("layer_norm_backward", &carbon::layer_norm_backward);
   m.impl("rms_norm", &carbon::rms_norm);
   m.impl("rms_norm_backward", &carbon::rms_norm_backward);
+  m.impl("norm_param_grads", &carbon::norm_param_grads);
 }
 
 #ifdef CARBON_WITH_CUDA
@@ -65,5 +68,6 @@ TORCH_LIBRARY_IMPL(carbon, CUDA, m) {
   m.impl("layer_norm_backward", &carbon::layer_norm_backward);
   m.impl("rms_norm", &carbon::rms_norm);
   m.impl("rms_norm_backward", &carbon::rms_norm_backward);
+  m.impl("norm_param_grads", &carbon::norm_param_grads);
 }
 #endif

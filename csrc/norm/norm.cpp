@@ -9,6 +9,8 @@
 #include <limits>
 
 #include "../dtypes.h"
+#include "../matmul/matmul.h"
+#include "../reduce/reduce.h"
 #include "norm_kernel.h"
 
 namespace carbon {
@@ -177,6 +179,41 @@ at::Tensor rms_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, at
   at::Tensor dx = at::empty({r.rows, r.n}, a.x.options());
   if (r.rows > 0 && r.n > 0) run_backward(a, dy, dx);
   return dx.view(x.sizes());
+}
+
+std::tuple<at::Tensor, at::Tensor> norm_param_grads(const at::Tensor& grad_out, const at::Tensor& x,
+                                                    at::IntArrayRef normalized_shape,
+                                                    const std::optional<at::Tensor>& mean, const at::Tensor& rstd,
+                                                    bool weight, bool bias) {
+  const char* op = "norm_param_grads";
+  const Rows r = check_x(op, x, normalized_shape);
+  TORCH_CHECK_VALUE(r.rows < (int64_t(1) << 31) - 1, "carbon.", op, ": at most 2^31 - 2 rows");
+  NormArgs a;
+  a.rms = !(mean.has_value() && mean->defined());
+  const at::Tensor dy = check_grad(op, grad_out, x).view({r.rows, r.n});
+  if (!a.rms) a.mean = check_stat(op, "mean", *mean, x, r);
+  a.rstd = check_stat(op, "rstd", rstd, x, r);
+  a.x = x.contiguous().view({r.rows, r.n});
+  at::Tensor dw = weight ? at::empty({r.n}, x.options()) : at::Tensor();
+  at::Tensor db = bias ? at::empty({r.n}, x.options()) : at::Tensor();
+  if (r.n > 0) {
+    if (x.is_cpu()) {
+      norm_param_grads_cpu(a, dy, dw, db);
+    } else {
+      // Any correct implementation gives the same bits: here carbon's exact
+      // batched dot products (one per column) and column sums.
+      const at::Tensor rows_rstd = a.rstd.view({r.rows, 1}).to(at::kDouble);
+      at::Tensor centered = a.x.to(at::kDouble);
+      if (!a.rms) centered = centered - a.mean.view({r.rows, 1}).to(at::kDouble);
+      if (weight) {
+        const at::Tensor xhat = (centered * rows_rstd).to(at::kFloat);  // RN32 of the float64 product
+        dw = carbon::bmm(dy.t().unsqueeze(1), xhat.t().unsqueeze(2), x.scalar_type()).view({r.n});
+      }
+      if (bias) db = carbon::sum(dy, at::IntArrayRef{0}, false, x.scalar_type());
+    }
+  }
+  const at::Tensor none = at::empty({0}, x.options());
+  return {weight ? dw.view(normalized_shape) : none, bias ? db.view(normalized_shape) : none};
 }
 
 }  // namespace carbon

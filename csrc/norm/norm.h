@@ -21,6 +21,13 @@ std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& x, at::IntArrayRef
                                             const std::optional<at::Tensor>& weight, std::optional<double> eps);
 at::Tensor rms_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, at::IntArrayRef normalized_shape,
                              const at::Tensor& rstd, const std::optional<at::Tensor>& weight);
+// (dweight, dbias): RN(sum over rows of grad_out * xhat), RN(sum over rows of
+// grad_out), each of shape normalized_shape in x's dtype; one not asked for
+// is an empty tensor. mean undefined: rms_norm's xhat.
+std::tuple<at::Tensor, at::Tensor> norm_param_grads(const at::Tensor& grad_out, const at::Tensor& x,
+                                                    at::IntArrayRef normalized_shape,
+                                                    const std::optional<at::Tensor>& mean, const at::Tensor& rstd,
+                                                    bool weight, bool bias);
 
 // Device kernels. x, dy, y, dx: contiguous [rows, n] in x's dtype; weight,
 // bias: contiguous [n] (or undefined); mean, rstd: contiguous float32 [rows].
@@ -32,6 +39,8 @@ struct NormArgs {
 };
 void norm_forward_cpu(const NormArgs& a, at::Tensor& y);
 void norm_backward_cpu(const NormArgs& a, const at::Tensor& dy, at::Tensor& dx);
+// Column sums over the rows: dw / db contiguous [n] (undefined: not wanted).
+void norm_param_grads_cpu(const NormArgs& a, const at::Tensor& dy, at::Tensor& dw, at::Tensor& db);
 #ifdef CARBON_WITH_CUDA
 void norm_forward_cuda(const NormArgs& a, at::Tensor& y);
 void norm_backward_cuda(const NormArgs& a, const at::Tensor& dy, at::Tensor& dx);

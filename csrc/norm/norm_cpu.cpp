@@ -221,7 +221,112 @@ void backward_rows(const NormArgs& a, const at::Tensor& dy_tensor, at::Tensor& d
   });
 }
 
+// ---------------------------------------------------------------- dweight, dbias
+
+constexpr int64_t kColumnBlock = 256;  // columns summed side by side
+constexpr int64_t kRowChunk = 512;     // rows per partial sum
+
+// Per-column sums over rows [r0, r0 + count) of dy * xhat and dy (and their
+// absolute values), one chain per column: partials of tile (chunk, block).
+template <typename T>
+void column_tile(const NormArgs& a, const T* x, const T* dy, int64_t r0, int64_t count, int64_t j0, int64_t width,
+                 bool want_w, bool want_b, double* sw, double* aw, double* sb, double* ab) {
+  const int64_t n = a.x.size(1);
+  const float* mean = a.rms ? nullptr : a.mean.const_data_ptr<float>();
+  const float* rstd = a.rstd.const_data_ptr<float>();
+  for (int64_t j = 0; j < width; ++j) sw[j] = aw[j] = sb[j] = ab[j] = 0.0;
+  for (int64_t r = r0; r < r0 + count; ++r) {
+    const T* xr = x + r * n + j0;
+    const T* dr = dy + r * n + j0;
+    const double mu = a.rms ? 0.0 : load32(mean + r), rs = load32(rstd + r);
+    if (want_w)
+      for (int64_t j = 0; j < width; ++j) {
+        const double v = element_value(xr[j]);
+        const double p = element_value(dr[j]) * (a.rms ? rms_xhat(v, rs) : ln_xhat(v, mu, rs));
+        sw[j] = sw[j] + p;
+        aw[j] = aw[j] + abs_value(p);
+      }
+    if (want_b)
+      for (int64_t j = 0; j < width; ++j) {
+        const double d = element_value(dr[j]);
+        sb[j] = sb[j] + d;
+        ab[j] = ab[j] + abs_value(d);
+      }
+  }
+}
+
+// dw[j] = RN(sum_r dy[r, j] * xhat[r, j]), db[j] = RN(sum_r dy[r, j]): tiles of
+// kRowChunk rows x kColumnBlock columns in parallel, then each column adds
+// its tiles' partials in row order (depth kRowChunk + chunks + 1) and decides;
+// an undecided column is summed exactly.
+template <typename T>
+void param_grads(const NormArgs& a, const at::Tensor& dy_tensor, at::Tensor& dw_tensor, at::Tensor& db_tensor) {
+  using F = typename FormatOf<T>::type;
+  constexpr FloatFormat f = F::get();
+  const int64_t rows = a.x.size(0), n = a.x.size(1);
+  const T* x = a.x.const_data_ptr<T>();
+  const T* dy = dy_tensor.const_data_ptr<T>();
+  const bool want_w = dw_tensor.defined(), want_b = db_tensor.defined();
+  const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk;
+  const int64_t blocks = (n + kColumnBlock - 1) / kColumnBlock;
+  const int64_t depth = kRowChunk + chunks + 1;
+  std::vector<double> sw(chunks * n), aw(chunks * n), sb(chunks * n), ab(chunks * n);
+  at::parallel_for(0, chunks * blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t tile = begin; tile < end; ++tile) {
+      const int64_t c = tile / blocks, j0 = (tile % blocks) * kColumnBlock;
+      const int64_t count = std::min(kRowChunk, rows - c * kRowChunk), width = std::min(kColumnBlock, n - j0);
+      const int64_t o = c * n + j0;
+      column_tile(a, x, dy, c * kRowChunk, count, j0, width, want_w, want_b, sw.data() + o, aw.data() + o,
+                  sb.data() + o, ab.data() + o);
+    }
+  });
+  const float* mean = a.rms ? nullptr : a.mean.const_data_ptr<float>();
+  const float* rstd = a.rstd.const_data_ptr<float>();
+  auto* dw = want_w ? static_cast<typename F::Bits*>(dw_tensor.mutable_data_ptr()) : nullptr;
+  auto* db = want_b ? static_cast<typename F::Bits*>(db_tensor.mutable_data_ptr()) : nullptr;
+  at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      double s_w = 0.0, a_w = 0.0, s_b = 0.0, a_b = 0.0;
+      for (int64_t c = 0; c < chunks; ++c) {
+        s_w = s_w + sw[c * n + j];
+        a_w = a_w + aw[c * n + j];
+        s_b = s_b + sb[c * n + j];
+        a_b = a_b + ab[c * n + j];
+      }
+      double value;
+      if (want_w) {
+        if (!reduce_round_fast(s_w, a_w, rows, depth, false, f, &value)) {
+          int64_t limb[kLimbs];
+          uint32_t flags;
+          exact_sum_clear(limb, flags);
+          for (int64_t r = 0; r < rows; ++r) {
+            const double v = element_value(x[r * n + j]), rs = load32(rstd + r);
+            const double xh = a.rms ? rms_xhat(v, rs) : ln_xhat(v, load32(mean + r), rs);
+            exact_sum_add_product(limb, flags, element_value(dy[r * n + j]), xh);
+          }
+          value = exact_sum_round(limb, flags, f);
+        }
+        dw[j] = static_cast<typename F::Bits>(encode(value, f));
+      }
+      if (want_b) {
+        if (!reduce_round_fast(s_b, a_b, rows, depth, false, f, &value)) {
+          int64_t limb[kLimbs];
+          uint32_t flags;
+          exact_sum_clear(limb, flags);
+          for (int64_t r = 0; r < rows; ++r) exact_sum_add(limb, flags, element_value(dy[r * n + j]));
+          value = exact_sum_round(limb, flags, f);
+        }
+        db[j] = static_cast<typename F::Bits>(encode(value, f));
+      }
+    }
+  });
+}
+
 }  // namespace
+
+void norm_param_grads_cpu(const NormArgs& a, const at::Tensor& dy, at::Tensor& dw, at::Tensor& db) {
+  with_element_type(a.x.scalar_type(), [&](auto element) { param_grads<decltype(element)>(a, dy, dw, db); });
+}
 
 void norm_forward_cpu(const NormArgs& a, at::Tensor& y) {
   with_element_type(a.x.scalar_type(), [&](auto element) { forward_rows<decltype(element)>(a, y); });
