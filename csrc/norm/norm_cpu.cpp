@@ -139,6 +139,80 @@ double load32(const float* p) {
   return decode(bits, F32::get());
 }
 
+// Branch-free RN_f for the common case, so the elementwise loops vectorize:
+// exact for v = +-0 or |v| in f's normal range with a finite result;
+// anything else sets `bad` and the caller redoes the row with round_double.
+template <typename F>
+inline double round_fast(double v, uint64_t& bad) {
+  constexpr FloatFormat f = F::get();
+  const uint64_t u = double_to_bits(v), mag = u & ~kSignBit;
+  const uint64_t r = round_normal_bits(mag, f);
+  const bool ok = mag == 0 || ((mag - normal_min_bits(f)) < (overflow_bits(f) - normal_min_bits(f)) && r < overflow_bits(f));
+  bad |= ok ? 0 : 1;
+  return bits_to_double((u & kSignBit) | r);
+}
+
+// Bits in f of a value produced by round_fast (not bad).
+template <typename F>
+inline typename F::Bits encode_fast(double v) {
+  constexpr FloatFormat f = F::get();
+  const uint64_t u = double_to_bits(v), mag = u & ~kSignBit;
+  const uint32_t sign = (u & kSignBit) ? (1u << (f.total_bits - 1)) : 0u;
+  return static_cast<typename F::Bits>(sign | (mag == 0 ? 0u : encode_normal(mag, f)));
+}
+
+// Outputs of one row, vectorized: y_k = RN_F(affine(xhat_k)) (forward) into
+// out. Returns false (out partly written) if some value needs the general
+// path.
+template <typename F, bool kRms, bool kW, bool kB>
+__attribute__((target_clones("avx2", "default"))) bool forward_outputs_fast(const double* v, int64_t n, double mu,
+                                                                             double rs, const double* w,
+                                                                             const double* b,
+                                                                             typename F::Bits* out) {
+  uint64_t bad = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const double xh = round_fast<F32>(kRms ? v[k] * rs : (v[k] - mu) * rs, bad);
+    double y = kW ? xh * w[k] : xh;
+    if (kB) y = y + b[k];
+    out[k] = encode_fast<F>(round_fast<F>(y, bad));
+  }
+  return bad == 0;
+}
+
+template <typename F>
+bool forward_outputs(const double* v, int64_t n, double mu, double rs, const double* w, const double* b, bool rms,
+                     typename F::Bits* out) {
+  if (rms) return w ? forward_outputs_fast<F, true, true, false>(v, n, mu, rs, w, b, out)
+                    : forward_outputs_fast<F, true, false, false>(v, n, mu, rs, w, b, out);
+  if (w) return b ? forward_outputs_fast<F, false, true, true>(v, n, mu, rs, w, b, out)
+                  : forward_outputs_fast<F, false, true, false>(v, n, mu, rs, w, b, out);
+  return b ? forward_outputs_fast<F, false, false, true>(v, n, mu, rs, w, b, out)
+           : forward_outputs_fast<F, false, false, false>(v, n, mu, rs, w, b, out);
+}
+
+// Backward, vectorized: xhat_k and g_k (both float32 values) into xh, g.
+template <bool kRms, bool kW>
+__attribute__((target_clones("avx2", "default"))) bool backward_terms_fast(const double* v, const double* d,
+                                                                            int64_t n, double mu, double rs,
+                                                                            const double* w, double* xh, double* g) {
+  uint64_t bad = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    xh[k] = round_fast<F32>(kRms ? v[k] * rs : (v[k] - mu) * rs, bad);
+    g[k] = kW ? round_fast<F32>(d[k] * w[k], bad) : d[k];
+  }
+  return bad == 0;
+}
+
+template <typename F, bool kRms>
+__attribute__((target_clones("avx2", "default"))) bool backward_outputs_fast(const double* xh, const double* g,
+                                                                              int64_t n, double A, double B,
+                                                                              double rs, typename F::Bits* out) {
+  uint64_t bad = 0;
+  for (int64_t k = 0; k < n; ++k)
+    out[k] = encode_fast<F>(round_fast<F>(kRms ? rms_dx(g[k], xh[k], B, rs) : ln_dx(g[k], xh[k], A, B, rs), bad));
+  return bad == 0;
+}
+
 // Rows per task: about 32K elements.
 int64_t grain_for(int64_t n) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(n, 1)); }
 
@@ -174,6 +248,7 @@ void forward_rows(const NormArgs& a, at::Tensor& y_tensor) {
       const double rs = rstd_of(var, a.eps32);
       store32(rs, rstd + r);
       auto* out = y + r * n;
+      if (forward_outputs<F>(v.data(), n, mu, rs, w, b, a.rms, out)) continue;
       if (a.rms) {
         for (int64_t k = 0; k < n; ++k) store<F>(affine(rms_xhat(v[k], rs), w ? w + k : nullptr, nullptr), out + k);
       } else {
@@ -197,13 +272,21 @@ void backward_rows(const NormArgs& a, const at::Tensor& dy_tensor, at::Tensor& d
   const float* rstd = a.rstd.const_data_ptr<float>();
   const int64_t depth = chain_depth(n);
   at::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
-    std::vector<double> xh(n), g(n);
+    std::vector<double> xv(n), dv(n), xh(n), g(n);
     for (int64_t r = begin; r < end; ++r) {
       const double mu = a.rms ? 0.0 : load32(mean + r), rs = load32(rstd + r);
-      decode_row(x + r * n, n, xh.data());
-      for (int64_t k = 0; k < n; ++k) xh[k] = a.rms ? rms_xhat(xh[k], rs) : ln_xhat(xh[k], mu, rs);
-      decode_row(dy + r * n, n, g.data());
-      for (int64_t k = 0; k < n; ++k) g[k] = scaled_grad(g[k], w ? w + k : nullptr);
+      decode_row(x + r * n, n, xv.data());
+      decode_row(dy + r * n, n, dv.data());
+      const bool fast = a.rms ? (w ? backward_terms_fast<true, true>(xv.data(), dv.data(), n, mu, rs, w, xh.data(), g.data())
+                                   : backward_terms_fast<true, false>(xv.data(), dv.data(), n, mu, rs, w, xh.data(), g.data()))
+                              : (w ? backward_terms_fast<false, true>(xv.data(), dv.data(), n, mu, rs, w, xh.data(), g.data())
+                                   : backward_terms_fast<false, false>(xv.data(), dv.data(), n, mu, rs, w, xh.data(), g.data()));
+      if (!fast) {
+        for (int64_t k = 0; k < n; ++k) {
+          xh[k] = a.rms ? rms_xhat(xv[k], rs) : ln_xhat(xv[k], mu, rs);
+          g[k] = scaled_grad(dv[k], w ? w + k : nullptr);
+        }
+      }
       double A = 0.0, B;
       if (!a.rms) {
         const Sums s = chain_sums(g.data(), n);
@@ -212,6 +295,9 @@ void backward_rows(const NormArgs& a, const at::Tensor& dy_tensor, at::Tensor& d
       const Sums p = chain_dot(g.data(), xh.data(), n);
       if (!mean_fast(p.sum, p.abs_sum, n, depth, &B)) B = exact_mean_dot(g.data(), xh.data(), n);
       auto* out = dx + r * n;
+      if (a.rms ? backward_outputs_fast<F, true>(xh.data(), g.data(), n, A, B, rs, out)
+                : backward_outputs_fast<F, false>(xh.data(), g.data(), n, A, B, rs, out))
+        continue;
       if (a.rms) {
         for (int64_t k = 0; k < n; ++k) store<F>(rms_dx(g[k], xh[k], B, rs), out + k);
       } else {
