@@ -312,6 +312,33 @@ void backward_rows(const NormArgs& a, const at::Tensor& dy_tensor, at::Tensor& d
 constexpr int64_t kColumnBlock = 256;  // columns summed side by side
 constexpr int64_t kRowChunk = 512;     // rows per partial sum
 
+template <bool kRms>
+__attribute__((target_clones("avx2", "default"))) bool tile_xhat_fast(const double* v, int64_t width, double mu,
+                                                                       double rs, double* xh) {
+  uint64_t bad = 0;
+  for (int64_t j = 0; j < width; ++j) xh[j] = round_fast<F32>(kRms ? v[j] * rs : (v[j] - mu) * rs, bad);
+  return bad == 0;
+}
+
+// s[j] += d[j] * m[j] (m null: d[j]), a[j] += |same| (exact products).
+__attribute__((target_clones("avx2", "default"))) void tile_accumulate(const double* __restrict__ d,
+                                                                        const double* __restrict__ m, int64_t width,
+                                                                        double* __restrict__ s,
+                                                                        double* __restrict__ a) {
+  if (m) {
+    for (int64_t j = 0; j < width; ++j) {
+      const double p = d[j] * m[j];
+      s[j] = s[j] + p;
+      a[j] = a[j] + abs_value(p);
+    }
+  } else {
+    for (int64_t j = 0; j < width; ++j) {
+      s[j] = s[j] + d[j];
+      a[j] = a[j] + abs_value(d[j]);
+    }
+  }
+}
+
 // Per-column sums over rows [r0, r0 + count) of dy * xhat and dy (and their
 // absolute values), one chain per column: partials of tile (chunk, block).
 template <typename T>
@@ -321,23 +348,17 @@ void column_tile(const NormArgs& a, const T* x, const T* dy, int64_t r0, int64_t
   const float* mean = a.rms ? nullptr : a.mean.const_data_ptr<float>();
   const float* rstd = a.rstd.const_data_ptr<float>();
   for (int64_t j = 0; j < width; ++j) sw[j] = aw[j] = sb[j] = ab[j] = 0.0;
+  double xv[kColumnBlock], dv[kColumnBlock], xh[kColumnBlock];
   for (int64_t r = r0; r < r0 + count; ++r) {
-    const T* xr = x + r * n + j0;
-    const T* dr = dy + r * n + j0;
-    const double mu = a.rms ? 0.0 : load32(mean + r), rs = load32(rstd + r);
-    if (want_w)
-      for (int64_t j = 0; j < width; ++j) {
-        const double v = element_value(xr[j]);
-        const double p = element_value(dr[j]) * (a.rms ? rms_xhat(v, rs) : ln_xhat(v, mu, rs));
-        sw[j] = sw[j] + p;
-        aw[j] = aw[j] + abs_value(p);
-      }
-    if (want_b)
-      for (int64_t j = 0; j < width; ++j) {
-        const double d = element_value(dr[j]);
-        sb[j] = sb[j] + d;
-        ab[j] = ab[j] + abs_value(d);
-      }
+    decode_row(dy + r * n + j0, width, dv);
+    if (want_w) {
+      const double mu = a.rms ? 0.0 : load32(mean + r), rs = load32(rstd + r);
+      decode_row(x + r * n + j0, width, xv);
+      if (!(a.rms ? tile_xhat_fast<true>(xv, width, mu, rs, xh) : tile_xhat_fast<false>(xv, width, mu, rs, xh)))
+        for (int64_t j = 0; j < width; ++j) xh[j] = a.rms ? rms_xhat(xv[j], rs) : ln_xhat(xv[j], mu, rs);
+      tile_accumulate(dv, xh, width, sw, aw);
+    }
+    if (want_b) tile_accumulate(dv, nullptr, width, sb, ab);
   }
 }
 
