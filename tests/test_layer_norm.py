@@ -333,3 +333,25 @@ def test_module():
     assert nobias.bias is None and set(nobias.state_dict()) == {"weight"}
     with pytest.raises(TypeError):
         carbon.nn.LayerNorm.from_torch(torch.nn.Linear(2, 2))
+
+
+# ---------------------------------------------------------------- build
+
+NORM_OPS = ["layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "norm_param_grads"]
+
+
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_kernels_registered(op):
+    import os
+    import shutil
+
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"carbon::{op}", "CPU")
+    nvcc = shutil.which("nvcc") or os.path.exists(os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc"))
+    if torch.version.cuda is not None and nvcc and os.environ.get("CARBON_BUILD_CUDA") != "0":
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"carbon::{op}", "CUDA")
+
+
+def test_exports():
+    assert carbon.layer_norm is carbon.norm.layer_norm and carbon.rms_norm is carbon.norm.rms_norm
+    assert "layer_norm" in carbon.__all__ and "rms_norm" in carbon.__all__
+    assert issubclass(carbon.nn.LayerNorm, torch.nn.LayerNorm) and issubclass(carbon.nn.RMSNorm, torch.nn.RMSNorm)
