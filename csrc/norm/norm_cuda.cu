@@ -5,10 +5,14 @@
 // warp-uniform): depth ceil(n / 32) + 5 additions. Undecided statistics
 // merge per-lane exact accumulators (integer sums, exact). The formulas and
 // decisions are those of norm_kernel.h, shared with the CPU, hence the same
-// bits. The row is re-read for each pass (statistics, then outputs); the
-// re-reads are mostly served by L1/L2. No host synchronization; launches on
-// the current stream.
+// bits. Forward: the row is read from global memory once when it fits in
+// shared memory (n <= kMaxCachedN: each warp keeps its row as float32, exact
+// for every input format), else re-read for each pass (statistics, then
+// outputs; the re-reads are mostly served by L1/L2). Backward re-reads x and
+// dy (two passes). No host synchronization; launches on the current stream.
 #include <c10/cuda/CUDAGuard.h>
+
+#include <tuple>
 
 #include "../cuda_launch.cuh"
 #include "../dtypes.h"
@@ -21,6 +25,10 @@ namespace {
 
 constexpr int kWarpsPerBlock = 4;
 constexpr int kThreads = kWarpSize * kWarpsPerBlock;
+// Row cache per block (dynamic shared memory) on top of the static 20 KB of
+// exact accumulators: stays within the default 48 KB without an opt-in.
+constexpr int64_t kMaxCacheBytes = 24 * 1024;
+constexpr int64_t kMaxCachedN = kMaxCacheBytes / (kWarpsPerBlock * static_cast<int64_t>(sizeof(float)));
 
 __device__ __forceinline__ int64_t warp_depth(int64_t n) { return (n + kWarpSize - 1) / kWarpSize + 6; }
 
@@ -41,7 +49,7 @@ __device__ double warp_exact_mean(int64_t n, WarpLimbs& limbs, Add add) {
 
 __device__ __forceinline__ uint32_t bits32(double v) { return encode(v, F32::get()); }
 
-template <typename T>
+template <typename T, bool kCached>
 __global__ void __launch_bounds__(kThreads)
     norm_forward_kernel(const T* __restrict__ x, int64_t rows, int64_t n, const T* __restrict__ w,
                         const T* __restrict__ b, double eps32, bool rms, typename FormatOf<T>::type::Bits* __restrict__ y,
@@ -49,28 +57,38 @@ __global__ void __launch_bounds__(kThreads)
   using F = typename FormatOf<T>::type;
   constexpr FloatFormat f = F::get();
   __shared__ WarpLimbs limbs[kWarpsPerBlock];
+  extern __shared__ float row_cache[];  // kCached: kWarpsPerBlock rows of n floats
   const int warp = threadIdx.x / kWarpSize, lane = lane_id();
+  float* cache = row_cache + (kCached ? static_cast<int64_t>(warp) * n : 0);
   const int64_t depth = warp_depth(n);
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp; r < rows;
        r += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
     const T* row = x + r * n;
+    // First read of element k (by lane k % 32): from global memory, kept in
+    // the cache; later reads by the same lane come from the cache.
+    auto first = [&](int64_t k) {
+      const double v = element_value(row[k]);
+      if (kCached) cache[k] = static_cast<float>(v);  // exact: v is a float32 value
+      return v;
+    };
+    auto value = [&](int64_t k) { return kCached ? static_cast<double>(cache[k]) : element_value(row[k]); };
     double mu = 0.0, var;
     if (rms) {
       double t = 0.0;
       for (int64_t k = lane; k < n; k += kWarpSize) {
-        const double v = element_value(row[k]);
+        const double v = first(k);
         t = t + v * v;
       }
       t = warp_sum(t);
       if (!mean_of_squares_fast(t, n, depth, 0, &var))
         var = warp_exact_mean(n, limbs[warp], [&](int64_t* l, uint32_t& fl, int64_t k) {
-          const double v = element_value(row[k]);
+          const double v = value(k);
           exact_sum_add_product(l, fl, v, v);
         });
     } else {
       double s = 0.0, a = 0.0;
       for (int64_t k = lane; k < n; k += kWarpSize) {
-        const double v = element_value(row[k]);
+        const double v = first(k);
         s = s + v;
         a = a + abs_value(v);
       }
@@ -78,19 +96,19 @@ __global__ void __launch_bounds__(kThreads)
       a = warp_sum(a);
       if (!mean_fast(s, a, n, depth, &mu))
         mu = warp_exact_mean(n, limbs[warp],
-                             [&](int64_t* l, uint32_t& fl, int64_t k) { exact_sum_add(l, fl, element_value(row[k])); });
+                             [&](int64_t* l, uint32_t& fl, int64_t k) { exact_sum_add(l, fl, value(k)); });
       if (!is_finite(mu)) {
         var = canonical_nan();
       } else {
         double t = 0.0;
         for (int64_t k = lane; k < n; k += kWarpSize) {
-          const double d = element_value(row[k]) - mu;
+          const double d = value(k) - mu;
           t = t + d * d;
         }
         t = warp_sum(t);
         if (!mean_of_squares_fast(t, n, depth, 3, &var))
           var = warp_exact_mean(n, limbs[warp], [&](int64_t* l, uint32_t& fl, int64_t k) {
-            add_centered_square(l, fl, element_value(row[k]), mu);
+            add_centered_square(l, fl, value(k), mu);
           });
       }
     }
@@ -101,7 +119,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     auto* out = y + r * n;
     for (int64_t k = lane; k < n; k += kWarpSize) {
-      const double v = element_value(row[k]);
+      const double v = value(k);
       const double xh = rms ? rms_xhat(v, rs) : ln_xhat(v, mu, rs);
       double wk = 1.0, bk = 0.0;
       if (w) wk = element_value(w[k]);
@@ -191,9 +209,15 @@ void norm_forward_cuda(const NormArgs& a, at::Tensor& y) {
   with_element_type(a.x.scalar_type(), [&](auto element) {
     using T = decltype(element);
     using Bits = typename FormatOf<T>::type::Bits;
-    norm_forward_kernel<T><<<blocks, kThreads, 0, stream>>>(a.x.const_data_ptr<T>(), rows, n, param_ptr<T>(a.weight),
-                                                            param_ptr<T>(a.bias), a.eps32, a.rms,
-                                                            static_cast<Bits*>(y.mutable_data_ptr()), mean, rstd);
+    const auto args = std::make_tuple(a.x.const_data_ptr<T>(), rows, n, param_ptr<T>(a.weight), param_ptr<T>(a.bias),
+                                      a.eps32, a.rms, static_cast<Bits*>(y.mutable_data_ptr()), mean, rstd);
+    if (n <= kMaxCachedN) {
+      const size_t cache_bytes = static_cast<size_t>(kWarpsPerBlock) * n * sizeof(float);
+      std::apply([&](auto... p) { norm_forward_kernel<T, true><<<blocks, kThreads, cache_bytes, stream>>>(p...); },
+                 args);
+    } else {
+      std::apply([&](auto... p) { norm_forward_kernel<T, false><<<blocks, kThreads, 0, stream>>>(p...); }, args);
+    }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
