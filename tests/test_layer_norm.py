@@ -355,3 +355,15 @@ def test_exports():
     assert carbon.layer_norm is carbon.norm.layer_norm and carbon.rms_norm is carbon.norm.rms_norm
     assert "layer_norm" in carbon.__all__ and "rms_norm" in carbon.__all__
     assert issubclass(carbon.nn.LayerNorm, torch.nn.LayerNorm) and issubclass(carbon.nn.RMSNorm, torch.nn.RMSNorm)
+
+
+@pytest.mark.parametrize("dtype", (F32, BF16))
+def test_gradients_many_rows(dtype):
+    # dweight / dbias sum over 1100 rows: several row chunks of the CPU column kernel.
+    s = seed_of("many rows", dtype)
+    x = norm_data(1100, 6, dtype, s)
+    w, b = params((6,), dtype, "both", s)
+    check_layer_norm_grads(x, (6,), w, b, seed=s, context=f"{dtype} 1100 rows")
+    dy = torch.ones_like(x)
+    dy[::3] = -1.0  # cancelling columns of dy: exact zeros and near-zero dbias
+    check_layer_norm_grads(x, (6,), w, b, dy=dy, context="cancelling dy")
