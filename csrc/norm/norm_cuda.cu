@@ -6,8 +6,8 @@
 // merge per-lane exact accumulators (integer sums, exact). The formulas and
 // decisions are those of norm_kernel.h, shared with the CPU, hence the same
 // bits. Forward: the row is read from global memory once when it fits in
-// shared memory (n <= kMaxCachedN: each warp keeps its row as float32, exact
-// for every input format), else re-read for each pass (statistics, then
+// shared memory (n <= 4096 on sm_80 / sm_90: each warp keeps its row as
+// float32, exact for every input format), else re-read for each pass (statistics, then
 // outputs; the re-reads are mostly served by L1/L2). Backward re-reads x and
 // dy (two passes). No host synchronization; launches on the current stream.
 #include <c10/cuda/CUDAGuard.h>
@@ -26,9 +26,12 @@ namespace {
 constexpr int kWarpsPerBlock = 4;
 constexpr int kThreads = kWarpSize * kWarpsPerBlock;
 // Row cache per block (dynamic shared memory) on top of the static 20 KB of
-// exact accumulators: stays within the default 48 KB without an opt-in.
-constexpr int64_t kMaxCacheBytes = 24 * 1024;
-constexpr int64_t kMaxCachedN = kMaxCacheBytes / (kWarpsPerBlock * static_cast<int64_t>(sizeof(float)));
+// exact accumulators: up to 24 KB fits the default 48 KB; up to 64 KB (n <=
+// 4096, two blocks per SM on sm_80 / sm_90) with the opt-in attribute where
+// the device allows it. Larger rows are re-read instead.
+constexpr size_t kDefaultCacheBytes = 24 * 1024;
+constexpr size_t kMaxCacheBytes = 64 * 1024;
+constexpr size_t kStaticBytes = sizeof(WarpLimbs) * kWarpsPerBlock;
 
 __device__ __forceinline__ int64_t warp_depth(int64_t n) { return (n + kWarpSize - 1) / kWarpSize + 6; }
 
@@ -211,8 +214,14 @@ void norm_forward_cuda(const NormArgs& a, at::Tensor& y) {
     using Bits = typename FormatOf<T>::type::Bits;
     const auto args = std::make_tuple(a.x.const_data_ptr<T>(), rows, n, param_ptr<T>(a.weight), param_ptr<T>(a.bias),
                                       a.eps32, a.rms, static_cast<Bits*>(y.mutable_data_ptr()), mean, rstd);
-    if (n <= kMaxCachedN) {
-      const size_t cache_bytes = static_cast<size_t>(kWarpsPerBlock) * n * sizeof(float);
+    const size_t cache_bytes = static_cast<size_t>(kWarpsPerBlock) * static_cast<size_t>(n) * sizeof(float);
+    const size_t optin = at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
+    const bool cached = cache_bytes <= kDefaultCacheBytes ||
+                        (cache_bytes <= kMaxCacheBytes && cache_bytes + kStaticBytes + 1024 <= optin);
+    if (cached) {
+      if (cache_bytes > kDefaultCacheBytes)
+        C10_CUDA_CHECK(cudaFuncSetAttribute(norm_forward_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(cache_bytes)));
       std::apply([&](auto... p) { norm_forward_kernel<T, true><<<blocks, kThreads, cache_bytes, stream>>>(p...); },
                  args);
     } else {
