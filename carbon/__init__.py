@@ -12,6 +12,7 @@ from carbon import _C  # noqa: F401  (loads the kernels and registers torch.ops.
 from carbon import _autograd, _fake  # noqa: F401  (registrations)
 from carbon import nn
 from carbon.elementwise import erf, exp, gelu, log, sigmoid, silu, tanh
+from carbon.norm import layer_norm, rms_norm
 from carbon.ops import addmm, baddbmm, bmm, linear, matmul, mm
 from carbon.attention import scaled_dot_product_attention
 from carbon.reductions import mean, round_to, sum  # noqa: A004
@@ -21,6 +22,7 @@ __all__ = [
     "mm", "addmm", "bmm", "baddbmm", "linear", "matmul",
     "sum", "mean", "round_to",
     "exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu",
+    "layer_norm", "rms_norm",
     "softmax", "log_softmax", "cross_entropy",
     "scaled_dot_product_attention",
     "nn",

@@ -11,7 +11,7 @@ dtype of the input it belongs to:
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -201,3 +201,65 @@ def _elementwise_backward_for(name: str) -> Any:
 for _name in ("exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu"):
     torch.library.register_autograd(f"carbon::{_name}", _elementwise_backward_for(_name), setup_context=_setup_elementwise)
 del _name
+# ============================================================================
+# Normalization (layer_norm, rms_norm). docs/contract.md §7:
+#   dx = carbon.<norm>_backward (per row: exact means of g and g * xhat)
+#   d weight[j] = RN_w(sum over rows of dy[row, j] * xhat[row, j])  } carbon.norm_param_grads:
+#   d bias[j]   = RN_b(sum over rows of dy[row, j])                 } exact column sums
+# with xhat = RN32((x (-) mean) (x) rstd) (layer_norm) or RN32(x (x) rstd) (rms_norm),
+# recomputed from the saved statistics.
+
+
+def _norm_param_grads(grad: Tensor, x: Tensor, normalized_shape: Sequence[int], mean: Optional[Tensor], rstd: Tensor,
+                      weight: Optional[Tensor], has_bias: bool, need_w: bool, need_b: bool) -> tuple:
+    want_w, want_b = need_w and weight is not None, need_b and has_bias
+    if not (want_w or want_b):
+        return None, None
+    grad_w, grad_b = torch.ops.carbon.norm_param_grads(grad, x, normalized_shape, mean, rstd, want_w, want_b)
+    return (grad_w if want_w else None), (grad_b if want_b else None)
+
+
+def _needs(ctx: Any, i: int) -> bool:
+    # needs_input_grad omits trailing arguments left at their defaults
+    need = ctx.needs_input_grad
+    return i < len(need) and bool(need[i])
+
+
+def _setup_layer_norm(ctx: Any, inputs: tuple, output: tuple) -> None:
+    x, normalized_shape, weight, bias, _ = inputs
+    _, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.save_for_backward(x, mean, rstd, weight)
+    ctx.normalized_shape = list(normalized_shape)
+    ctx.has_bias = bias is not None
+
+
+def _layer_norm_backward(ctx: Any, grad: Tensor, _grad_mean: Any, _grad_rstd: Any) -> tuple:
+    x, mean, rstd, weight = ctx.saved_tensors
+    grad_x = None
+    if _needs(ctx, 0):
+        grad_x = torch.ops.carbon.layer_norm_backward(grad, x, ctx.normalized_shape, mean, rstd, weight)
+    grad_w, grad_b = _norm_param_grads(grad, x, ctx.normalized_shape, mean, rstd, weight, ctx.has_bias,
+                                       _needs(ctx, 2), _needs(ctx, 3))
+    return grad_x, None, grad_w, grad_b, None
+
+
+def _setup_rms_norm(ctx: Any, inputs: tuple, output: tuple) -> None:
+    x, normalized_shape, weight, _ = inputs
+    _, rstd = output
+    ctx.mark_non_differentiable(rstd)
+    ctx.save_for_backward(x, rstd, weight)
+    ctx.normalized_shape = list(normalized_shape)
+
+
+def _rms_norm_backward(ctx: Any, grad: Tensor, _grad_rstd: Any) -> tuple:
+    x, rstd, weight = ctx.saved_tensors
+    grad_x = None
+    if _needs(ctx, 0):
+        grad_x = torch.ops.carbon.rms_norm_backward(grad, x, ctx.normalized_shape, rstd, weight)
+    grad_w, _ = _norm_param_grads(grad, x, ctx.normalized_shape, None, rstd, weight, False, _needs(ctx, 2), False)
+    return grad_x, None, grad_w, None
+
+
+torch.library.register_autograd("carbon::layer_norm", _layer_norm_backward, setup_context=_setup_layer_norm)
+torch.library.register_autograd("carbon::rms_norm", _rms_norm_backward, setup_context=_setup_rms_norm)

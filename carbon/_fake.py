@@ -285,3 +285,116 @@ def _elementwise_backward_fake(grad: Tensor, x: Tensor, fn: str) -> Tensor:
     if grad.device != x.device:
         raise ValueError(f"carbon.{op}: expected all tensors on one device, but grad is on {grad.device} and x is on {x.device}")
     return torch.empty_like(x, memory_format=torch.contiguous_format)
+# ============================================================================
+# Normalization (layer_norm, rms_norm; csrc/norm/norm.cpp has the same checks).
+
+
+def _norm_rows(op: str, x: Tensor, normalized_shape: Sequence[int]) -> list:
+    """Checks x against normalized_shape; returns the leading shape (one row each)."""
+    _check_dtype(op, "x", x)
+    k = len(normalized_shape)
+    if k < 1:
+        raise ValueError(f"carbon.{op}: normalized_shape must have at least one dimension")
+    if k > x.dim() or list(x.shape[x.dim() - k:]) != list(normalized_shape):
+        raise ValueError(f"carbon.{op}: normalized_shape {list(normalized_shape)} does not match the trailing "
+                         f"dimensions of x, of shape {list(x.shape)}")
+    n = 1
+    for s in normalized_shape:
+        n *= s
+    if n > 2**29:
+        raise ValueError(f"carbon.{op}: at most 2^29 elements can be normalized together")
+    return list(x.shape[: x.dim() - k])
+
+
+def _norm_param(op: str, name: str, p: Optional[Tensor], x: Tensor, normalized_shape: Sequence[int]) -> None:
+    if p is None:
+        return
+    if p.dtype != x.dtype:
+        raise TypeError(f"carbon.{op}: {name} has dtype {p.dtype} but x has dtype {x.dtype}; they must be equal")
+    if p.device != x.device:
+        raise ValueError(f"carbon.{op}: expected all tensors on one device, but x is on {x.device} and {name} is on {p.device}")
+    if list(p.shape) != list(normalized_shape):
+        raise ValueError(f"carbon.{op}: {name} has shape {list(p.shape)} but normalized_shape is {list(normalized_shape)}")
+
+
+def _norm_eps(op: str, eps: float) -> None:
+    if not (0.0 <= eps < float("inf")):
+        raise ValueError(f"carbon.{op}: eps must be finite and >= 0, got {eps}")
+
+
+def _norm_stat(op: str, name: str, s: Tensor, x: Tensor, lead: list) -> None:
+    if s.dtype != torch.float32:
+        raise TypeError(f"carbon.{op}: {name} must be float32, got {s.dtype}")
+    if s.device != x.device:
+        raise ValueError(f"carbon.{op}: expected all tensors on one device, but x is on {x.device} and {name} is on {s.device}")
+    rows = 1
+    for d in lead:
+        rows *= d
+    if s.numel() != rows:
+        raise ValueError(f"carbon.{op}: {name} has shape {list(s.shape)}, expected {lead}")
+
+
+def _norm_grad(op: str, dy: Tensor, x: Tensor) -> None:
+    if dy.dtype != x.dtype:
+        raise TypeError(f"carbon.{op}: grad_out has dtype {dy.dtype} but x has dtype {x.dtype}")
+    if dy.device != x.device:
+        raise ValueError(f"carbon.{op}: expected all tensors on one device, but x is on {x.device} and grad_out is on {dy.device}")
+    if dy.shape != x.shape:
+        raise ValueError(f"carbon.{op}: grad_out has shape {list(dy.shape)} but x has shape {list(x.shape)}")
+
+
+@torch.library.register_fake("carbon::layer_norm")
+def _layer_norm_fake(x: Tensor, normalized_shape: Sequence[int], weight: Optional[Tensor] = None,
+                     bias: Optional[Tensor] = None, eps: float = 1e-5):
+    lead = _norm_rows("layer_norm", x, normalized_shape)
+    _norm_param("layer_norm", "weight", weight, x, normalized_shape)
+    _norm_param("layer_norm", "bias", bias, x, normalized_shape)
+    _norm_eps("layer_norm", eps)
+    return (x.new_empty(x.shape), x.new_empty(lead, dtype=torch.float32),
+            x.new_empty(lead, dtype=torch.float32))
+
+
+@torch.library.register_fake("carbon::rms_norm")
+def _rms_norm_fake(x: Tensor, normalized_shape: Sequence[int], weight: Optional[Tensor] = None,
+                   eps: Optional[float] = None):
+    lead = _norm_rows("rms_norm", x, normalized_shape)
+    _norm_param("rms_norm", "weight", weight, x, normalized_shape)
+    if eps is not None:
+        _norm_eps("rms_norm", eps)
+    return x.new_empty(x.shape), x.new_empty(lead, dtype=torch.float32)
+
+
+@torch.library.register_fake("carbon::layer_norm_backward")
+def _layer_norm_backward_fake(grad_out: Tensor, x: Tensor, normalized_shape: Sequence[int], mean: Tensor,
+                              rstd: Tensor, weight: Optional[Tensor] = None) -> Tensor:
+    op = "layer_norm_backward"
+    lead = _norm_rows(op, x, normalized_shape)
+    _norm_param(op, "weight", weight, x, normalized_shape)
+    _norm_grad(op, grad_out, x)
+    _norm_stat(op, "mean", mean, x, lead)
+    _norm_stat(op, "rstd", rstd, x, lead)
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("carbon::rms_norm_backward")
+def _rms_norm_backward_fake(grad_out: Tensor, x: Tensor, normalized_shape: Sequence[int], rstd: Tensor,
+                            weight: Optional[Tensor] = None) -> Tensor:
+    op = "rms_norm_backward"
+    lead = _norm_rows(op, x, normalized_shape)
+    _norm_param(op, "weight", weight, x, normalized_shape)
+    _norm_grad(op, grad_out, x)
+    _norm_stat(op, "rstd", rstd, x, lead)
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("carbon::norm_param_grads")
+def _norm_param_grads_fake(grad_out: Tensor, x: Tensor, normalized_shape: Sequence[int], mean: Optional[Tensor],
+                           rstd: Tensor, weight: bool = True, bias: bool = True):
+    op = "norm_param_grads"
+    lead = _norm_rows(op, x, normalized_shape)
+    _norm_grad(op, grad_out, x)
+    if mean is not None:
+        _norm_stat(op, "mean", mean, x, lead)
+    _norm_stat(op, "rstd", rstd, x, lead)
+    shape = list(normalized_shape)
+    return x.new_empty(shape if weight else [0]), x.new_empty(shape if bias else [0])

@@ -10,6 +10,7 @@
 #include "elementwise/elementwise.h"
 // ---- end elementwise math ----
 #include "matmul/matmul.h"
+#include "norm/norm.h"
 #include "reduce/reduce.h"
 #include "softmax/softmax.h"
 
@@ -48,6 +49,17 @@ TORCH_LIBRARY(carbon, m) {
   m.def("silu(Tensor x) -> Tensor");
   m.def("elementwise_backward(Tensor grad, Tensor x, str fn) -> Tensor");
   // ---- end elementwise math ----
+
+  // ---- normalization (csrc/norm/): layer_norm, rms_norm and their backwards
+  m.def("layer_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) "
+        "-> (Tensor, Tensor, Tensor)");
+  m.def("layer_norm_backward(Tensor grad_out, Tensor x, int[] normalized_shape, Tensor mean, Tensor rstd, "
+        "Tensor? weight=None) -> Tensor");
+  m.def("rms_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, float? eps=None) -> (Tensor, Tensor)");
+  m.def("rms_norm_backward(Tensor grad_out, Tensor x, int[] normalized_shape, Tensor rstd, Tensor? weight=None) "
+        "-> Tensor");
+  m.def("norm_param_grads(Tensor grad_out, Tensor x, int[] normalized_shape, Tensor? mean, Tensor rstd, "
+        "bool weight=True, bool bias=True) -> (Tensor, Tensor)");
 }
 
 // The ops are device-generic at this level: each checks its inputs and
@@ -77,6 +89,12 @@ TORCH_LIBRARY_IMPL(carbon, CPU, m) {
   m.impl("silu", &carbon::silu_op);
   m.impl("elementwise_backward", &carbon::elementwise_backward);
   // ---- end elementwise math ----
+  // ---- normalization
+  m.impl("layer_norm", &carbon::layer_norm);
+  m.impl("layer_norm_backward", &carbon::layer_norm_backward);
+  m.impl("rms_norm", &carbon::rms_norm);
+  m.impl("rms_norm_backward", &carbon::rms_norm_backward);
+  m.impl("norm_param_grads", &carbon::norm_param_grads);
 }
 
 #ifdef CARBON_WITH_CUDA
@@ -105,5 +123,11 @@ TORCH_LIBRARY_IMPL(carbon, CUDA, m) {
   m.impl("silu", &carbon::silu_op);
   m.impl("elementwise_backward", &carbon::elementwise_backward);
   // ---- end elementwise math ----
+  // ---- normalization
+  m.impl("layer_norm", &carbon::layer_norm);
+  m.impl("layer_norm_backward", &carbon::layer_norm_backward);
+  m.impl("rms_norm", &carbon::rms_norm);
+  m.impl("rms_norm_backward", &carbon::rms_norm_backward);
+  m.impl("norm_param_grads", &carbon::norm_param_grads);
 }
 #endif

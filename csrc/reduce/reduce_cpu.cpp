@@ -50,7 +50,9 @@ __attribute__((target_clones("avx2", "default"))) Sums chain_sums(const T* x, in
   return {s[0], a[0]};
 }
 
-int64_t chain_depth(int64_t n) { return (n + kChains - 1) / kChains + 4; }
+// floor(n / kChains) additions in each chain, up to kChains - 1 more for
+// chain 0 (the tail), then the log2(kChains) = 3 pairwise levels.
+int64_t chain_depth(int64_t n) { return n / kChains + (kChains - 1) + 3; }
 
 template <typename F>
 void store(double value, typename F::Bits* out) {

@@ -17,7 +17,9 @@ namespace {
 constexpr int kChains = 8;
 
 // No value passes through more additions than this in a kChains-chain sum.
-int64_t chains_depth(int64_t n) { return (n + kChains - 1) / kChains + 4; }
+// floor(n / kChains) additions in each chain, up to kChains - 1 more for
+// chain 0 (the tail), then the log2(kChains) = 3 pairwise levels.
+int64_t chains_depth(int64_t n) { return n / kChains + (kChains - 1) + 3; }
 
 // Sum of the kChains partial sums, pairwise (fixed order).
 double fold_chains(double* s) {
