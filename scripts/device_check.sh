@@ -13,6 +13,8 @@
 #                   On a machine without a GPU these are all skipped.
 #   5. benchmark    python benchmarks/bench_mm.py --device cuda
 #                   python benchmarks/bench_reduce.py --device cuda
+#                   python benchmarks/bench_elementwise.py --device cuda
+#                   (the elementwise CUDA tests run in step 4: -m cuda)
 #   6. demo         python -m carbon demo
 # A failing step is recorded and the next one still runs; the summary table is
 # printed last, and the exit status is non-zero if any step failed.
@@ -27,7 +29,7 @@ else LOGDIR="$(mktemp -d -t carbon_device_check.XXXXXX)"
 fi
 mkdir -p "$LOGDIR"
 
-# Per-step limits in seconds; they sum to 460 s, so the whole check ends within
+# Per-step limits in seconds; they sum to 475 s, so the whole check ends within
 # 8 minutes even if every step times out. Override through the environment.
 T_ENV="${T_ENV:-20}"
 T_BUILD="${T_BUILD:-150}"
@@ -35,7 +37,8 @@ T_SMOKE="${T_SMOKE:-20}"
 T_TESTS="${T_TESTS:-150}"
 T_BENCH="${T_BENCH:-60}"
 T_REDUCE="${T_REDUCE:-30}"
-T_DEMO="${T_DEMO:-30}"
+T_ELEM="${T_ELEM:-25}"
+T_DEMO="${T_DEMO:-20}"
 
 declare -a STEP_NAMES=() STEP_STATUS=() STEP_SECS=()
 FAILED=0
@@ -123,6 +126,8 @@ run_step bench "$T_BENCH" "$PY" benchmarks/bench_mm.py --device cuda
 record "$STEP_RC"
 run_step reduce "$T_REDUCE" "$PY" benchmarks/bench_reduce.py --device cuda
 record "$STEP_RC"
+run_step elem "$T_ELEM" "$PY" benchmarks/bench_elementwise.py --device cuda
+record "$STEP_RC"
 
 # ---- 6. demo -----------------------------------------------------------------
 run_step demo "$T_DEMO" "$PY" -m carbon demo
@@ -140,7 +145,7 @@ echo
 echo "build: ${BUILD_SECS} s"
 echo "tests (-m cuda): ${TEST_COUNTS:-none collected or no counts (see $LOGDIR/tests.log)}"
 echo "benchmark ratios:"
-grep -hE '^RATIO' "$LOGDIR/bench.log" "$LOGDIR/reduce.log" 2>/dev/null | sed 's/^/  /' || echo "  (none: see $LOGDIR/bench.log, $LOGDIR/reduce.log)"
+grep -hE '^RATIO' "$LOGDIR/bench.log" "$LOGDIR/reduce.log" "$LOGDIR/elem.log" 2>/dev/null | sed 's/^/  /' || echo "  (none: see $LOGDIR/bench.log, $LOGDIR/reduce.log, $LOGDIR/elem.log)"
 echo "demo (carbon rows):"
 grep -E '^\| (cpu|cuda) +\| carbon' "$LOGDIR/demo.log" 2>/dev/null | sed 's/^/  /' || echo "  (none: see $LOGDIR/demo.log)"
 echo "logs: $LOGDIR"

@@ -35,7 +35,7 @@ def inputs(dtype):
     if dtype in (torch.float16, torch.bfloat16):
         return torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)  # every pattern
     g = torch.Generator().manual_seed(0)
-    rand = torch.randint(-(2**31), 2**31 - 1, (1 << 20,), generator=g, dtype=torch.int64).to(torch.int32)
+    rand = torch.randint(-(2**31), 2**31 - 1, (1 << 18,), generator=g, dtype=torch.int64).to(torch.int32)
     spec = torch.tensor([b - (1 << 32) if b >= 1 << 31 else b for b in special_bits_f32()], dtype=torch.int32)
     return torch.cat([spec, rand]).view(torch.float32)
 
