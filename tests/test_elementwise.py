@@ -191,3 +191,18 @@ def test_gradient_special_g():
     g = torch.tensor([float("inf"), float("nan"), -0.0, 0.0])
     (grad,) = torch.autograd.grad(carbon.tanh(x), x, g)
     assert [b & 0xFFFFFFFF for b in as_bits(grad).tolist()] == [0x7F800000, 0x7FC00000, 0x80000000, 0]
+
+
+@pytest.mark.parametrize("name", ["sigmoid", "silu", "exp", "gelu", "gelu_tanh", "tanh"])
+def test_structural_midpoints_strict(name):
+    """Inputs k * 2^-23 and k * 2^-24 (k odd): 1/2 + x/4 (sigmoid) and
+    x/2 + x^2/4 (silu) are then exact rounding midpoints, decided by terms far
+    below double's resolution; here the result must be exactly RN(f(x))."""
+    xs = [s * k * 2.0**e for k in range(1, 400, 2) for e in (-23, -24, -30) for s in (1, -1)]
+    xs += [s * 2.0**e for e in range(-149, -9) for s in (1, -1)]
+    x = torch.tensor(xs, dtype=torch.float32)
+    got = as_bits(call(name, x)).tolist()
+    from fractions import Fraction
+    bad = [(v, bits_to_float(g & 0xFFFFFFFF, torch.float32)) for v, g in zip(xs, got)
+           if g & 0xFFFFFFFF not in expected_bits(name, v, torch.float32, rel=Fraction(1, 2**200))]
+    assert not bad, f"{name}: {len(bad)} of {len(xs)} not correctly rounded, e.g. {bad[:4]}"
