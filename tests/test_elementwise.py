@@ -206,3 +206,17 @@ def test_structural_midpoints_strict(name):
     bad = [(v, bits_to_float(g & 0xFFFFFFFF, torch.float32)) for v, g in zip(xs, got)
            if g & 0xFFFFFFFF not in expected_bits(name, v, torch.float32, rel=Fraction(1, 2**200))]
     assert not bad, f"{name}: {len(bad)} of {len(xs)} not correctly rounded, e.g. {bad[:4]}"
+
+
+@pytest.mark.parametrize("name", ["silu", "sigmoid", "tanh", "gelu"])
+def test_structural_midpoints_strict_gradient(name):
+    """silu'(x) = 1/2 + x/2 - x^3/12 + ...: 1/2 + x/2 is an exact midpoint for
+    x = k * 2^-24 (k odd); with g = 1 the gradient must be exactly RN(f'(x))."""
+    from fractions import Fraction
+    xs = [s * k * 2.0**e for k in range(1, 200, 2) for e in (-23, -24, -25) for s in (1, -1)]
+    x = torch.tensor(xs, dtype=torch.float32, requires_grad=True)
+    (grad,) = torch.autograd.grad(call(name, x), x, torch.ones_like(x))
+    tiny = Fraction(1, 2**200)
+    bad = [(v, bits_to_float(g & 0xFFFFFFFF, torch.float32)) for v, g in zip(xs, as_bits(grad).tolist())
+           if g & 0xFFFFFFFF not in grad_expected_bits(name, 1.0, v, torch.float32, rel=tiny, abs_slack=tiny)]
+    assert not bad, f"d{name}: {len(bad)} of {len(xs)} not correctly rounded, e.g. {bad[:4]}"

@@ -405,8 +405,21 @@ CARBON_HD double gelu_tanh_grad_core(double x) {
   return sigmoid_core(y) + xc * sigmoid_grad_core(y) * dy;
 }
 
-// silu'(x) = s (1 + x (1 - s)) = s + x s (1 - s).
+// silu'(x) = s (1 + x (1 - s)) = s + x s (1 - s). For |x| < 2^-10 it is
+// 1/2 + x/2 - x^3/12 + x^5/80 - 17 x^7/10080 + ... (truncation < 2^-100),
+// where 1/2 + x/2 can be exactly a rounding midpoint: exact two-sum plus a
+// correction, as for sigmoid.
 CARBON_HD double silu_grad_core(double x) {
+  if (abs_value(x) < 0x1p-10) {
+    constexpr double kC3 = -0x1.5555555555555p-4;  // -1/12
+    constexpr double kC5 = 0x1.999999999999ap-7;   // 1/80
+    constexpr double kC7 = -0x1.ba1ba1ba1ba1cp-10; // -17/10080
+    const double h = 0.5 * x;
+    const double s = 0.5 + h;
+    const double z = x * x;
+    const double err = (h - (s - 0.5)) + x * z * fma(z, fma(z, kC7, kC5), kC3);  // Fast2Sum: 0.5 >= |h|
+    return with_correction(s, err);
+  }
   const double xc = clamp(x, -1e10, 1e10);
   return sigmoid_core(xc) + xc * sigmoid_grad_core(xc);
 }
