@@ -13,6 +13,10 @@
 // float_format.h). So the float results are correctly rounded except when the
 // exact value lies within ~2^-16 ulp of a rounding midpoint, and always within
 // 0.5 + 2^-16 ulp. scripts/elementwise_ulp.py checks every float32 input.
+// Where the exact value comes structurally close to a midpoint (near x = 0:
+// sigmoid ~ 1/2 + x/4, silu ~ x/2 + x^2/4, silu' ~ 1/2 + x/2, gelu ~ x/2),
+// the cores form the leading terms exactly and carry the rest as a
+// correction (with_correction, above_half_x), so those round correctly too.
 //
 // Derivative cores (f_grad_core) have the same bound except near a zero of
 // the derivative (gelu' at x ~ -0.7518, gelu_tanh' at x ~ -0.7522, silu' at
