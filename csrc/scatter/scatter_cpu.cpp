@@ -56,10 +56,8 @@ void scatter_rows(const T* self, const T* source, const int64_t* order, const in
       const int64_t* seg = order + offsets[j];
       const int64_t count = offsets[j + 1] - offsets[j];
       typename F::Bits* dst = out + d * inner;
-      if (count == 0 && !self) {
-        std::fill(dst, dst + inner, typename F::Bits(0));  // empty sum: +0
-        continue;
-      }
+      if (count == 0 && !self) continue;  // +0, from the zero fill in scatter_rows_cpu
+      const double factor = scatter_bound_factor(count + (self ? 1 : 0));
       for (int64_t c0 = 0; c0 < inner; c0 += kColumnBlock) {
         const int64_t width = std::min(kColumnBlock, inner - c0);
         const T* self_row = self ? self + d * inner + c0 : nullptr;
@@ -67,7 +65,7 @@ void scatter_rows(const T* self, const T* source, const int64_t* order, const in
         block_sums(self_row, src, seg, count, inner, width, s, a);
         for (int64_t c = 0; c < width; ++c) {
           const DestinationTerms<T> terms{self_row ? self_row + c : nullptr, src + c, seg, count, inner};
-          dst[c0 + c] = static_cast<typename F::Bits>(encode(scatter_finish(terms, s[c], a[c], f), f));
+          dst[c0 + c] = static_cast<typename F::Bits>(encode(scatter_finish(terms, s[c], a[c], factor, f), f));
         }
       }
     }
@@ -79,6 +77,10 @@ void scatter_rows(const T* self, const T* source, const int64_t* order, const in
 void scatter_rows_cpu(const at::Tensor& self, const at::Tensor& source, const at::Tensor& order,
                       const at::Tensor& offsets, int64_t outer, int64_t S, int64_t inner, at::Tensor& out) {
   const int64_t N = order.numel();
+  // Destinations with nothing to add (no self, no contribution) are +0: one
+  // zero fill of the whole output (torch's, at memset speed), then the kernel
+  // writes only the destinations that have terms.
+  if (!self.defined()) out.zero_();
   with_element_type(source.scalar_type(), [&](auto element) {
     using T = decltype(element);
     with_format(format_of(out.scalar_type()), [&](auto fmt) {

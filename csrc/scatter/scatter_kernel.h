@@ -33,14 +33,21 @@ struct DestinationTerms {
   }
 };
 
-// Tiers 2 and 3 after tier 1's sums (sum, abs_sum) of every term, computed
-// sequentially. An empty destination (no self, no contribution) is +0.
+// The factor of tier 1's error bound for n terms summed sequentially in any
+// order: |fl(sum) - sum| <= gamma_n * sum|x|, with slack for the rounding of
+// the bound itself (as reduce_round_fast). Computed once per destination row.
+CARBON_HD double scatter_bound_factor(int64_t n) { return gamma_n(n) * kBoundSlack; }
+
+// Tier 1's decision from its sequential sums (sum, abs_sum) of every term,
+// then tiers 2 and 3. `factor` is scatter_bound_factor(terms.terms()). An
+// empty destination (no self, no contribution) is +0.
 template <typename T>
-CARBON_HD double scatter_finish(const DestinationTerms<T>& terms, double sum, double abs_sum, const FloatFormat& f) {
+CARBON_HD double scatter_finish(const DestinationTerms<T>& terms, double sum, double abs_sum, double factor,
+                                const FloatFormat& f) {
   const int64_t n = terms.terms();
   if (n == 0) return 0.0;
   double out;
-  if (reduce_round_fast(sum, abs_sum, n, n, false, f, &out)) return out;
+  if (round_if_decided(sum, factor * abs_sum, f, &out)) return out;
   return reduce_exact_values(n, terms, abs_sum, false, f);
 }
 
@@ -55,7 +62,7 @@ CARBON_HD double scatter_element(const DestinationTerms<T>& terms, const FloatFo
     sum = sum + v;
     abs_sum = abs_sum + abs_value(v);
   }
-  return scatter_finish(terms, sum, abs_sum, f);
+  return scatter_finish(terms, sum, abs_sum, scatter_bound_factor(n), f);
 }
 
 }  // namespace carbon
