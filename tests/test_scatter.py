@@ -147,6 +147,18 @@ def test_index_add_layouts_and_threads(restore_num_threads):
     assert torch.equal(as_bits(outs[0]), as_bits(outs[1]))
 
 
+def test_index_add_threads_split_destinations(restore_num_threads):
+    # enough destination rows that the CPU kernel splits them over 2 threads
+    g = generator(17)
+    self = random_values((120, 200), F32, g)
+    source = random_values((300, 200), F32, g, spread=40)
+    index = heavy_index(300, 120, g)
+    expected = index_add_bits(self, 0, index, source)
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        assert_bits_equal(carbon.index_add(self, 0, index, source), expected, f"{threads} threads")
+
+
 def test_index_add_many_columns():  # several column blocks of the CPU kernel
     g = generator(5)
     self = random_values((3, 600), F32, g)
