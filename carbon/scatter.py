@@ -11,12 +11,12 @@ definition (special values, signed zeros, out-of-range indices).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
-__all__ = ["index_add", "scatter_add", "embedding"]
+__all__ = ["index_add", "scatter_add", "index_put", "embedding"]
 
 
 def _check_alpha(op: str, alpha: float) -> None:
@@ -39,6 +39,28 @@ def scatter_add(self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
     element of ``self`` becomes RN(its old value + the exact sum of every
     ``src`` element scattered to it)."""
     return torch.ops.carbon.scatter_add(self, dim, index, src)
+
+
+def index_put(self: Tensor, indices: Sequence[Optional[Tensor]], values: Tensor, accumulate: bool = True) -> Tensor:
+    """Out-of-place ``torch.index_put(self, indices, values, accumulate=True)``
+    for one 1-D int64/int32 index tensor on dim 0 (embedding-style rows):
+    ``index_add(self, 0, indices[0], values)`` with ``values`` broadcast to
+    ``(len(indices[0]), *self.shape[1:])``. Negative indices are refused
+    (IndexError on the CPU), ``accumulate=False`` raises ValueError (with
+    duplicate indices its result is not defined by the values)."""
+    if not accumulate:
+        raise ValueError("carbon.index_put: only accumulate=True is supported (use torch.index_put otherwise)")
+    if len(indices) != 1 or indices[0] is None or indices[0].dim() != 1:
+        raise ValueError("carbon.index_put: expected exactly one 1-D index tensor (rows of dim 0)")
+    index = indices[0]
+    if index.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"carbon.index_put: index has dtype {index.dtype}; expected int64 or int32")
+    try:
+        values = values.expand((index.shape[0], *self.shape[1:]))
+    except RuntimeError as e:
+        raise ValueError(f"carbon.index_put: values of shape {tuple(values.shape)} cannot be broadcast to "
+                         f"{(index.shape[0], *self.shape[1:])}") from e
+    return torch.ops.carbon.index_add(self, 0, index, values)
 
 
 def embedding(input: Tensor, weight: Tensor, padding_idx: Optional[int] = None) -> Tensor:

@@ -199,6 +199,35 @@ def test_scatter_add_adversarial_and_empty():
     assert_bits_equal(empty, scatter_add_bits(self, 0, torch.empty(0, 0, dtype=torch.long), src), "empty index")
 
 
+# ---------------------------------------------------------------- index_put (accumulate=True, one index on dim 0)
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_index_put_accumulate(dtype):
+    g = generator(40)
+    self = random_values((5, 3), dtype, g)
+    index = heavy_index(17, 5, g)
+    values = random_values((17, 3), dtype, g)
+    out = carbon.index_put(self, (index,), values, accumulate=True)
+    assert_bits_equal(out, index_add_bits(self, 0, index, values), "index_put", dtype=dtype)
+    row = random_values((3,), dtype, g)  # broadcast values
+    out = carbon.index_put(self, [index], row)
+    assert_bits_equal(out, index_add_bits(self, 0, index, row.expand(17, 3)), "index_put broadcast", dtype=dtype)
+
+
+def test_index_put_errors():
+    x = torch.zeros(3, 2)
+    with pytest.raises(ValueError, match="carbon.index_put:"):
+        carbon.index_put(x, (torch.tensor([0]),), torch.ones(1, 2), accumulate=False)
+    with pytest.raises(ValueError, match="carbon.index_put:"):
+        carbon.index_put(x, (torch.tensor([0]), torch.tensor([1])), torch.ones(1))
+    with pytest.raises(ValueError, match="carbon.index_put:"):
+        carbon.index_put(x, (torch.tensor([0, 1]),), torch.ones(3, 2))
+    with pytest.raises(TypeError, match="carbon.index_put:"):
+        carbon.index_put(x, (torch.tensor([0.0]),), torch.ones(1, 2))
+    with pytest.raises(IndexError, match="carbon.index_add:"):
+        carbon.index_put(x, (torch.tensor([-1]),), torch.ones(1, 2))
+
+
 # ---------------------------------------------------------------- gradients, tracing, errors
 
 def test_index_add_autograd():
