@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import carbon
-from data import BF16, DTYPES, F16, F32, exact_tensor, generator, random_values
+from data import DTYPES, F16, F32, exact_tensor, generator, random_values
 from oracle import as_bits, assert_bits_equal, fmt_of
 from scatter_reference import embedding_grad_bits
 

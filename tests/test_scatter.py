@@ -5,14 +5,13 @@ Results are compared bit for bit with the exact oracle
 (scatter_reference.py, built on oracle.row_sum_bits)."""
 
 import math
-import random
 
 import pytest
 import torch
 
 import carbon
 from data import BF16, DTYPES, F16, F32, exact_tensor, generator, random_values
-from oracle import as_bits, assert_bits_equal, bits_tensor, fmt_of
+from oracle import as_bits, assert_bits_equal, fmt_of
 from scatter_reference import index_add_bits, scatter_add_bits
 
 INF, NAN = math.inf, math.nan

@@ -9,7 +9,7 @@ import torch
 
 import carbon
 from data import BF16, DTYPES, F16, F32, exact_tensor, generator, random_values
-from oracle import as_bits, assert_bits_equal, fmt_of
+from oracle import as_bits
 
 pytestmark = [
     pytest.mark.cuda,
