@@ -16,6 +16,7 @@ from carbon.norm import layer_norm, rms_norm
 from carbon.ops import addmm, baddbmm, bmm, linear, matmul, mm
 from carbon.attention import scaled_dot_product_attention
 from carbon.reductions import mean, round_to, sum  # noqa: A004
+from carbon.scatter import embedding, index_add, index_put, scatter_add
 from carbon.softmax import cross_entropy, log_softmax, softmax
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "layer_norm", "rms_norm",
     "softmax", "log_softmax", "cross_entropy",
     "scaled_dot_product_attention",
+    "index_add", "scatter_add", "index_put", "embedding",
     "nn",
 ]
 __version__ = "0.1.0"

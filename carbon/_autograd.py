@@ -263,3 +263,63 @@ def _rms_norm_backward(ctx: Any, grad: Tensor, _grad_rstd: Any) -> tuple:
 
 torch.library.register_autograd("carbon::layer_norm", _layer_norm_backward, setup_context=_setup_layer_norm)
 torch.library.register_autograd("carbon::rms_norm", _rms_norm_backward, setup_context=_setup_rms_norm)
+# ============================================================================
+# Indexed accumulation (index_add, scatter_add, embedding). docs/contract.md §11:
+#   index_add:   d self = RN(grad),  d source = RN(grad gathered at index along dim)   (a gather is exact)
+#   scatter_add: d self = RN(grad),  d src = RN(grad.gather(dim, index)), 0 outside index's shape
+#   embedding:   d weight[j] = RN(exact sum of grad over the tokens equal to j)  (carbon.embedding_backward)
+# RN into the same dtype only canonicalizes NaNs (carbon.round_to).
+
+
+def _setup_index_add(ctx: Any, inputs: tuple, output: Tensor) -> None:
+    self, dim, index, source = inputs
+    ctx.dim, ctx.self_dtype, ctx.source_dtype = dim, self.dtype, source.dtype
+    ctx.save_for_backward(index)
+
+
+def _index_add_backward(ctx: Any, grad: Tensor) -> tuple:
+    (index,) = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    grad_self = torch.ops.carbon.round_to(grad, ctx.self_dtype, 1) if need[0] else None
+    grad_source = None
+    if need[3]:
+        grad_source = torch.ops.carbon.round_to(grad.index_select(ctx.dim, index.reshape(-1)), ctx.source_dtype, 1)
+    return grad_self, None, None, grad_source
+
+
+def _setup_scatter_add(ctx: Any, inputs: tuple, output: Tensor) -> None:
+    self, dim, index, src = inputs
+    ctx.dim, ctx.self_dtype, ctx.src_dtype, ctx.src_shape = dim, self.dtype, src.dtype, tuple(src.shape)
+    ctx.save_for_backward(index)
+
+
+def _scatter_add_backward(ctx: Any, grad: Tensor) -> tuple:
+    (index,) = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    grad_self = torch.ops.carbon.round_to(grad, ctx.self_dtype, 1) if need[0] else None
+    grad_src = None
+    if need[3]:
+        grad_src = grad.new_zeros(ctx.src_shape, dtype=ctx.src_dtype)
+        if index.numel() > 0:
+            region = grad_src
+            for d in range(index.dim()):
+                region = region.narrow(d, 0, index.shape[d])
+            region.copy_(torch.ops.carbon.round_to(grad.gather(ctx.dim, index), ctx.src_dtype, 1))
+    return grad_self, None, None, grad_src
+
+
+def _setup_embedding(ctx: Any, inputs: tuple, output: Tensor) -> None:
+    weight, indices, padding_idx = inputs
+    ctx.num_weights, ctx.padding_idx = weight.shape[0], padding_idx
+    ctx.save_for_backward(indices)
+
+
+def _embedding_backward(ctx: Any, grad: Tensor) -> tuple:
+    (indices,) = ctx.saved_tensors
+    grad_weight = torch.ops.carbon.embedding_backward(grad, indices, ctx.num_weights, ctx.padding_idx)
+    return grad_weight, None, None
+
+
+torch.library.register_autograd("carbon::index_add", _index_add_backward, setup_context=_setup_index_add)
+torch.library.register_autograd("carbon::scatter_add", _scatter_add_backward, setup_context=_setup_scatter_add)
+torch.library.register_autograd("carbon::embedding", _embedding_backward, setup_context=_setup_embedding)

@@ -398,3 +398,87 @@ def _norm_param_grads_fake(grad_out: Tensor, x: Tensor, normalized_shape: Sequen
     _norm_stat(op, "rstd", rstd, x, lead)
     shape = list(normalized_shape)
     return x.new_empty(shape if weight else [0]), x.new_empty(shape if bias else [0])
+
+
+# ============================================================================
+# Indexed accumulation (index_add, scatter_add, embedding; csrc/scatter/scatter.cpp
+# has the same checks). Index ranges are data, so they are not checked here.
+
+
+def _scatter_values(op: str, self: Tensor, name: str, t: Tensor) -> None:
+    _check_dtype(op, "self", self)
+    _check_dtype(op, name, t)
+    if self.dtype != t.dtype:
+        raise TypeError(f"carbon.{op}: {name} has dtype {t.dtype} but self has dtype {self.dtype}; they must agree")
+    if self.device != t.device:
+        raise ValueError(f"carbon.{op}: expected all tensors on one device, but self is on {self.device} and {name} is on {t.device}")
+
+
+def _scatter_index(op: str, name: str, index: Tensor, device: torch.device) -> None:
+    if index.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"carbon.{op}: {name} has dtype {index.dtype}; expected int64 or int32")
+    if index.device != device:
+        raise ValueError(f"carbon.{op}: expected all tensors on one device, but self is on {device} and {name} is on {index.device}")
+
+
+def _scatter_dim(op: str, dim: int, ndim: int) -> int:
+    if ndim < 1:
+        raise ValueError(f"carbon.{op}: self must have at least one dimension")
+    if not -ndim <= dim < ndim:
+        raise ValueError(f"carbon.{op}: dim {dim} is out of range for a tensor with {ndim} dimensions")
+    return dim % ndim
+
+
+@torch.library.register_fake("carbon::index_add")
+def _index_add_fake(self: Tensor, dim: int, index: Tensor, source: Tensor) -> Tensor:
+    op = "index_add"
+    _scatter_values(op, self, "source", source)
+    _scatter_index(op, "index", index, self.device)
+    d = _scatter_dim(op, dim, self.dim())
+    if index.dim() > 1:
+        raise ValueError(f"carbon.index_add: index must be 0-D or 1-D, got {index.dim()}-D")
+    ok = source.dim() == self.dim() and source.shape[d] == index.numel() and all(
+        i == d or source.shape[i] == self.shape[i] for i in range(self.dim()))
+    if not ok:
+        raise ValueError(f"carbon.index_add: source of shape {tuple(source.shape)} does not match self of shape "
+                         f"{tuple(self.shape)} with {index.numel()} indices along dim {dim}")
+    return self.new_empty(self.shape)
+
+
+@torch.library.register_fake("carbon::scatter_add")
+def _scatter_add_fake(self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+    op = "scatter_add"
+    _scatter_values(op, self, "src", src)
+    _scatter_index(op, "index", index, self.device)
+    d = _scatter_dim(op, dim, self.dim())
+    if index.numel() > 0:
+        nd = self.dim()
+        ok = index.dim() == nd and src.dim() == nd and all(
+            index.shape[i] <= src.shape[i] and (i == d or index.shape[i] <= self.shape[i]) for i in range(nd))
+        if not ok:
+            raise ValueError(f"carbon.scatter_add: index of shape {tuple(index.shape)} does not fit self of shape "
+                             f"{tuple(self.shape)} and src of shape {tuple(src.shape)}")
+    return self.new_empty(self.shape)
+
+
+@torch.library.register_fake("carbon::embedding")
+def _embedding_fake(weight: Tensor, indices: Tensor, padding_idx: int = -1) -> Tensor:
+    _check_dtype("embedding", "weight", weight)
+    _scatter_index("embedding", "indices", indices, weight.device)
+    if weight.dim() != 2:
+        raise ValueError(f"carbon.embedding: weight must be 2-D, got shape {tuple(weight.shape)}")
+    if not -1 <= padding_idx < weight.shape[0]:
+        raise ValueError("carbon.embedding: padding_idx must be -1 (none) or in [0, num_embeddings)")
+    return weight.new_empty((*indices.shape, weight.shape[1]))
+
+
+@torch.library.register_fake("carbon::embedding_backward")
+def _embedding_backward_fake(grad: Tensor, indices: Tensor, num_weights: int, padding_idx: int = -1) -> Tensor:
+    _check_dtype("embedding_backward", "grad", grad)
+    _scatter_index("embedding_backward", "indices", indices, grad.device)
+    if num_weights < 0 or not -1 <= padding_idx < num_weights:
+        raise ValueError("carbon.embedding_backward: padding_idx must be -1 (none) or in [0, num_weights)")
+    if grad.dim() != indices.dim() + 1 or tuple(grad.shape[:-1]) != tuple(indices.shape):
+        raise ValueError(f"carbon.embedding_backward: grad of shape {tuple(grad.shape)} does not match indices of "
+                         f"shape {tuple(indices.shape)}")
+    return grad.new_empty((num_weights, grad.shape[-1]))

@@ -12,6 +12,9 @@
 #include "matmul/matmul.h"
 #include "norm/norm.h"
 #include "reduce/reduce.h"
+// ---- indexed accumulation (csrc/scatter/) ----
+#include "scatter/scatter.h"
+// ---- end indexed accumulation ----
 #include "softmax/softmax.h"
 
 // `import carbon._C` loads this library, which runs the registrations below.
@@ -60,6 +63,12 @@ TORCH_LIBRARY(carbon, m) {
         "-> Tensor");
   m.def("norm_param_grads(Tensor grad_out, Tensor x, int[] normalized_shape, Tensor? mean, Tensor rstd, "
         "bool weight=True, bool bias=True) -> (Tensor, Tensor)");
+  // ---- indexed accumulation (csrc/scatter/): docs/contract.md §11 ----
+  m.def("index_add(Tensor self, int dim, Tensor index, Tensor source) -> Tensor");
+  m.def("scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor");
+  m.def("embedding(Tensor weight, Tensor indices, int padding_idx=-1) -> Tensor");
+  m.def("embedding_backward(Tensor grad, Tensor indices, int num_weights, int padding_idx=-1) -> Tensor");
+  // ---- end indexed accumulation ----
 }
 
 // The ops are device-generic at this level: each checks its inputs and
@@ -95,6 +104,12 @@ TORCH_LIBRARY_IMPL(carbon, CPU, m) {
   m.impl("rms_norm", &carbon::rms_norm);
   m.impl("rms_norm_backward", &carbon::rms_norm_backward);
   m.impl("norm_param_grads", &carbon::norm_param_grads);
+  // ---- indexed accumulation ----
+  m.impl("index_add", &carbon::index_add);
+  m.impl("scatter_add", &carbon::scatter_add);
+  m.impl("embedding", &carbon::embedding);
+  m.impl("embedding_backward", &carbon::embedding_backward);
+  // ---- end indexed accumulation ----
 }
 
 #ifdef CARBON_WITH_CUDA
@@ -129,5 +144,11 @@ TORCH_LIBRARY_IMPL(carbon, CUDA, m) {
   m.impl("rms_norm", &carbon::rms_norm);
   m.impl("rms_norm_backward", &carbon::rms_norm_backward);
   m.impl("norm_param_grads", &carbon::norm_param_grads);
+  // ---- indexed accumulation ----
+  m.impl("index_add", &carbon::index_add);
+  m.impl("scatter_add", &carbon::scatter_add);
+  m.impl("embedding", &carbon::embedding);
+  m.impl("embedding_backward", &carbon::embedding_backward);
+  // ---- end indexed accumulation ----
 }
 #endif

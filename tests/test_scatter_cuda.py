@@ -1,0 +1,95 @@
+"""On a CUDA GPU carbon's indexed accumulations give the same bits as on the
+CPU (both are the correctly rounded result), run after run, with heavy
+duplication of the indices. Skipped without a GPU."""
+
+import math
+
+import pytest
+import torch
+
+import carbon
+from data import BF16, DTYPES, F16, F32, exact_tensor, generator, random_values
+from oracle import as_bits
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def same_bits(gpu, cpu, context=""):
+    assert gpu.device.type == "cuda", context
+    assert gpu.dtype == cpu.dtype and gpu.shape == cpu.shape, context
+    assert torch.equal(as_bits(gpu.cpu()), as_bits(cpu)), f"{context}: GPU bits differ from CPU bits"
+
+
+def heavy(n, size, g):
+    hot = torch.randint(0, size, (n,), generator=g) % 3
+    return torch.where(torch.rand(n, generator=g) < 0.7, hot, torch.randint(0, size, (n,), generator=g))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [0, 1])
+def test_index_add_gpu_equals_cpu_run_to_run(dtype, dim):
+    g = generator(1 + dim)
+    self = random_values((64, 96) if dim == 0 else (96, 64), dtype, g)
+    n = 5000
+    source = random_values((n, 96) if dim == 0 else (96, n), dtype, g, spread=40 if dtype != F16 else 6)
+    index = heavy(n, 64, g)
+    cpu = carbon.index_add(self, dim, index, source)
+    first = carbon.index_add(self.cuda(), dim, index.cuda(), source.cuda())
+    same_bits(first, cpu, f"index_add {dtype} dim {dim}")
+    for _ in range(5):
+        again = carbon.index_add(self.cuda(), dim, index.cuda(), source.cuda())
+        assert torch.equal(as_bits(again.cpu()), as_bits(first.cpu())), "run-to-run difference"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embedding_backward_gpu_equals_cpu(dtype):
+    g = generator(7)
+    vocab, dim = 1000, 130
+    tok = heavy(4096, vocab, g)
+    grad = random_values((4096, dim), dtype, g, spread=40 if dtype != F16 else 6)
+    for pad in (-1, 2):
+        cpu = torch.ops.carbon.embedding_backward(grad, tok, vocab, pad)
+        gpu = torch.ops.carbon.embedding_backward(grad.cuda(), tok.cuda(), vocab, pad)
+        same_bits(gpu, cpu, f"embedding_backward {dtype} pad {pad}")
+
+
+def test_adversarial_and_specials_gpu_equals_cpu():
+    big, h = 2.0**100, 2.0**-24
+    self = exact_tensor([[1.0], [-0.0], [math.nan], [1.0], [-0.0]], F32)
+    src = exact_tensor([[big], [h], [-big], [2.0**-140], [-0.0], [math.inf], [-math.inf], [1.0], [-1.0]], F32)
+    index = torch.tensor([0, 0, 0, 0, 1, 3, 3, 4, 4])
+    same_bits(carbon.index_add(self.cuda(), 0, index.cuda(), src.cuda()), carbon.index_add(self, 0, index, src))
+
+
+def test_scatter_add_gpu_equals_cpu_and_out_of_range_ignored():
+    g = generator(3)
+    self = random_values((50, 8), BF16, g)
+    src = random_values((300, 8), BF16, g)
+    index = heavy(300 * 8, 50, g).reshape(300, 8)
+    same_bits(carbon.scatter_add(self.cuda(), 0, index.cuda(), src.cuda()), carbon.scatter_add(self, 0, index, src))
+    bad = index.clone()
+    bad[0, 0] = 50
+    bad[1, 1] = -1
+    keep = torch.ones_like(index, dtype=torch.bool)
+    keep[0, 0] = keep[1, 1] = False
+    # dropping those two contributions on the CPU: point them at an extra padding row
+    padded = torch.cat([self, torch.zeros(1, 8, dtype=BF16)])
+    cpu = carbon.scatter_add(padded, 0, torch.where(keep, index, 50), src)[:50]
+    gpu = carbon.scatter_add(self.cuda(), 0, bad.cuda(), src.cuda())
+    same_bits(gpu, cpu.contiguous(), "out-of-range indices ignored")
+
+
+def test_no_host_sync():
+    g = generator(4)
+    self, src = random_values((16, 32), F32, g).cuda(), random_values((100, 32), F32, g).cuda()
+    index = heavy(100, 16, g).cuda()
+    carbon.index_add(self, 0, index, src)  # warm up
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        carbon.index_add(self, 0, index, src)
+        torch.ops.carbon.embedding_backward(src, index, 16, -1)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
