@@ -11,6 +11,9 @@
 // ---- end elementwise math ----
 #include "matmul/matmul.h"
 #include "norm/norm.h"
+// ---- random (Philox; csrc/random/) ----
+#include "random/random.h"
+// ---- end random ----
 #include "reduce/reduce.h"
 #include "softmax/softmax.h"
 
@@ -60,7 +63,27 @@ TORCH_LIBRARY(carbon, m) {
         "-> Tensor");
   m.def("norm_param_grads(Tensor grad_out, Tensor x, int[] normalized_shape, Tensor? mean, Tensor rstd, "
         "bool weight=True, bool bias=True) -> (Tensor, Tensor)");
+
+  // ---- random (csrc/random/; docs/contract.md §10) ----
+  // seed: the generator's 64-bit seed as a signed int (two's complement);
+  // offset: the generator's offset (>= 0) at the time of the draw.
+  m.def("uniform(int[] size, int seed, int offset, float low, float high, ScalarType dtype, Device device) -> Tensor");
+  m.def("normal(int[] size, int seed, int offset, float mean, float std, ScalarType dtype, Device device) -> Tensor");
+  m.def("trunc_normal(int[] size, int seed, int offset, float mean, float std, float a, float b, "
+        "ScalarType dtype, Device device) -> Tensor");
+  m.def("bernoulli(Tensor probs, int seed, int offset, float? p=None) -> Tensor");
+  m.def("dropout(Tensor x, float p, int seed, int offset) -> Tensor");
+  // ---- end random ----
 }
+
+// ---- random: the factory ops have no tensor argument to dispatch on; they
+// pick the CPU or CUDA kernel from their `device` argument.
+TORCH_LIBRARY_IMPL(carbon, CompositeExplicitAutograd, m) {
+  m.impl("uniform", &carbon::uniform_op);
+  m.impl("normal", &carbon::normal_op);
+  m.impl("trunc_normal", &carbon::trunc_normal_op);
+}
+// ---- end random ----
 
 // The ops are device-generic at this level: each checks its inputs and
 // picks the CPU or CUDA kernels itself.
@@ -95,6 +118,10 @@ TORCH_LIBRARY_IMPL(carbon, CPU, m) {
   m.impl("rms_norm", &carbon::rms_norm);
   m.impl("rms_norm_backward", &carbon::rms_norm_backward);
   m.impl("norm_param_grads", &carbon::norm_param_grads);
+  // ---- random ----
+  m.impl("bernoulli", &carbon::bernoulli_op);
+  m.impl("dropout", &carbon::dropout_op);
+  // ---- end random ----
 }
 
 #ifdef CARBON_WITH_CUDA
@@ -129,5 +156,9 @@ TORCH_LIBRARY_IMPL(carbon, CUDA, m) {
   m.impl("rms_norm", &carbon::rms_norm);
   m.impl("rms_norm_backward", &carbon::rms_norm_backward);
   m.impl("norm_param_grads", &carbon::norm_param_grads);
+  // ---- random ----
+  m.impl("bernoulli", &carbon::bernoulli_op);
+  m.impl("dropout", &carbon::dropout_op);
+  // ---- end random ----
 }
 #endif
