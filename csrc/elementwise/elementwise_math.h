@@ -413,14 +413,11 @@ CARBON_HD double cos2pi_core(double u) {
   const double f = t - static_cast<double>(q);
   const bool flip = f > 0.5;
   const double g = flip ? 1.0 - f : f;
-  const double c = flip ? sin_half_pi(g) : cos_half_pi(g);  // cos(pi/2 f)
-  const double s = flip ? cos_half_pi(g) : sin_half_pi(g);  // sin(pi/2 f)
-  switch (q & 3) {
-    case 0: return c;
-    case 1: return -s;
-    case 2: return -c;
-    default: return s;
-  }
+  // q even needs cos(pi/2 f), q odd sin(pi/2 f); the flip swaps them: only
+  // one polynomial is evaluated. Sign: negative for q = 1, 2.
+  const bool use_sin = ((q & 1) != 0) != flip;
+  const double v = use_sin ? sin_half_pi(g) : cos_half_pi(g);
+  return (q == 1 || q == 2) ? -v : v;
 }
 
 // ---- dispatch ------------------------------------------------------------------
