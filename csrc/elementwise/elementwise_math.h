@@ -374,7 +374,7 @@ CARBON_HD double silu_grad_core(double x) {
 // in [0, pi/4]: Taylor polynomials (coefficients (+-)(pi/2)^n/n! rounded to
 // double), S to x^17 and C to x^18. Truncation: (pi/4)^19/19! / sin(pi/4)
 // < 2^-61 and (pi/4)^20/20! / cos(pi/4) < 2^-67, relative. Rounding: with
-// z = g^2 <= 1/4 each term is below 0.16 times the previous one, so Horner
+// z = g^2 <= 1/4 each term is at most 0.31 times the previous one, so Horner
 // with one fma per step keeps every partial sum within a factor 1.3 (S) and
 // 1.9 (C) of the final value (sin: sum|terms|/value <= sinh(pi/4)/sin(pi/4)
 // = 1.23; cos: cosh(pi/4)/cos(pi/4) = 1.88); each of the <= 10 fmas adds at most

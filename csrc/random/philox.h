@@ -67,7 +67,8 @@ CARBON_HD double uniform01(uint32_t w) { return static_cast<double>(w >> 8) * 0x
 // Box-Muller from two words: u1 = ((w0 >> 8) + 1) 2^-24 in (0, 1],
 // u2 = (w1 >> 8) 2^-24 in [0, 1); z = sqrt(-2 log u1) cos(2 pi u2) in binary64
 // (log_core and cos2pi_core of elementwise_math.h, IEEE sqrt; -2 log u1 is an
-// exact doubling). Relative error of z below 2^-47 (where cos2pi is not tiny).
+// exact doubling). Relative error of z below 2^-47 (the reduction of cos2pi
+// is exact, so this holds near its zeros too).
 CARBON_HD double normal01(uint32_t w0, uint32_t w1) {
   const double u1 = static_cast<double>((w0 >> 8) + 1u) * 0x1p-24;
   const double u2 = uniform01(w1);
