@@ -5,7 +5,7 @@
 #   bash scripts/device_check.sh            # from anywhere; runs in the repo root
 #   PYTHON=/path/to/python bash scripts/device_check.sh
 #
-# Steps, each under its own `timeout` (at most 480 s in all):
+# Steps, each under its own `timeout` (at most 475 s in all):
 #   1. environment  (GPU, torch, nvcc)
 #   2. build        TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 pip install --no-build-isolation --no-deps -e .
 #   3. smoke        carbon.mm on a CUDA tensor (are the CUDA kernels built?)
@@ -14,6 +14,9 @@
 #   5. benchmark    python benchmarks/bench_mm.py --device cuda
 #                   python benchmarks/bench_reduce.py --device cuda
 #                   python benchmarks/bench_norm.py --device cuda --budget 0.3
+#                   python benchmarks/bench_elementwise.py --device cuda
+#                   python benchmarks/bench_softmax.py --device cuda
+#                   python benchmarks/bench_attention.py --device cuda --quick
 #                   python benchmarks/bench_random.py --device cuda --quick --budget 0.2
 #   6. demo         python -m carbon demo
 # A failing step is recorded and the next one still runs; the summary table is
@@ -29,15 +32,18 @@ else LOGDIR="$(mktemp -d -t carbon_device_check.XXXXXX)"
 fi
 mkdir -p "$LOGDIR"
 
-# Per-step limits in seconds; they sum to 480 s, so the whole check ends within
+# Per-step limits in seconds; they sum to 475 s, so the whole check ends within
 # 8 minutes even if every step times out. Override through the environment.
-T_ENV="${T_ENV:-20}"
+T_ENV="${T_ENV:-10}"
 T_BUILD="${T_BUILD:-150}"
-T_SMOKE="${T_SMOKE:-20}"
-T_TESTS="${T_TESTS:-140}"
-T_BENCH="${T_BENCH:-50}"
-T_REDUCE="${T_REDUCE:-30}"
-T_NORM="${T_NORM:-30}"
+T_SMOKE="${T_SMOKE:-15}"
+T_TESTS="${T_TESTS:-120}"
+T_BENCH="${T_BENCH:-35}"
+T_REDUCE="${T_REDUCE:-20}"
+T_NORM="${T_NORM:-20}"
+T_ELEM="${T_ELEM:-20}"
+T_SOFTMAX="${T_SOFTMAX:-20}"
+T_ATTN="${T_ATTN:-25}"
 T_RANDOM="${T_RANDOM:-20}"
 T_DEMO="${T_DEMO:-20}"
 
@@ -129,6 +135,12 @@ run_step reduce "$T_REDUCE" "$PY" benchmarks/bench_reduce.py --device cuda
 record "$STEP_RC"
 run_step norm "$T_NORM" "$PY" benchmarks/bench_norm.py --device cuda --budget 0.3
 record "$STEP_RC"
+run_step elem "$T_ELEM" "$PY" benchmarks/bench_elementwise.py --device cuda
+record "$STEP_RC"
+run_step softmax "$T_SOFTMAX" "$PY" benchmarks/bench_softmax.py --device cuda
+record "$STEP_RC"
+run_step attn "$T_ATTN" "$PY" benchmarks/bench_attention.py --device cuda --quick
+record "$STEP_RC"
 run_step random "$T_RANDOM" "$PY" benchmarks/bench_random.py --device cuda --quick --budget 0.2
 record "$STEP_RC"
 
@@ -148,7 +160,7 @@ echo
 echo "build: ${BUILD_SECS} s"
 echo "tests (-m cuda): ${TEST_COUNTS:-none collected or no counts (see $LOGDIR/tests.log)}"
 echo "benchmark ratios:"
-grep -hE '^RATIO' "$LOGDIR/bench.log" "$LOGDIR/reduce.log" "$LOGDIR/norm.log" "$LOGDIR/random.log" 2>/dev/null | sed 's/^/  /' || echo "  (none: see $LOGDIR/bench.log, $LOGDIR/reduce.log, $LOGDIR/norm.log)"
+grep -hE '^RATIO' "$LOGDIR"/*.log 2>/dev/null | sed 's/^/  /' || echo "  (none: see the benchmark logs in $LOGDIR)"
 echo "demo (carbon rows):"
 grep -E '^\| (cpu|cuda) +\| carbon' "$LOGDIR/demo.log" 2>/dev/null | sed 's/^/  /' || echo "  (none: see $LOGDIR/demo.log)"
 echo "logs: $LOGDIR"

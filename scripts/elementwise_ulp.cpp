@@ -290,7 +290,7 @@ int main(int argc, char** argv) {
     std::memcpy(&w, &total.worst, 4);
     char at[64];
     std::snprintf(at, sizeof at, "%.9g (0x%08x)", static_cast<double>(w), total.worst);
-    std::printf("%-15s %12.6f %-34s %10llu %10llu %8llu %10llu %8.1f\n", kNames[id], total.max_ulp, at,
+    std::printf("%-15s %12.9f %-34s %10llu %10llu %8llu %10llu %8.1f\n", kNames[id], total.max_ulp, at,
                 static_cast<unsigned long long>(total.not_cr), static_cast<unsigned long long>(total.undecidable),
                 static_cast<unsigned long long>(total.special_bad), static_cast<unsigned long long>(total.checked),
                 secs);

@@ -13,6 +13,10 @@
 // float_format.h). So the float results are correctly rounded except when the
 // exact value lies within ~2^-16 ulp of a rounding midpoint, and always within
 // 0.5 + 2^-16 ulp. scripts/elementwise_ulp.py checks every float32 input.
+// Where the exact value comes structurally close to a midpoint (near x = 0:
+// sigmoid ~ 1/2 + x/4, silu ~ x/2 + x^2/4, silu' ~ 1/2 + x/2, gelu ~ x/2),
+// the cores form the leading terms exactly and carry the rest as a
+// correction (with_correction, above_half_x), so those round correctly too.
 //
 // Derivative cores (f_grad_core) have the same bound except near a zero of
 // the derivative (gelu' at x ~ -0.7518, gelu_tanh' at x ~ -0.7522, silu' at
@@ -159,9 +163,43 @@ CARBON_HD double log_core(double x) {
 }
 
 // ---- sigmoid, tanh -----------------------------------------------------------
+// s + e for a double s and a correction e with |e| far below half an ulp of
+// every output format at s, as ONE double with the same rounding in every
+// format. If s + e rounds to another double, that is it (an ordinary
+// rounding). Otherwise: s itself, or its neighbour towards e when s has at
+// most 25 significant bits (then s may be a rounding midpoint of a format,
+// where the sign of e decides; a neighbour has 53 significant bits, so it is
+// no midpoint, and it rounds like s wherever s is representable).
+CARBON_HD double with_correction(double s, double e) {
+  const double t = s + e;
+  if (t != s) return t;
+  const bool short_s = (double_to_bits(s) & ((uint64_t{1} << 28) - 1)) == 0;
+  if (!short_s || e == 0.0 || s == 0.0) return s;
+  return e > 0.0 ? next_up(s) : next_down(s);
+}
+
+// (sigmoid(x) - 1/2 - x/4) for |x| < 2^-10: -x^3/48 + x^5/480 - 17 x^7/80640,
+// truncation < 2^-70 |x|^3.
+CARBON_HD double sigmoid_small_tail(double x, double z) {
+  constexpr double kC3 = -0x1.5555555555555p-6;  // -1/48
+  constexpr double kC5 = 0x1.1111111111111p-9;   // 1/480
+  constexpr double kC7 = -0x1.ba1ba1ba1ba1cp-13;  // -17/80640
+  return x * z * fma(z, fma(z, kC7, kC5), kC3);
+}
+
 // With E = exp(-|x|) in (0, 1]: sigmoid(x) = 1/(1+E) for x >= 0 and E/(1+E)
 // for x < 0 (no overflow, no cancellation): error < 2^-49.5 + 2u.
+// For |x| < 2^-10, sigmoid(x) = 1/2 + x/4 - x^3/48 + ...: 1/2 + x/4 can be
+// exactly a rounding midpoint (x = odd * 2^-23 or 2^-24) and the tail, below
+// double's resolution there, decides: 1/2 + x/4 by an exact two-sum, and the
+// rest as a correction (with_correction).
 CARBON_HD double sigmoid_core(double x) {
+  if (abs_value(x) < 0x1p-10) {
+    const double q = 0.25 * x;
+    const double s = 0.5 + q;
+    const double err = (q - (s - 0.5)) + sigmoid_small_tail(x, x * x);  // Fast2Sum: 0.5 >= |q|
+    return with_correction(s, err);
+  }
   const double E = exp_core(-abs_value(x));
   const double d = 1.0 + E;
   return x < 0.0 ? E / d : 1.0 / d;  // NaN: E is NaN
@@ -308,10 +346,20 @@ CARBON_HD double gelu_tanh_core(double x) {
   return above_half_x(x, xc * sigmoid_core(gelu_tanh_y(xc)));
 }
 
-// silu(x) = x sigmoid(x): < 2^-49.
+// silu(x) = x sigmoid(x): < 2^-49. For |x| < 2^-10 silu(x) = x/2 + x^2/4 -
+// x^4/48 + ..., where x/2 + x^2/4 can be exactly a rounding midpoint: it is
+// formed by an exact two-sum (x^2 exact for float x) and the rest passed as
+// a correction, as for sigmoid. (This includes |x| < 2^-60, x/2 + tiny.)
 CARBON_HD double silu_core(double x) {
+  if (abs_value(x) < 0x1p-10) {
+    if (x == 0.0) return x;  // silu(-0) = -0
+    const double h = 0.5 * x, q = 0.25 * (x * x);
+    const double s = h + q;
+    const double err = (q - (s - h)) + x * sigmoid_small_tail(x, x * x);  // Fast2Sum: |h| >= q
+    return with_correction(s, err);
+  }
   const double xc = x < -1e10 ? -1e10 : x;
-  return above_half_x(x, xc * sigmoid_core(xc));
+  return xc * sigmoid_core(xc);
 }
 
 // ---- derivatives -----------------------------------------------------------------
@@ -363,8 +411,21 @@ CARBON_HD double gelu_tanh_grad_core(double x) {
   return sigmoid_core(y) + xc * sigmoid_grad_core(y) * dy;
 }
 
-// silu'(x) = s (1 + x (1 - s)) = s + x s (1 - s).
+// silu'(x) = s (1 + x (1 - s)) = s + x s (1 - s). For |x| < 2^-10 it is
+// 1/2 + x/2 - x^3/12 + x^5/80 - 17 x^7/10080 + ... (truncation < 2^-100),
+// where 1/2 + x/2 can be exactly a rounding midpoint: exact two-sum plus a
+// correction, as for sigmoid.
 CARBON_HD double silu_grad_core(double x) {
+  if (abs_value(x) < 0x1p-10) {
+    constexpr double kC3 = -0x1.5555555555555p-4;  // -1/12
+    constexpr double kC5 = 0x1.999999999999ap-7;   // 1/80
+    constexpr double kC7 = -0x1.ba1ba1ba1ba1cp-10; // -17/10080
+    const double h = 0.5 * x;
+    const double s = 0.5 + h;
+    const double z = x * x;
+    const double err = (h - (s - 0.5)) + x * z * fma(z, fma(z, kC7, kC5), kC3);  // Fast2Sum: 0.5 >= |h|
+    return with_correction(s, err);
+  }
   const double xc = clamp(x, -1e10, 1e10);
   return sigmoid_core(xc) + xc * sigmoid_grad_core(xc);
 }

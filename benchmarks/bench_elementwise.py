@@ -1,0 +1,114 @@
+"""carbon's elementwise math against torch's, side by side.
+
+    python benchmarks/bench_elementwise.py [--device cpu|cuda|all] [--quick]
+
+For each function and size, one run times torch and carbon in interleaved
+rounds (benchmarks/_timing.py) and prints one table: median times, the ratio
+carbon / torch, carbon's throughput in elements/s, and how many of a sample of
+carbon's float32 outputs equal the float32 rounding of Python's math.* in
+fp64 away from midpoints (a sanity check, not the accuracy proof: see
+scripts/elementwise_ulp.py and tests/test_elementwise.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+try:
+    import carbon
+except ImportError:  # run from a checkout without an install
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import carbon
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import machine_load, time_interleaved  # noqa: E402
+
+F = torch.nn.functional
+# name: (carbon fn, torch fn, fp64 reference on one float, input transform)
+FUNCTIONS: Dict[str, Tuple[Callable, Callable, Callable]] = {
+    "exp": (carbon.exp, torch.exp, math.exp),
+    "log": (carbon.log, torch.log, math.log),
+    "tanh": (carbon.tanh, torch.tanh, math.tanh),
+    "sigmoid": (carbon.sigmoid, torch.sigmoid, lambda v: 1 / (1 + math.exp(-v))),
+    "erf": (carbon.erf, torch.erf, math.erf),
+    "gelu": (carbon.gelu, F.gelu, lambda v: v * 0.5 * math.erfc(-v / math.sqrt(2))),
+    "gelu_tanh": (lambda x: carbon.gelu(x, approximate="tanh"), lambda x: F.gelu(x, approximate="tanh"),
+                  lambda v: v / (1 + math.exp(-2 * math.sqrt(2 / math.pi) * (v + 0.044715 * v**3)))),
+    "silu": (carbon.silu, F.silu, lambda v: v / (1 + math.exp(-v))),
+}
+CPU_SIZES: List[Tuple[int, ...]] = [(1 << 16,), (1 << 22,), (4096, 3072)]
+CUDA_SIZES: List[Tuple[int, ...]] = [(4096, 3072), (1 << 26,)]
+
+
+def _sample_check(name: str, x: torch.Tensor, out: torch.Tensor, samples: int = 64) -> Tuple[int, int]:
+    ref = FUNCTIONS[name][2]
+    xs, ys = x.flatten().cpu(), out.flatten().cpu()
+    idx = torch.linspace(0, xs.numel() - 1, samples).long().tolist()
+    ok = total = 0
+    for i in idx:
+        v = xs[i].item()
+        r = ref(v)
+        want = torch.tensor(r, dtype=torch.float64)
+        lo, hi = want.to(torch.float32), torch.tensor(r * (1 + 2**-30), dtype=torch.float64).to(torch.float32)
+        if lo.item() != hi.item() or lo.item() != torch.tensor(r * (1 - 2**-30), dtype=torch.float64).to(torch.float32).item():
+            continue  # too close to a midpoint for an fp64 reference to decide
+        total += 1
+        ok += int(ys[i].item() == lo.item())
+    return ok, total
+
+
+def bench(device: str, name: str, shape: Tuple[int, ...], budget_s: float) -> dict:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=g) * 3
+    if name == "log":
+        x = x.abs() + 1e-3
+    x = x.to(device)
+    carbon_fn, torch_fn, _ = FUNCTIONS[name]
+    times = time_interleaved([lambda: torch_fn(x), lambda: carbon_fn(x)], device, budget_s, 30)
+    t_torch, t_carbon = (statistics.median(t) for t in times)
+    return {"torch": t_torch, "carbon": t_carbon, "melems": x.numel() / (t_carbon * 1e-3) / 1e6,
+            "check": _sample_check(name, x, carbon_fn(x))}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
+    parser.add_argument("--quick", action="store_true", help="the smallest size only")
+    parser.add_argument("--functions", default=",".join(FUNCTIONS), help="comma-separated subset")
+    args = parser.parse_args(argv)
+    devices = ["cpu"] if args.device == "cpu" else (["cuda"] if args.device == "cuda" else ["cpu", "cuda"])
+    devices = [d for d in devices if d == "cpu" or torch.cuda.is_available()]
+    print(f"torch {torch.__version__}, carbon {carbon.__version__}, {torch.get_num_threads()} CPU threads, load {machine_load()}")
+    lines = ["| device | function | shape (float32) | torch ms | carbon ms | carbon/torch | carbon Melem/s | sample = RN(fp64 ref) |",
+             "|---|---|---|---|---|---|---|---|"]
+    ratios = []
+    for device in devices:
+        sizes = CPU_SIZES if device == "cpu" else CUDA_SIZES
+        if args.quick:
+            sizes = sizes[:1]
+        for name in args.functions.split(","):
+            for shape in sizes:
+                r = bench(device, name, shape, 0.3 if args.quick or device == "cuda" else 1.0)
+                ok, total = r["check"]
+                case = "x".join(map(str, shape))
+                lines.append(f"| {device} | {name} | {case} | {r['torch']:.3f} | {r['carbon']:.3f} | "
+                             f"{r['carbon'] / r['torch']:.2f}x | {r['melems']:.0f} | {ok}/{total} |")
+                ratios.append(f"RATIO {device} {name} {case} carbon/torch = {r['carbon'] / r['torch']:.2f}")
+                if ok != total:
+                    print(f"ERROR: carbon.{name} disagrees with the fp64 reference on {device} {case}")
+                    return 2
+    print("\n".join(lines))
+    print()
+    print("\n".join(ratios))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""High-precision reference for Carbon's elementwise math, written from the
+definitions alone (mpmath at 256 bits; never imports carbon).
+
+``expected_bits(name, x, dtype)`` returns the set of acceptable result bits:
+the correctly rounded value RN(f(x)), plus its neighbour when f(x) lies so
+close to a rounding midpoint (within the relative tolerance ``rel``) that
+Carbon's documented error bound (< 2^-40 relative before the one rounding)
+allows either. Derivatives: ``grad_expected_bits(name, g, x, dtype)`` for
+RN(g * f'(x)), with an absolute slack near zeros of f' (docs/contract.md §6).
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Optional, Set
+
+import mpmath as mp
+import torch
+
+from oracle import fmt_of, round_bits
+
+mp.mp.prec = 256
+REL = Fraction(1, 2**41)  # tolerance around midpoints: 2^-41 relative (2^-17 float32 ulp)
+
+FORWARD = ("exp", "log", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "silu")
+A = mp.mpf("0.044715")
+C = mp.sqrt(2 / mp.pi)
+
+
+def _Phi(x):
+    return mp.erfc(-x / mp.sqrt(2)) / 2
+
+
+def _phi(x):
+    return mp.exp(-x * x / 2) / mp.sqrt(2 * mp.pi)
+
+
+def _sigmoid(x):
+    return 1 / (1 + mp.exp(-x))
+
+
+def value(name: str, x: float):
+    """f(x) as an mpf for finite x (special results as Python floats)."""
+    X = mp.mpf(x)
+    if name == "exp":
+        return mp.exp(X)
+    if name == "log":
+        if x < 0:
+            return math.nan
+        if x == 0:
+            return -math.inf
+        return mp.log(X)
+    if name == "tanh":
+        return mp.tanh(X)
+    if name == "sigmoid":
+        return _sigmoid(X)
+    if name == "erf":
+        return mp.erf(X)
+    if name == "gelu":
+        return X * _Phi(X)
+    if name == "gelu_tanh":
+        # (1 + tanh u)/2 = 1/(1 + e^{-2u}): no cancellation at mpmath's precision
+        return X / (1 + mp.exp(-2 * C * (X + A * X**3)))
+    if name == "silu":
+        return X * _sigmoid(X)
+    raise ValueError(name)
+
+
+def derivative(name: str, x: float):
+    """(f'(x), scale): scale is the size of the terms that f' sums, for the
+    absolute slack near its zeros."""
+    X = mp.mpf(x)
+    if name == "exp":
+        v = mp.exp(X)
+        return v, abs(v)
+    if name == "log":
+        if x < 0:
+            return math.nan, 0
+        if x == 0:
+            return math.inf, 0
+        return 1 / X, abs(1 / X)
+    if name == "tanh":
+        v = 1 / mp.cosh(X) ** 2
+        return v, v
+    if name == "sigmoid":
+        v = _sigmoid(X) * _sigmoid(-X)
+        return v, v
+    if name == "erf":
+        v = 2 / mp.sqrt(mp.pi) * mp.exp(-X * X)
+        return v, v
+    if name == "gelu":
+        p, t = _Phi(X), X * _phi(X)
+        return p + t, abs(p) + abs(t)
+    if name == "gelu_tanh":
+        u = C * (X + A * X**3)
+        # (1 + tanh u)/2 = s and (1 - tanh^2 u)/2 = 2 s (1 - s), s = 1/(1 + e^{-2u})
+        s, one_minus_s = 1 / (1 + mp.exp(-2 * u)), 1 / (1 + mp.exp(2 * u))
+        p, t = s, X * 2 * s * one_minus_s * C * (1 + 3 * A * X * X)
+        return p + t, abs(p) + abs(t)
+    if name == "silu":
+        s, one_minus_s = _sigmoid(X), _sigmoid(-X)
+        p, t = s, X * s * one_minus_s
+        return p + t, abs(p) + abs(t)
+    raise ValueError(name)
+
+
+# Limits at +-inf (and NaN) of each function and derivative.
+_LIMITS = {
+    "exp": (math.inf, 0.0), "log": (math.inf, math.nan), "tanh": (1.0, -1.0), "sigmoid": (1.0, 0.0),
+    "erf": (1.0, -1.0), "gelu": (math.inf, -0.0), "gelu_tanh": (math.inf, -0.0), "silu": (math.inf, -0.0),
+}
+_GRAD_LIMITS = {
+    "exp": (math.inf, 0.0), "log": (0.0, math.nan), "tanh": (0.0, 0.0), "sigmoid": (0.0, 0.0),
+    "erf": (0.0, 0.0), "gelu": (1.0, 0.0), "gelu_tanh": (1.0, 0.0), "silu": (1.0, 0.0),
+}
+
+
+def _fraction(v) -> Fraction:
+    """v exactly; magnitudes beyond 2^+-300 (which round to 0 or inf in every
+    format, like their clamped stand-ins) are clamped to 2^+-300."""
+    v = mp.mpf(v)
+    if v != 0 and abs(v) < mp.mpf(2) ** -300:
+        v = mp.sign(v) * mp.mpf(2) ** -300
+    if abs(v) > mp.mpf(2) ** 300:
+        v = mp.sign(v) * mp.mpf(2) ** 300
+    sign, man, exp, _ = v._mpf_
+    f = Fraction(int(man)) * (Fraction(2) ** int(exp))
+    return -f if sign else f
+
+
+def _bits_around(v, slack: Fraction, dtype: torch.dtype) -> Set[int]:
+    """RN of every value in [v - slack, v + slack] (the two ends suffice)."""
+    if isinstance(v, float):
+        return {round_bits(v, dtype)}
+    fv = _fraction(v)
+    if fv == 0:
+        return {round_bits(0.0, dtype)}
+    return {round_bits(fv - slack, dtype), round_bits(fv, dtype), round_bits(fv + slack, dtype)}
+
+
+def _zero_result_signs(bits: Set[int], dtype: torch.dtype) -> Set[int]:
+    # A result that rounds to zero may be +-0 when the reference is exactly 0.
+    sign = fmt_of(dtype).sign_bit
+    return bits | {b ^ sign for b in bits if b & ~sign == 0}
+
+
+def expected_bits(name: str, x: float, dtype: torch.dtype, rel: Fraction = REL) -> Set[int]:
+    if math.isnan(x):
+        return {fmt_of(dtype).nan_bits}
+    if math.isinf(x):
+        return {round_bits(_LIMITS[name][0 if x > 0 else 1], dtype)}
+    if x == 0 and name in ("tanh", "erf", "gelu", "gelu_tanh", "silu"):
+        return {round_bits(x, dtype)}  # odd or x*(...): keeps the sign of zero
+    v = value(name, x)
+    if isinstance(v, float):
+        return {round_bits(v, dtype)}
+    return _bits_around(v, abs(_fraction(v)) * rel, dtype)
+
+
+def grad_expected_bits(name: str, g: float, x: float, dtype: torch.dtype, rel: Fraction = REL,
+                       abs_slack: Fraction = Fraction(1, 2**50)) -> Set[int]:
+    """Acceptable bits of RN(g * f'(x)) for finite g."""
+    if math.isnan(x) or math.isnan(g):
+        return {fmt_of(dtype).nan_bits}
+    if math.isinf(x):
+        d = _GRAD_LIMITS[name][0 if x > 0 else 1]
+        return _zero_result_signs({round_bits(g * d if not (d == 0 and math.isinf(g)) else math.nan, dtype)}, dtype)
+    d, scale = derivative(name, x)
+    if isinstance(d, float):
+        prod = g * d if not (g == 0 and math.isinf(d)) else math.nan
+        return _zero_result_signs({round_bits(prod, dtype)}, dtype)
+    v = mp.mpf(g) * d
+    slack = abs(_fraction(v)) * rel + abs(Fraction(g)) * _fraction(scale) * abs_slack
+    return _zero_result_signs(_bits_around(v, slack, dtype), dtype)

@@ -1,0 +1,222 @@
+"""Carbon's elementwise math against an independent high-precision reference
+(tests/elementwise_ref.py, mpmath at 256 bits): every result must be the
+correctly rounded value of the function (or, within 2^-41 relative of a
+rounding midpoint, its neighbour), for special values, thresholds of
+overflow / underflow / saturation, subnormals, random bit patterns over all
+exponents and hypothesis-drawn values; in float32, bfloat16 and float16.
+Gradients: RN(g * f'(x)) against f' evaluated independently."""
+
+from __future__ import annotations
+
+import math
+import random
+import struct
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import carbon
+from elementwise_ref import FORWARD, expected_bits, grad_expected_bits
+from oracle import as_bits, bits_to_float, fmt_of
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def call(name: str, x: torch.Tensor) -> torch.Tensor:
+    if name == "gelu_tanh":
+        return carbon.gelu(x, approximate="tanh")
+    return getattr(carbon, name)(x)
+
+
+def f32(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
+
+
+def from_bits(bits, dtype) -> torch.Tensor:
+    f = fmt_of(dtype)
+    signed = [b - (1 << f.total_bits) if b & f.sign_bit else b for b in bits]
+    return torch.tensor(signed, dtype=f.bits_dtype).view(dtype)
+
+
+# Thresholds and branch points of the functions (float32 values near them are
+# added with their neighbours).
+POINTS = [
+    0.0, 1.0, 0.5, 0.55, 0.7071067811865476, 1.4142135623730951, 2.125, 3.0052038200428273, 10.625,
+    15.026019100214136, 88.72283935546875, 88.7228317, 89.0, 103.97208, 103.279, 87.33654, 104.0, 150.0,
+    3.9192059, 3.92, 4.0, 6.0, 9.010913, 9.02, 14.5, 16.0, 20.0, 36.0, 40.0, 1e10, 1e30, 3.4028234663852886e38,
+    1.1754943508222875e-38, 1e-10, 2.0**-60, 2.0**-40, 0.75179, 1.2785, 2.0**-24, 2.0**-25,
+]
+
+
+def special_bits_f32():
+    out = {0x00000001, 0x00000002, 0x00000003, 0x007FFFFF, 0x00800000, 0x00800001, 0x7F7FFFFF, 0x7F800000, 0x7FC00000,
+           0x7FA00001, 0x3F800000, 0x3F7FFFFF, 0x3F800001}
+    for p in POINTS:
+        b = struct.unpack("<I", struct.pack("<f", p))[0] if abs(p) < 3.5e38 else 0x7F7FFFFF
+        for d in (-2, -1, 0, 1, 2):
+            if 0 <= b + d < 0x7F800000:
+                out.add(b + d)
+    return sorted(out | {b | 0x80000000 for b in out})
+
+
+def random_bits(dtype, count, seed):
+    f = fmt_of(dtype)
+    rng = random.Random(seed)
+    return [rng.getrandbits(f.total_bits) for _ in range(count)]
+
+
+def special_bits_16(dtype):
+    f = fmt_of(dtype)
+    inf = f.inf_bits
+    out = {0, 1, 2, 3, (1 << (f.precision - 1)) - 1, 1 << (f.precision - 1), inf - 1, inf, f.nan_bits}
+    for p in POINTS[:30]:
+        t = torch.tensor([p], dtype=torch.float64).to(dtype)
+        b = int(t.view(f.bits_dtype).item()) & ((1 << f.total_bits) - 1)
+        for d in (-1, 0, 1):
+            if 0 <= b + d < inf:
+                out.add(b + d)
+    return sorted(out | {b | f.sign_bit for b in out})
+
+
+def check(name: str, dtype: torch.dtype, bits_list) -> None:
+    x = from_bits(bits_list, dtype)
+    got = as_bits(call(name, x)).tolist()
+    mask = (1 << fmt_of(dtype).total_bits) - 1
+    bad = []
+    for b, g in zip(bits_list, got):
+        xv = bits_to_float(b, dtype)
+        want = expected_bits(name, xv, dtype)
+        if g & mask not in want:
+            bad.append((xv, hex(b), bits_to_float(g & mask, dtype), [bits_to_float(w, dtype) for w in want]))
+    assert not bad, f"{name} {dtype}: {len(bad)} of {len(bits_list)} wrong, e.g. (x, bits, got, want): {bad[:4]}"
+
+
+@pytest.mark.parametrize("name", FORWARD)
+def test_float32_specials_and_thresholds(name):
+    check(name, torch.float32, special_bits_f32())
+
+
+@pytest.mark.parametrize("name", FORWARD)
+def test_float32_random_bit_patterns(name):
+    # uniform over all bit patterns: every exponent, both signs, NaNs
+    check(name, torch.float32, random_bits(torch.float32, 1500, seed=hash(name) % 1000))
+
+
+@pytest.mark.parametrize("name", FORWARD)
+def test_float32_random_moderate_values(name):
+    # where the functions are not saturated: |x| in [2^-8, 2^5)
+    rng = random.Random(7 + len(name))
+    bits = [(rng.getrandbits(1) << 31) | ((rng.randrange(127 - 8, 127 + 5)) << 23) | rng.getrandbits(23) for _ in range(1500)]
+    check(name, torch.float32, bits)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", FORWARD)
+def test_16_bit_formats(name, dtype):
+    check(name, dtype, sorted(set(special_bits_16(dtype) + random_bits(dtype, 700, seed=3))))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=1, max_size=8),
+       st.sampled_from(FORWARD))
+def test_hypothesis_float32(values, name):
+    bits = [struct.unpack("<I", struct.pack("<f", v))[0] for v in values]
+    check(name, torch.float32, bits)
+
+
+def test_known_values_and_signs():
+    # A few hand-checked values (independent of any reference code).
+    def u32(t):
+        return [b & 0xFFFFFFFF for b in as_bits(t).tolist()]
+
+    x = torch.tensor([0.0, -0.0, float("-inf"), float("inf"), 1.0])
+    assert u32(carbon.exp(x)) == [0x3F800000, 0x3F800000, 0, 0x7F800000, 0x402DF854]  # e = 2.71828175
+    assert u32(carbon.log(x))[:4] == [0xFF800000, 0xFF800000, 0x7FC00000, 0x7F800000]
+    assert u32(carbon.tanh(x))[:4] == [0, 0x80000000, 0xBF800000, 0x3F800000]
+    assert u32(carbon.erf(x))[:4] == [0, 0x80000000, 0xBF800000, 0x3F800000]
+    assert u32(carbon.gelu(x))[:4] == [0, 0x80000000, 0x80000000, 0x7F800000]
+    assert u32(carbon.silu(x))[:4] == [0, 0x80000000, 0x80000000, 0x7F800000]
+    assert u32(carbon.sigmoid(x))[:4] == [0x3F000000, 0x3F000000, 0, 0x3F800000]
+    # NaN inputs of any payload give the canonical NaN
+    nan = torch.tensor([0x7F800001, -0x00400000, 0x7FFFFFFF], dtype=torch.int32).view(torch.float32)
+    for name in FORWARD:
+        assert u32(call(name, nan)) == [0x7FC00000] * 3, name
+    # gelu of the smallest subnormal: x/2 is a tie, the x^2 term decides (rounds up)
+    tiny = torch.tensor([2.0**-149, -(2.0**-149)])
+    for name in ("gelu", "gelu_tanh", "silu"):
+        assert call(name, tiny).tolist() == [2.0**-149, -0.0], name
+
+
+# ---------------------------------------------------------------- gradients
+
+
+def check_grad(name: str, dtype: torch.dtype, xs, gs) -> None:
+    x = torch.tensor(xs, dtype=torch.float64).to(dtype).requires_grad_(True)
+    g = torch.tensor(gs, dtype=torch.float64).to(dtype)
+    y = call(name, x)
+    (grad,) = torch.autograd.grad(y, x, g)
+    assert grad.dtype == dtype
+    got = as_bits(grad).tolist()
+    mask = (1 << fmt_of(dtype).total_bits) - 1
+    xv, gv = x.detach().double().tolist(), g.double().tolist()
+    bad = []
+    for xi, gi, b in zip(xv, gv, got):
+        want = grad_expected_bits(name, gi, xi, dtype)
+        if b & mask not in want:
+            bad.append((xi, gi, bits_to_float(b & mask, dtype), [bits_to_float(w, dtype) for w in want]))
+    assert not bad, f"d{name} {dtype}: {len(bad)} of {len(xv)} wrong, e.g. (x, g, got, want): {bad[:4]}"
+
+
+GRAD_POINTS = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 0.55, -0.75179, -1.2785, 3.0, -3.0, 10.0, -10.0, -14.0, 20.0, -40.0,
+               88.0, -88.0, 100.0, -100.0, 1e-30, -1e-30, 1e30, -1e30, float("inf"), float("-inf"), float("nan")]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", FORWARD)
+def test_gradients(name, dtype):
+    rng = random.Random(11)
+    xs = [x for x in GRAD_POINTS if not (dtype == torch.float16 and abs(x) > 60000 and math.isfinite(x))]
+    xs += [rng.gauss(0, 1) * 2.0 ** rng.randint(-6, 4) for _ in range(300)]
+    gs = [rng.gauss(0, 1) * 2.0 ** rng.randint(-3, 3) for _ in xs]
+    if name == "log":
+        xs = [abs(x) for x in xs]  # plus the negative points above, for NaN
+        xs[:4] = [-1.0, -0.0, 0.0, 2.0]
+    check_grad(name, dtype, xs, gs)
+
+
+def test_gradient_special_g():
+    x = torch.tensor([1.0, -2.0, 0.0, 3.0], requires_grad=True)
+    g = torch.tensor([float("inf"), float("nan"), -0.0, 0.0])
+    (grad,) = torch.autograd.grad(carbon.tanh(x), x, g)
+    assert [b & 0xFFFFFFFF for b in as_bits(grad).tolist()] == [0x7F800000, 0x7FC00000, 0x80000000, 0]
+
+
+@pytest.mark.parametrize("name", ["sigmoid", "silu", "exp", "gelu", "gelu_tanh", "tanh"])
+def test_structural_midpoints_strict(name):
+    """Inputs k * 2^-23 and k * 2^-24 (k odd): 1/2 + x/4 (sigmoid) and
+    x/2 + x^2/4 (silu) are then exact rounding midpoints, decided by terms far
+    below double's resolution; here the result must be exactly RN(f(x))."""
+    xs = [s * k * 2.0**e for k in range(1, 400, 2) for e in (-23, -24, -30) for s in (1, -1)]
+    xs += [s * 2.0**e for e in range(-149, -9) for s in (1, -1)]
+    x = torch.tensor(xs, dtype=torch.float32)
+    got = as_bits(call(name, x)).tolist()
+    from fractions import Fraction
+    bad = [(v, bits_to_float(g & 0xFFFFFFFF, torch.float32)) for v, g in zip(xs, got)
+           if g & 0xFFFFFFFF not in expected_bits(name, v, torch.float32, rel=Fraction(1, 2**200))]
+    assert not bad, f"{name}: {len(bad)} of {len(xs)} not correctly rounded, e.g. {bad[:4]}"
+
+
+@pytest.mark.parametrize("name", ["silu", "sigmoid", "tanh", "gelu"])
+def test_structural_midpoints_strict_gradient(name):
+    """silu'(x) = 1/2 + x/2 - x^3/12 + ...: 1/2 + x/2 is an exact midpoint for
+    x = k * 2^-24 (k odd); with g = 1 the gradient must be exactly RN(f'(x))."""
+    from fractions import Fraction
+    xs = [s * k * 2.0**e for k in range(1, 200, 2) for e in (-23, -24, -25) for s in (1, -1)]
+    x = torch.tensor(xs, dtype=torch.float32, requires_grad=True)
+    (grad,) = torch.autograd.grad(call(name, x), x, torch.ones_like(x))
+    tiny = Fraction(1, 2**200)
+    bad = [(v, bits_to_float(g & 0xFFFFFFFF, torch.float32)) for v, g in zip(xs, as_bits(grad).tolist())
+           if g & 0xFFFFFFFF not in grad_expected_bits(name, 1.0, v, torch.float32, rel=tiny, abs_slack=tiny)]
+    assert not bad, f"d{name}: {len(bad)} of {len(xs)} not correctly rounded, e.g. {bad[:4]}"
