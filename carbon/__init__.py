@@ -10,6 +10,9 @@ import torch  # noqa: F401  (must load before the extension: it links libtorch)
 
 from carbon import _C  # noqa: F401  (loads the kernels and registers torch.ops.carbon.*)
 from carbon import _autograd, _fake  # noqa: F401  (registrations)
+from carbon import random
+from carbon.random import Generator, bernoulli, default_generator, manual_seed, rand, randn
+from carbon.dropout import dropout
 from carbon import nn
 from carbon.elementwise import erf, exp, gelu, log, sigmoid, silu, tanh
 from carbon.norm import layer_norm, rms_norm
@@ -28,5 +31,6 @@ __all__ = [
     "scaled_dot_product_attention",
     "index_add", "scatter_add", "index_put", "embedding",
     "nn",
+    "random", "Generator", "default_generator", "manual_seed", "rand", "randn", "bernoulli", "dropout",
 ]
 __version__ = "0.1.0"

@@ -323,3 +323,18 @@ def _embedding_backward(ctx: Any, grad: Tensor) -> tuple:
 torch.library.register_autograd("carbon::index_add", _index_add_backward, setup_context=_setup_index_add)
 torch.library.register_autograd("carbon::scatter_add", _scatter_add_backward, setup_context=_setup_scatter_add)
 torch.library.register_autograd("carbon::embedding", _embedding_backward, setup_context=_setup_embedding)
+# Dropout (docs/contract.md §10): dx_i = keep_i ? RN(g_i / (1 - p)) : +0 with
+# the keep-mask regenerated from the saved (seed, offset) -- the same op applied
+# to the gradient, so no mask is stored (and dropout's backward is again
+# differentiable the same way).
+
+
+def _setup_dropout(ctx: Any, inputs: tuple, output: Tensor) -> None:
+    _, ctx.p, ctx.seed, ctx.offset = inputs
+
+
+def _dropout_backward(ctx: Any, grad: Tensor) -> tuple:
+    return torch.ops.carbon.dropout(grad, ctx.p, ctx.seed, ctx.offset), None, None, None
+
+
+torch.library.register_autograd("carbon::dropout", _dropout_backward, setup_context=_setup_dropout)

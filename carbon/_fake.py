@@ -6,6 +6,7 @@ the way eager execution does."""
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import torch
@@ -400,8 +401,7 @@ def _norm_param_grads_fake(grad_out: Tensor, x: Tensor, normalized_shape: Sequen
     return x.new_empty(shape if weight else [0]), x.new_empty(shape if bias else [0])
 
 
-# ============================================================================
-# Indexed accumulation (index_add, scatter_add, embedding; csrc/scatter/scatter.cpp
+# =====================================================================# Indexed accumulation (index_add, scatter_add, embedding; csrc/scatter/scatter.cpp
 # has the same checks). Index ranges are data, so they are not checked here.
 
 
@@ -482,3 +482,72 @@ def _embedding_backward_fake(grad: Tensor, indices: Tensor, num_weights: int, pa
         raise ValueError(f"carbon.embedding_backward: grad of shape {tuple(grad.shape)} does not match indices of "
                          f"shape {tuple(indices.shape)}")
     return grad.new_empty((num_weights, grad.shape[-1]))
+=======
+# ---------------------------------------------------------------------------
+# Random (uniform, normal, trunc_normal, bernoulli, dropout). Same checks as
+# csrc/random/random.cpp. Self-contained section.
+# ---------------------------------------------------------------------------
+
+
+def _random_factory_fake(op: str, size: Sequence[int], offset: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    if dtype not in SUPPORTED:
+        raise TypeError(f"carbon.{op}: output dtype {dtype} is not supported; use float32, bfloat16 or float16")
+    if offset < 0:
+        raise ValueError(f"carbon.{op}: offset must be >= 0, got {offset}")
+    if any(s < 0 for s in size):
+        raise ValueError(f"carbon.{op}: negative size {list(size)}")
+    return torch.empty(size, dtype=dtype, device=device)
+
+
+def _check_finite(op: str, **values: float) -> None:
+    for name, v in values.items():
+        if not math.isfinite(v):
+            raise ValueError(f"carbon.{op}: {name} must be finite, got {v}")
+
+
+@torch.library.register_fake("carbon::uniform")
+def _uniform_fake(size: Sequence[int], seed: int, offset: int, low: float, high: float, dtype: torch.dtype,
+                  device: torch.device) -> Tensor:
+    _check_finite("uniform", low=low, high=high)
+    if not low <= high:
+        raise ValueError(f"carbon.uniform: low must be <= high, got low={low} and high={high}")
+    return _random_factory_fake("uniform", size, offset, dtype, device)
+
+
+@torch.library.register_fake("carbon::normal")
+def _normal_fake(size: Sequence[int], seed: int, offset: int, mean: float, std: float, dtype: torch.dtype,
+                 device: torch.device) -> Tensor:
+    _check_finite("normal", mean=mean, std=std)
+    if std < 0:
+        raise ValueError(f"carbon.normal: std must be >= 0, got {std}")
+    return _random_factory_fake("normal", size, offset, dtype, device)
+
+
+@torch.library.register_fake("carbon::trunc_normal")
+def _trunc_normal_fake(size: Sequence[int], seed: int, offset: int, mean: float, std: float, a: float, b: float,
+                       dtype: torch.dtype, device: torch.device) -> Tensor:
+    _check_finite("trunc_normal", mean=mean, std=std, a=a, b=b)
+    if std < 0:
+        raise ValueError(f"carbon.trunc_normal: std must be >= 0, got {std}")
+    if not a <= b:
+        raise ValueError(f"carbon.trunc_normal: a must be <= b, got a={a} and b={b}")
+    return _random_factory_fake("trunc_normal", size, offset, dtype, device)
+
+
+def _random_tensor_fake(op: str, x: Tensor, p: Optional[float], offset: int) -> Tensor:
+    _check_dtype(op, "probs" if op == "bernoulli" else "x", x)
+    if offset < 0:
+        raise ValueError(f"carbon.{op}: offset must be >= 0, got {offset}")
+    if p is not None and not 0.0 <= p <= 1.0:
+        raise ValueError(f"carbon.{op}: p must be in [0, 1], got {p}")
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+@torch.library.register_fake("carbon::bernoulli")
+def _bernoulli_fake(probs: Tensor, seed: int, offset: int, p: Optional[float] = None) -> Tensor:
+    return _random_tensor_fake("bernoulli", probs, p, offset)
+
+
+@torch.library.register_fake("carbon::dropout")
+def _dropout_fake(x: Tensor, p: float, seed: int, offset: int) -> Tensor:
+    return _random_tensor_fake("dropout", x, p, offset)

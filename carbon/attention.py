@@ -3,6 +3,7 @@
     s = RN32(q kᵀ)                              carbon.bmm, exact, one rounding
     z = RN32((s ⊗ scale) ⊕ mask)               attention_logits (−∞ above the diagonal if causal)
     p = carbon.softmax(z, −1)                   float32
+    p = carbon.dropout(p, dropout_p)            if dropout_p > 0 (default generator)
     o = RN(p v)                                 carbon.bmm, in q's dtype
 
 Every step is one of carbon's correctly rounded ops, so the output and all
@@ -18,6 +19,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from carbon.dropout import dropout
 from carbon.ops import bmm
 from carbon.softmax import softmax
 
@@ -54,11 +56,12 @@ def scaled_dot_product_attention(
     broadcastable to [..., L, S]; is_causal masks j > i (top-left aligned, as
     torch does); scale defaults to 1/sqrt(E). The scores and probabilities are
     float32 whatever the input dtype; the output has query's dtype. A fully
-    masked row gives zeros (not NaN). dropout_p > 0 arrives with
-    carbon.Generator; attn_mask gradients are not supported."""
+    masked row gives zeros (not NaN). dropout_p > 0 applies carbon.dropout
+    to the probabilities (one draw of carbon.default_generator, as torch
+    uses its default generator); attn_mask gradients are not supported."""
     op = "carbon.scaled_dot_product_attention"
-    if dropout_p != 0.0:
-        raise NotImplementedError(f"{op}: dropout_p > 0 needs carbon's counter-based generator (not yet available)")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"{op}: dropout_p must be in [0, 1], got {dropout_p}")
     if enable_gqa:
         raise NotImplementedError(f"{op}: enable_gqa is not supported")
     if query.dim() < 2 or key.dim() != query.dim() or value.dim() != query.dim():
@@ -87,5 +90,7 @@ def scaled_dot_product_attention(
     factor = 1.0 / math.sqrt(E) if scale is None else float(scale)
     logits = torch.ops.carbon.attention_logits(scores, factor, mask3, is_causal)
     probs = softmax(logits, -1)
+    if dropout_p > 0.0:  # one draw of carbon.default_generator (docs/contract.md §10)
+        probs = dropout(probs, dropout_p)
     out = bmm(probs, v3, out_dtype=query.dtype)
     return out.reshape(lead + (L, value.shape[-1]))

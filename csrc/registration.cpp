@@ -11,6 +11,9 @@
 // ---- end elementwise math ----
 #include "matmul/matmul.h"
 #include "norm/norm.h"
+// ---- random (Philox; csrc/random/) ----
+#include "random/random.h"
+// ---- end random ----
 #include "reduce/reduce.h"
 // ---- indexed accumulation (csrc/scatter/) ----
 #include "scatter/scatter.h"
@@ -69,7 +72,27 @@ TORCH_LIBRARY(carbon, m) {
   m.def("embedding(Tensor weight, Tensor indices, int padding_idx=-1) -> Tensor");
   m.def("embedding_backward(Tensor grad, Tensor indices, int num_weights, int padding_idx=-1) -> Tensor");
   // ---- end indexed accumulation ----
+
+  // ---- random (csrc/random/; docs/contract.md §10) ----
+  // seed: the generator's 64-bit seed as a signed int (two's complement);
+  // offset: the generator's offset (>= 0) at the time of the draw.
+  m.def("uniform(int[] size, int seed, int offset, float low, float high, ScalarType dtype, Device device) -> Tensor");
+  m.def("normal(int[] size, int seed, int offset, float mean, float std, ScalarType dtype, Device device) -> Tensor");
+  m.def("trunc_normal(int[] size, int seed, int offset, float mean, float std, float a, float b, "
+        "ScalarType dtype, Device device) -> Tensor");
+  m.def("bernoulli(Tensor probs, int seed, int offset, float? p=None) -> Tensor");
+  m.def("dropout(Tensor x, float p, int seed, int offset) -> Tensor");
+  // ---- end random ----
 }
+
+// ---- random: the factory ops have no tensor argument to dispatch on; they
+// pick the CPU or CUDA kernel from their `device` argument.
+TORCH_LIBRARY_IMPL(carbon, CompositeExplicitAutograd, m) {
+  m.impl("uniform", &carbon::uniform_op);
+  m.impl("normal", &carbon::normal_op);
+  m.impl("trunc_normal", &carbon::trunc_normal_op);
+}
+// ---- end random ----
 
 // The ops are device-generic at this level: each checks its inputs and
 // picks the CPU or CUDA kernels itself.
@@ -110,6 +133,10 @@ TORCH_LIBRARY_IMPL(carbon, CPU, m) {
   m.impl("embedding", &carbon::embedding);
   m.impl("embedding_backward", &carbon::embedding_backward);
   // ---- end indexed accumulation ----
+  // ---- random ----
+  m.impl("bernoulli", &carbon::bernoulli_op);
+  m.impl("dropout", &carbon::dropout_op);
+  // ---- end random ----
 }
 
 #ifdef CARBON_WITH_CUDA
@@ -150,5 +177,9 @@ TORCH_LIBRARY_IMPL(carbon, CUDA, m) {
   m.impl("embedding", &carbon::embedding);
   m.impl("embedding_backward", &carbon::embedding_backward);
   // ---- end indexed accumulation ----
+  // ---- random ----
+  m.impl("bernoulli", &carbon::bernoulli_op);
+  m.impl("dropout", &carbon::dropout_op);
+  // ---- end random ----
 }
 #endif

@@ -159,8 +159,8 @@ def test_compiles_fullgraph():
 def test_errors():
     q, k, v = _qkv((1, 2, 4, 3))
     sdpa = carbon.scaled_dot_product_attention
-    with pytest.raises(NotImplementedError, match="dropout"):
-        sdpa(q, k, v, dropout_p=0.1)
+    with pytest.raises(ValueError, match="dropout_p"):
+        sdpa(q, k, v, dropout_p=1.5)
     with pytest.raises(ValueError, match="not both"):
         sdpa(q, k, v, attn_mask=torch.ones(4, 4, dtype=torch.bool), is_causal=True)
     with pytest.raises(ValueError, match="shapes do not match"):

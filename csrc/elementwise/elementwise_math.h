@@ -430,6 +430,57 @@ CARBON_HD double silu_grad_core(double x) {
   return sigmoid_core(xc) + xc * sigmoid_grad_core(xc);
 }
 
+// ---- cos(2 pi u), for the normal distribution (csrc/random/philox.h) --------
+// sin(pi/2 g) = g S(g^2) and cos(pi/2 g) = C(g^2) for g in [0, 1/2], x = pi/2 g
+// in [0, pi/4]: Taylor polynomials (coefficients (+-)(pi/2)^n/n! rounded to
+// double), S to x^17 and C to x^18. Truncation: (pi/4)^19/19! / sin(pi/4)
+// < 2^-61 and (pi/4)^20/20! / cos(pi/4) < 2^-67, relative. Rounding: with
+// z = g^2 <= 1/4 each term is at most 0.31 times the previous one, so Horner
+// with one fma per step keeps every partial sum within a factor 1.3 (S) and
+// 1.9 (C) of the final value (sin: sum|terms|/value <= sinh(pi/4)/sin(pi/4)
+// = 1.23; cos: cosh(pi/4)/cos(pi/4) = 1.88); each of the <= 10 fmas adds at most
+// u times a partial sum, and the rounded coefficients u times a term: in all
+// < (10 * 1.9 + 1.9) u < 2^-48.6 relative for C and < 2^-49 for g S(z) (one
+// more rounding for the product by g). z = g^2 is exact when g has at most 26
+// significant bits (always the case for the uniform draws, multiples of
+// 2^-24); otherwise its rounding adds < u * |z C'(z)/C(z)| < 0.6u.
+CARBON_HD double sin_half_pi(double g) {
+  constexpr double kSin[9] = {
+      0x1.aaec32af93359p-38, -0x1.6fadb9f155744p-31, 0x1.e8f434d018d63p-25, -0x1.e3074fde8871fp-19,
+      0x1.50783487ee782p-13, -0x1.32d2cce62bd86p-8,  0x1.466bc6775aae2p-4,  -0x1.4abbce625be53p-1,
+      0x1.921fb54442d18p+0,
+  };
+  return g * horner(kSin, g * g);
+}
+CARBON_HD double cos_half_pi(double g) {
+  constexpr double kCos[10] = {
+      -0x1.2a0c591af8314p-41, 0x1.20c62c2f2d7f5p-34, -0x1.b6e24f44b128fp-28, 0x1.f9d38a3763cc3p-22,
+      -0x1.a6d1f2a204a8cp-16, 0x1.e1f506891babbp-11, -0x1.55d3c7e3cbffap-6,  0x1.03c1f081b5ac4p-2,
+      -0x1.3bd3cc9be45dep+0,  0x1.0000000000000p+0,
+  };
+  return horner(kCos, g * g);
+}
+
+// cos(2 pi u) for u in [0, 1). Reduction without rounding: t = 4u is exact
+// (a power of two), q = floor(t) in {0,1,2,3} and f = t - q in [0, 1) are
+// exact (f's bits are a subset of t's), and cos(2 pi u) = cos(pi/2 (q + f))
+// = cos(pi/2 f), -sin(pi/2 f), -cos(pi/2 f), sin(pi/2 f) for q = 0, 1, 2, 3.
+// For f > 1/2 the complementary g = 1 - f (exact, Sterbenz) is used:
+// cos(pi/2 f) = sin(pi/2 g), sin(pi/2 f) = cos(pi/2 g); so the polynomials
+// only see g in [0, 1/2]. Relative error < 2^-48.6 (above); IEEE *, -, fma only.
+CARBON_HD double cos2pi_core(double u) {
+  const double t = u * 4.0;
+  const int q = static_cast<int>(t);  // t >= 0: truncation is floor
+  const double f = t - static_cast<double>(q);
+  const bool flip = f > 0.5;
+  const double g = flip ? 1.0 - f : f;
+  // q even needs cos(pi/2 f), q odd sin(pi/2 f); the flip swaps them: only
+  // one polynomial is evaluated. Sign: negative for q = 1, 2.
+  const bool use_sin = ((q & 1) != 0) != flip;
+  const double v = use_sin ? sin_half_pi(g) : cos_half_pi(g);
+  return (q == 1 || q == 2) ? -v : v;
+}
+
 // ---- dispatch ------------------------------------------------------------------
 // The functions as compile-time tags, so kernels specialize per function.
 enum class Fn { kExp, kLog, kTanh, kSigmoid, kErf, kGelu, kGeluTanh, kSilu };
