@@ -11,6 +11,9 @@
 // ---- end elementwise math ----
 #include "matmul/matmul.h"
 #include "norm/norm.h"
+// ---- optimizers (csrc/optim/) ----
+#include "optim/optim.h"
+// ---- end optimizers ----
 #include "reduce/reduce.h"
 #include "softmax/softmax.h"
 
@@ -60,6 +63,15 @@ TORCH_LIBRARY(carbon, m) {
         "-> Tensor");
   m.def("norm_param_grads(Tensor grad_out, Tensor x, int[] normalized_shape, Tensor? mean, Tensor rstd, "
         "bool weight=True, bool bias=True) -> (Tensor, Tensor)");
+  // ---- optimizers, gradient clipping (csrc/optim/; contract §12) ----
+  m.def("adam_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
+        "float lr, float beta1, float beta2, float eps, float weight_decay, float bias_correction1, "
+        "float bias_correction2_sqrt, bool decoupled, bool maximize) -> ()");
+  m.def("sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, float lr, float momentum, "
+        "float dampening, float weight_decay, bool nesterov, bool maximize, bool first_step) -> ()");
+  m.def("sum_squares(Tensor[] tensors, bool sqrt=False) -> Tensor");
+  m.def("clip_scale_(Tensor(a!)[] grads, Tensor total_norm, float max_norm, float eps=1e-06) -> ()");
+  // ---- end optimizers ----
 }
 
 // The ops are device-generic at this level: each checks its inputs and
@@ -95,6 +107,12 @@ TORCH_LIBRARY_IMPL(carbon, CPU, m) {
   m.impl("rms_norm", &carbon::rms_norm);
   m.impl("rms_norm_backward", &carbon::rms_norm_backward);
   m.impl("norm_param_grads", &carbon::norm_param_grads);
+  // ---- optimizers, gradient clipping ----
+  m.impl("adam_step_", &carbon::adam_step_);
+  m.impl("sgd_step_", &carbon::sgd_step_);
+  m.impl("sum_squares", &carbon::sum_squares);
+  m.impl("clip_scale_", &carbon::clip_scale_);
+  // ---- end optimizers ----
 }
 
 #ifdef CARBON_WITH_CUDA
@@ -129,5 +147,11 @@ TORCH_LIBRARY_IMPL(carbon, CUDA, m) {
   m.impl("rms_norm", &carbon::rms_norm);
   m.impl("rms_norm_backward", &carbon::rms_norm_backward);
   m.impl("norm_param_grads", &carbon::norm_param_grads);
+  // ---- optimizers, gradient clipping ----
+  m.impl("adam_step_", &carbon::adam_step_);
+  m.impl("sgd_step_", &carbon::sgd_step_);
+  m.impl("sum_squares", &carbon::sum_squares);
+  m.impl("clip_scale_", &carbon::clip_scale_);
+  // ---- end optimizers ----
 }
 #endif
