@@ -10,7 +10,8 @@ import torch  # noqa: F401  (must load before the extension: it links libtorch)
 
 from carbon import _C  # noqa: F401  (loads the kernels and registers torch.ops.carbon.*)
 from carbon import _autograd, _fake  # noqa: F401  (registrations)
-from carbon import nn
+from carbon import nn, optim
+from carbon.checkpoint import load, save
 from carbon.elementwise import erf, exp, gelu, log, sigmoid, silu, tanh
 from carbon.norm import layer_norm, rms_norm
 from carbon.ops import addmm, baddbmm, bmm, linear, matmul, mm
@@ -25,6 +26,6 @@ __all__ = [
     "layer_norm", "rms_norm",
     "softmax", "log_softmax", "cross_entropy",
     "scaled_dot_product_attention",
-    "nn",
+    "nn", "optim", "save", "load",
 ]
 __version__ = "0.1.0"

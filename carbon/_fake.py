@@ -398,3 +398,34 @@ def _norm_param_grads_fake(grad_out: Tensor, x: Tensor, normalized_shape: Sequen
     _norm_stat(op, "rstd", rstd, x, lead)
     shape = list(normalized_shape)
     return x.new_empty(shape if weight else [0]), x.new_empty(shape if bias else [0])
+
+
+# ---- optimizers, gradient clipping (csrc/optim/; contract §12) ----
+# The fused steps update their tensors in place and return nothing.
+
+
+@torch.library.register_fake("carbon::adam_step_")
+def _adam_step_fake(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, eps, weight_decay, bias_correction1,
+                    bias_correction2_sqrt, decoupled, maximize) -> None:
+    return None
+
+
+@torch.library.register_fake("carbon::sgd_step_")
+def _sgd_step_fake(params, grads, momentum_buffers, lr, momentum, dampening, weight_decay, nesterov, maximize,
+                   first_step) -> None:
+    return None
+
+
+@torch.library.register_fake("carbon::sum_squares")
+def _sum_squares_fake(tensors, sqrt=False) -> Tensor:
+    if len(tensors) == 0:
+        raise ValueError("carbon.sum_squares: expected at least one tensor")
+    for i, t in enumerate(tensors):
+        _check_dtype("sum_squares", f"tensors[{i}]", t)
+    return tensors[0].new_empty((), dtype=torch.float32)
+
+
+@torch.library.register_fake("carbon::clip_scale_")
+def _clip_scale_fake(grads, total_norm, max_norm, eps=1e-6) -> None:
+    return None
+# ---- end optimizers ----
