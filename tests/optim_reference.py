@@ -133,5 +133,6 @@ def clip_coefficient(total: float, max_norm: float) -> float:
 
 
 def scaled_values(t: torch.Tensor, coef: float) -> torch.Tensor:
-    return from_values([rn(Fraction(x) * Fraction(coef), t.dtype) if math.isfinite(x) else x * coef
+    # zero and non-finite products: the IEEE product (exact, signed zero kept)
+    return from_values([rn(Fraction(x) * Fraction(coef), t.dtype) if math.isfinite(x) and x * coef != 0 else x * coef
                         for x in values(t)], t, t.dtype)
