@@ -38,10 +38,10 @@ def gpt2_shapes(vocab: int, layers: int, d: int = 768, ctx: int = 1024) -> List[
 
 
 def make_params(shapes, device):
-    g = torch.Generator().manual_seed(0)
-    params = [torch.nn.Parameter((0.02 * torch.randn(s, generator=g)).to(device)) for s in shapes]
+    g = torch.Generator(device=device).manual_seed(0)  # generated on the device: fast for 124M
+    params = [torch.nn.Parameter(0.02 * torch.randn(s, generator=g, device=device)) for s in shapes]
     for p in params:
-        p.grad = (0.01 * torch.randn(p.shape, generator=g)).to(device)
+        p.grad = 0.01 * torch.randn(p.shape, generator=g, device=device)
     return params
 
 
