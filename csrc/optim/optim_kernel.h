@@ -32,29 +32,49 @@ struct AdamResult {
   double p, m, v;  // each exactly representable in its format (or inf / NaN)
 };
 
-CARBON_HD AdamResult adam_update(double p, double g, double m, double v, const AdamConstants& c,
-                                 const FloatFormat& f) {
-  double gp = c.maximize ? -g : g;
-  double p0 = p;
-  if (c.decoupled) {
-    p0 = p * c.decay;
-  } else if (c.weight_decay != 0.0) {
-    const double wp = c.weight_decay * p;
-    gp = gp + wp;
+// The rounding RN_f used by the updates: exact for every double.
+struct ExactRounding {
+  CARBON_HD double operator()(double x, const FloatFormat& f) { return round_double(x, f); }
+};
+
+// The same rounding for values in f's normal range only (branch-free, so
+// CPU loops over it vectorize); `ok` turns false when some value was outside
+// that range, and the caller then recomputes the element with ExactRounding.
+struct NormalRounding {
+  bool ok = true;
+  CARBON_HD double operator()(double x, const FloatFormat& f) {
+    const uint64_t u = double_to_bits(x);
+    const uint64_t mag = u & ~kSignBit;
+    const uint64_t rounded = round_normal_bits(mag, f);
+    ok = ok & (mag >= normal_min_bits(f)) & (rounded < overflow_bits(f));
+    return bits_to_double((u & kSignBit) | rounded);
   }
+};
+
+template <typename Round = ExactRounding>
+CARBON_HD AdamResult adam_update(double p, double g, double m, double v, const AdamConstants& c,
+                                 const FloatFormat& f, Round&& round = Round{}) {
+  // Written with selects (no branches) so that CPU loops vectorize; the
+  // products not selected are discarded.
+  const double g_signed = c.maximize ? -g : g;
+  const double wp = c.weight_decay * p;
+  const double g_l2 = g_signed + wp;
+  const double gp = (!c.decoupled && c.weight_decay != 0.0) ? g_l2 : g_signed;
+  const double p_decayed = p * c.decay;
+  const double p0 = c.decoupled ? p_decayed : p;
   const double m_a = c.beta1 * m;
   const double m_b = c.one_minus_beta1 * gp;
-  const double m1 = round_double(m_a + m_b, state_format());
+  const double m1 = round(m_a + m_b, state_format());
   const double g2 = gp * gp;
   const double v_a = c.beta2 * v;
   const double v_b = c.one_minus_beta2 * g2;
-  const double v1 = round_double(v_a + v_b, state_format());
+  const double v1 = round(v_a + v_b, state_format());
   const double root = sqrt(v1);
   const double scaled = root / c.bias_correction2_sqrt;
   const double denom = scaled + c.eps;
   const double num = c.step_size * m1;
   const double delta = num / denom;
-  return {round_double(p0 - delta, f), m1, v1};
+  return {round(p0 - delta, f), m1, v1};
 }
 
 // Host constants of one SGD step.
@@ -67,7 +87,9 @@ struct SgdResult {
   double p, b;
 };
 
-CARBON_HD SgdResult sgd_update(double p, double g, double b, const SgdConstants& c, const FloatFormat& f) {
+template <typename Round = ExactRounding>
+CARBON_HD SgdResult sgd_update(double p, double g, double b, const SgdConstants& c, const FloatFormat& f,
+                               Round&& round = Round{}) {
   double gp = c.maximize ? -g : g;
   if (c.weight_decay != 0.0) {
     const double wp = c.weight_decay * p;
@@ -77,11 +99,11 @@ CARBON_HD SgdResult sgd_update(double p, double g, double b, const SgdConstants&
   double b1 = b;
   if (c.has_momentum) {
     if (c.first_step) {
-      b1 = round_double(gp, state_format());
+      b1 = round(gp, state_format());
     } else {
       const double b_a = c.momentum * b;
       const double b_b = c.one_minus_dampening * gp;
-      b1 = round_double(b_a + b_b, state_format());
+      b1 = round(b_a + b_b, state_format());
     }
     if (c.nesterov) {
       const double mb = c.momentum * b1;
@@ -91,7 +113,7 @@ CARBON_HD SgdResult sgd_update(double p, double g, double b, const SgdConstants&
     }
   }
   const double step = c.lr * d;
-  return {round_double(p - step, f), b1};
+  return {round(p - step, f), b1};
 }
 
 // Gradient clipping: coef = RN32(max_norm / (total + 1e-6)), clamped to <= 1
