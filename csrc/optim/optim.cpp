@@ -151,7 +151,50 @@ void adam_cpu(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, con
   });
 }
 
+__attribute__((target_clones("avx2", "default"))) void sgd_block_f32(
+    const float* __restrict__ p, const float* __restrict__ g, const float* __restrict__ b, int64_t n,
+    const SgdConstants& constants, uint32_t* __restrict__ pb, uint32_t* __restrict__ bb, uint8_t* __restrict__ ok) {
+  const SgdConstants c = constants;
+  const FloatFormat f = state_format();
+  for (int64_t i = 0; i < n; ++i) {
+    NormalRounding r;
+    const double b0 = (b && !c.first_step) ? static_cast<double>(b[i]) : 0.0;
+    const SgdResult res = sgd_update(static_cast<double>(p[i]), static_cast<double>(g[i]), b0, c, f, r);
+    pb[i] = encode_normal_f32(res.p);
+    bb[i] = encode_normal_f32(res.b);
+    ok[i] = r.ok;
+  }
+}
+
+void sgd_cpu_f32(const at::Tensor& p, const at::Tensor& g, const at::Tensor* b, const SgdConstants& c) {
+  constexpr FloatFormat f = Format<FormatId::kFloat32>::get();
+  float* pp = p.mutable_data_ptr<float>();
+  const float* gp = g.const_data_ptr<float>();
+  float* bp = b ? b->mutable_data_ptr<float>() : nullptr;
+  at::parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    uint32_t pbits[kBlock], bbits[kBlock];
+    uint8_t ok[kBlock];
+    for (int64_t blk = begin; blk < end; blk += kBlock) {
+      const int64_t len = std::min(kBlock, end - blk);
+      sgd_block_f32(pp + blk, gp + blk, bp ? bp + blk : nullptr, len, c, pbits, bbits, ok);
+      for (int64_t k = 0; k < len; ++k) {
+        const int64_t i = blk + k;
+        if (ok[k]) {
+          reinterpret_cast<uint32_t*>(pp)[i] = pbits[k];
+          if (bp) reinterpret_cast<uint32_t*>(bp)[i] = bbits[k];
+        } else {
+          const double b0 = (bp && !c.first_step) ? load(bp, i) : 0.0;
+          const SgdResult r = sgd_update(load(pp, i), load(gp, i), b0, c, f);
+          if (bp) store_value(bp, i, r.b, state_format());
+          store_value(pp, i, r.p, f);
+        }
+      }
+    }
+  });
+}
+
 void sgd_cpu(const at::Tensor& p, const at::Tensor& g, const at::Tensor* b, const SgdConstants& c) {
+  if (p.scalar_type() == at::kFloat) return sgd_cpu_f32(p, g, b, c);
   with_param_type(p, [&](auto element, auto fmt) {
     using T = decltype(element);
     constexpr FloatFormat f = decltype(fmt)::get();
