@@ -28,13 +28,13 @@ CONFIGS = [
 ]
 
 
-def run(kind, hp, dtype, device, steps=4, clip=None):
+def run(kind, hp, dtype, device, steps=4, clip=None, scale=1.0):
     params = [torch.nn.Parameter(wide_values(s, dtype, i).to(device)) for i, s in enumerate([(70, 33), (100003,)])]
     opt = getattr(carbon.optim, kind)(params, **hp)
     norms = []
     for step in range(steps):
         for i, p in enumerate(params):
-            p.grad = wide_values(p.shape, dtype, 100 * step + i).to(device)
+            p.grad = (wide_values(p.shape, dtype, 100 * step + i) * scale).to(device)
         if clip is not None:
             norms.append(carbon.nn.utils.clip_grad_norm_(params, **clip).cpu())
         opt.step()
@@ -55,8 +55,8 @@ def test_steps_match_cpu(kind, hp, dtype):
 def test_clip_matches_cpu(dtype, norm_type, scale):
     clip = dict(max_norm=0.5, norm_type=norm_type)
     hp = dict(lr=1e-3)
-    gpu = run("AdamW", hp, dtype, "cuda", steps=2, clip=clip)
-    cpu = run("AdamW", hp, dtype, "cpu", steps=2, clip=clip)
+    gpu = run("AdamW", hp, dtype, "cuda", steps=2, clip=clip, scale=scale)
+    cpu = run("AdamW", hp, dtype, "cpu", steps=2, clip=clip, scale=scale)
     for a, b in zip(gpu, cpu):
         assert torch.equal(as_bits(a), as_bits(b))
 

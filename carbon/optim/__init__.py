@@ -83,7 +83,6 @@ class _KeepFloat32States:
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:  # type: ignore[override]
         saved_state = state_dict["state"]
         super().load_state_dict(state_dict)  # type: ignore[misc]
-        index = 0
         for group, saved_group in zip(self.param_groups, state_dict["param_groups"]):  # type: ignore[attr-defined]
             for p, pid in zip(group["params"], saved_group["params"]):
                 saved = saved_state.get(pid)
@@ -92,7 +91,6 @@ class _KeepFloat32States:
                     for key, value in saved.items():
                         if key != "step" and isinstance(value, Tensor) and value.dtype == torch.float32:
                             st[key] = value.to(device=p.device)
-                index += 1
 
 
 class Adam(_KeepFloat32States, torch.optim.Adam):
