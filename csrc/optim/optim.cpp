@@ -3,10 +3,6 @@
 // optim_cuda.cu). Every element is updated independently, so the split over
 // threads plays no role; the sum of squares uses fixed chunks and the tiers
 // of reduce_kernel.h, whose result does not depend on the split either.
-// sqrt without errno handling (the only square roots here are of values >= 0
-// or NaN; IEEE results are unchanged): lets the float32 loop vectorize.
-#pragma GCC optimize("no-math-errno")
-
 #include "optim.h"
 
 #include <ATen/Parallel.h>
