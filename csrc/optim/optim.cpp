@@ -67,8 +67,8 @@ void with_param_type(const at::Tensor& p, Fn&& fn) {
   });
 }
 
-// float32 parameters take a fast path: a vectorizable pass over a block
-// with NormalRounding into temporaries, then a commit that recomputes with
+// float32 parameters take a fast path: a branch-free pass over a block with
+// NormalRounding into temporaries (meant to vectorize; gcc does not yet), then a commit that recomputes with
 // the exact rounding every element whose results left the normal range
 // (zeros, subnormals, overflow, NaN). Both compute the same formula, so the
 // bits are those of the exact path.
