@@ -13,7 +13,8 @@ from carbon import _autograd, _fake  # noqa: F401  (registrations)
 from carbon import random
 from carbon.random import Generator, bernoulli, default_generator, manual_seed, rand, randn
 from carbon.dropout import dropout
-from carbon import nn
+from carbon import nn, optim
+from carbon.checkpoint import load, save
 from carbon.elementwise import erf, exp, gelu, log, sigmoid, silu, tanh
 from carbon.norm import layer_norm, rms_norm
 from carbon.ops import addmm, baddbmm, bmm, linear, matmul, mm
@@ -32,5 +33,6 @@ __all__ = [
     "index_add", "scatter_add", "index_put", "embedding",
     "nn",
     "random", "Generator", "default_generator", "manual_seed", "rand", "randn", "bernoulli", "dropout",
+    "optim", "save", "load",
 ]
 __version__ = "0.1.0"

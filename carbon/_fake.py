@@ -482,7 +482,6 @@ def _embedding_backward_fake(grad: Tensor, indices: Tensor, num_weights: int, pa
         raise ValueError(f"carbon.embedding_backward: grad of shape {tuple(grad.shape)} does not match indices of "
                          f"shape {tuple(indices.shape)}")
     return grad.new_empty((num_weights, grad.shape[-1]))
-=======
 # ---------------------------------------------------------------------------
 # Random (uniform, normal, trunc_normal, bernoulli, dropout). Same checks as
 # csrc/random/random.cpp. Self-contained section.
@@ -551,3 +550,33 @@ def _bernoulli_fake(probs: Tensor, seed: int, offset: int, p: Optional[float] = 
 @torch.library.register_fake("carbon::dropout")
 def _dropout_fake(x: Tensor, p: float, seed: int, offset: int) -> Tensor:
     return _random_tensor_fake("dropout", x, p, offset)
+=======
+# ---- optimizers, gradient clipping (csrc/optim/; contract §12) ----
+# The fused steps update their tensors in place and return nothing.
+
+
+@torch.library.register_fake("carbon::adam_step_")
+def _adam_step_fake(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, eps, weight_decay, bias_correction1,
+                    bias_correction2_sqrt, decoupled, maximize) -> None:
+    return None
+
+
+@torch.library.register_fake("carbon::sgd_step_")
+def _sgd_step_fake(params, grads, momentum_buffers, lr, momentum, dampening, weight_decay, nesterov, maximize,
+                   first_step) -> None:
+    return None
+
+
+@torch.library.register_fake("carbon::sum_squares")
+def _sum_squares_fake(tensors, sqrt=False) -> Tensor:
+    if len(tensors) == 0:
+        raise ValueError("carbon.sum_squares: expected at least one tensor")
+    for i, t in enumerate(tensors):
+        _check_dtype("sum_squares", f"tensors[{i}]", t)
+    return tensors[0].new_empty((), dtype=torch.float32)
+
+
+@torch.library.register_fake("carbon::clip_scale_")
+def _clip_scale_fake(grads, total_norm, max_norm, eps=1e-6) -> None:
+    return None
+# ---- end optimizers ----

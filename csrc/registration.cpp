@@ -14,6 +14,9 @@
 // ---- random (Philox; csrc/random/) ----
 #include "random/random.h"
 // ---- end random ----
+// ---- optimizers (csrc/optim/) ----
+#include "optim/optim.h"
+// ---- end optimizers ----
 #include "reduce/reduce.h"
 // ---- indexed accumulation (csrc/scatter/) ----
 #include "scatter/scatter.h"
@@ -83,6 +86,15 @@ TORCH_LIBRARY(carbon, m) {
   m.def("bernoulli(Tensor probs, int seed, int offset, float? p=None) -> Tensor");
   m.def("dropout(Tensor x, float p, int seed, int offset) -> Tensor");
   // ---- end random ----
+  // ---- optimizers, gradient clipping (csrc/optim/; contract §12) ----
+  m.def("adam_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
+        "float lr, float beta1, float beta2, float eps, float weight_decay, float bias_correction1, "
+        "float bias_correction2_sqrt, bool decoupled, bool maximize) -> ()");
+  m.def("sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, float lr, float momentum, "
+        "float dampening, float weight_decay, bool nesterov, bool maximize, bool first_step) -> ()");
+  m.def("sum_squares(Tensor[] tensors, bool sqrt=False) -> Tensor");
+  m.def("clip_scale_(Tensor(a!)[] grads, Tensor total_norm, float max_norm, float eps=1e-06) -> ()");
+  // ---- end optimizers ----
 }
 
 // ---- random: the factory ops have no tensor argument to dispatch on; they
@@ -137,6 +149,12 @@ TORCH_LIBRARY_IMPL(carbon, CPU, m) {
   m.impl("bernoulli", &carbon::bernoulli_op);
   m.impl("dropout", &carbon::dropout_op);
   // ---- end random ----
+  // ---- optimizers, gradient clipping ----
+  m.impl("adam_step_", &carbon::adam_step_);
+  m.impl("sgd_step_", &carbon::sgd_step_);
+  m.impl("sum_squares", &carbon::sum_squares);
+  m.impl("clip_scale_", &carbon::clip_scale_);
+  // ---- end optimizers ----
 }
 
 #ifdef CARBON_WITH_CUDA
@@ -181,5 +199,11 @@ TORCH_LIBRARY_IMPL(carbon, CUDA, m) {
   m.impl("bernoulli", &carbon::bernoulli_op);
   m.impl("dropout", &carbon::dropout_op);
   // ---- end random ----
+  // ---- optimizers, gradient clipping ----
+  m.impl("adam_step_", &carbon::adam_step_);
+  m.impl("sgd_step_", &carbon::sgd_step_);
+  m.impl("sum_squares", &carbon::sum_squares);
+  m.impl("clip_scale_", &carbon::clip_scale_);
+  // ---- end optimizers ----
 }
 #endif

@@ -7,5 +7,6 @@ from carbon.nn.dropout import Dropout
 from carbon.nn.linear import Linear
 from carbon.nn.normalization import LayerNorm, RMSNorm
 from carbon.nn.sparse import Embedding
+from carbon.nn import utils
 
-__all__ = ["Linear", "LayerNorm", "RMSNorm", "GELU", "SiLU", "Dropout", "Embedding", "init"]
+__all__ = ["Linear", "LayerNorm", "RMSNorm", "GELU", "SiLU", "Dropout", "Embedding", "init", "utils"]

@@ -1,0 +1,115 @@
+"""carbon.optim steps and carbon.nn.utils.clip_grad_norm_ against torch's
+foreach and fused implementations, on a GPT-2-small-shaped parameter set.
+
+    python benchmarks/bench_optim.py [--device cpu|cuda|all] [--budget S]
+
+CUDA: the full GPT-2 small shapes (~124M float32 parameters); CPU: the same
+layer shapes with 2 layers and an 8192-token vocabulary (~20M). Each row
+times one step (or one clip) of every implementation in interleaved rounds
+(benchmarks/_timing.py) and prints median ms and carbon / best-torch.
+Target (issue 4): carbon <= 1.5x torch's fused / foreach step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from typing import List, Optional
+
+import torch
+
+try:
+    import carbon
+except ImportError:  # run from a checkout without an install
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import carbon
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import machine_load, time_interleaved  # noqa: E402
+
+
+def gpt2_shapes(vocab: int, layers: int, d: int = 768, ctx: int = 1024) -> List[tuple]:
+    shapes = [(vocab, d), (ctx, d)]
+    for _ in range(layers):
+        shapes += [(d,), (d,), (d, 3 * d), (3 * d,), (d, d), (d,), (d,), (d,), (d, 4 * d), (4 * d,), (4 * d, d), (d,)]
+    return shapes + [(d,), (d,)]
+
+
+def make_params(shapes, device):
+    g = torch.Generator(device=device).manual_seed(0)  # generated on the device: fast for 124M
+    params = [torch.nn.Parameter(0.02 * torch.randn(s, generator=g, device=device)) for s in shapes]
+    for p in params:
+        p.grad = 0.01 * torch.randn(p.shape, generator=g, device=device)
+    return params
+
+
+def variants(kind: str, device: str):
+    """(label, optimizer class, kwargs) for torch foreach, torch fused, carbon."""
+    hp = dict(lr=1e-4, weight_decay=0.1) if kind == "AdamW" else dict(lr=1e-3, momentum=0.9)
+    out = [("torch foreach", getattr(torch.optim, kind), dict(hp, foreach=True))]
+    if device == "cuda" or kind in ("AdamW", "SGD"):
+        out.append(("torch fused", getattr(torch.optim, kind), dict(hp, fused=True)))
+    out.append(("carbon", getattr(carbon.optim, kind), hp))
+    return out
+
+
+def bench(device: str, budget_s: float) -> List[str]:
+    shapes = gpt2_shapes(50257, 12) if device == "cuda" else gpt2_shapes(8192, 2)
+    n = sum(torch.Size(s).numel() for s in shapes)
+    rows = []
+    for kind in ("AdamW", "SGD"):
+        labels, fns = [], []
+        for label, cls, kw in variants(kind, device):
+            try:
+                params = make_params(shapes, device)
+                opt = cls(params, **kw)
+                opt.step()  # allocate states
+            except (RuntimeError, ValueError) as e:  # e.g. fused not available here
+                print(f"skip {kind} {label}: {e}")
+                continue
+            labels.append(label)
+            fns.append(opt.step)
+        times = time_interleaved(fns, device, budget_s, 30)
+        ms = [statistics.median(t) for t in times]
+        rows.append((f"{kind} step", labels, ms))
+        del fns
+    # gradient clipping
+    params = make_params(shapes, device)
+    fns = [lambda: torch.nn.utils.clip_grad_norm_(params, 1e9, foreach=True),
+           lambda: carbon.nn.utils.clip_grad_norm_(params, 1e9)]
+    times = time_interleaved(fns, device, budget_s, 30)
+    rows.append(("clip_grad_norm_", ["torch foreach", "carbon"], [statistics.median(t) for t in times]))
+
+    lines = [f"device {device}, {len(shapes)} tensors, {n / 1e6:.1f}M float32 parameters",
+             "| device | op | torch foreach ms | torch fused ms | carbon ms | carbon / best torch |",
+             "|---|---|---|---|---|---|"]
+    ratios = []
+    for op, labels, ms in rows:
+        by = dict(zip(labels, ms))
+        best = min(v for k, v in by.items() if k != "carbon")
+        fe = by.get("torch foreach")
+        fu = by.get("torch fused")
+        lines.append(f"| {device} | {op} | {fe:.2f} | {'-' if fu is None else f'{fu:.2f}'} | {by['carbon']:.2f} | "
+                     f"{by['carbon'] / best:.2f}x |")
+        ratios.append(f"RATIO {device} optim {op} carbon/best-torch = {by['carbon'] / best:.2f} (target <= 1.5)")
+    return lines + [""] + ratios
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
+    parser.add_argument("--budget", type=float, default=2.0, help="seconds of timing per row")
+    args = parser.parse_args(argv)
+    devices = ["cpu"] if args.device == "cpu" else (["cuda"] if args.device == "cuda" else ["cpu", "cuda"])
+    devices = [d for d in devices if d == "cpu" or torch.cuda.is_available()]
+    print(f"torch {torch.__version__}, carbon {carbon.__version__}, {torch.get_num_threads()} CPU threads, "
+          f"load {machine_load()}")
+    for device in devices:
+        print("\n".join(bench(device, args.budget)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

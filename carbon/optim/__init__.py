@@ -1,0 +1,206 @@
+"""Bit-exact optimizers: torch.optim.AdamW / Adam / SGD whose ``step`` runs
+one fused Carbon op per parameter group (``torch.ops.carbon.adam_step_`` /
+``sgd_step_``). Every update is the per-element formula of
+docs/contract.md §12: fp64 operations in a fixed order, each state rounded
+once to float32 and the parameter once to its own format, so the bits are
+the same on every CPU and GPU at any thread count.
+
+Constructors, ``param_groups``, ``state`` and ``state_dict()`` are torch's,
+so a torch.optim state_dict loads into these classes and back. The states
+(exp_avg, exp_avg_sq, momentum_buffer) are float32 for every parameter dtype
+(torch keeps them in the parameter's dtype); ``load_state_dict`` keeps saved
+float32 states float32 for bfloat16 / float16 parameters, so resuming is
+bit-exact for them too. The step count is ``state['step']``, a CPU float32
+tensor as in torch; reading it on the host does not synchronize with a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+from torch import Tensor
+
+__all__ = ["Adam", "AdamW", "SGD", "power"]
+
+
+def power(base: float, exponent: int) -> float:
+    """base**exponent in IEEE fp64 by binary exponentiation (contract §12):
+    r = 1; b = base; for each bit of the exponent from the lowest: if set,
+    r = r * b; then b = b * b. Python float multiplications only (no libm
+    pow), so every machine computes the same value."""
+    result, b, e = 1.0, float(base), int(exponent)
+    while e:
+        if e & 1:
+            result = result * b
+        b = b * b
+        e >>= 1
+    return result
+
+
+def _scalar(name: str, value: Any) -> float:
+    if isinstance(value, Tensor):
+        if value.device.type != "cpu":
+            raise ValueError(f"carbon.optim: {name} must be a Python float or a CPU tensor, got a tensor on {value.device}")
+        return float(value.item())
+    return float(value)
+
+
+def _check_unsupported(cls: str, options: Dict[str, Any]) -> None:
+    for key in ("amsgrad", "capturable", "differentiable"):
+        if options.get(key):
+            raise ValueError(f"carbon.optim.{cls}: {key}=True is not supported")
+    for key in ("foreach", "fused"):
+        if options.get(key):
+            raise ValueError(f"carbon.optim.{cls}: {key}=True is not supported (carbon's step is always one fused op "
+                             f"per parameter group; leave {key}=None)")
+
+
+def _grad_of(cls: str, p: Tensor) -> Tensor:
+    g = p.grad
+    if g.is_sparse:
+        raise ValueError(f"carbon.optim.{cls}: sparse gradients are not supported")
+    return g
+
+
+def _float32_state(state: Dict[str, Any], key: str, p: Tensor) -> Tensor:
+    """state[key] as a contiguous float32 tensor on p's device (created as zeros)."""
+    t = state.get(key)
+    if t is None:
+        t = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+    elif t.dtype != torch.float32 or t.device != p.device or not t.is_contiguous():
+        t = t.to(device=p.device, dtype=torch.float32).contiguous()
+    state[key] = t
+    return t
+
+
+class _KeepFloat32States:
+    """load_state_dict as torch's, except that saved float32 states of
+    bfloat16 / float16 parameters stay float32 (torch casts every floating
+    state to the parameter's dtype, which would round carbon's states)."""
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:  # type: ignore[override]
+        saved_state = state_dict["state"]
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+        for group, saved_group in zip(self.param_groups, state_dict["param_groups"]):  # type: ignore[attr-defined]
+            for p, pid in zip(group["params"], saved_group["params"]):
+                saved = saved_state.get(pid)
+                if saved is not None and p.dtype != torch.float32:
+                    st = self.state[p]  # type: ignore[attr-defined]
+                    for key, value in saved.items():
+                        if key != "step" and isinstance(value, Tensor) and value.dtype == torch.float32:
+                            st[key] = value.to(device=p.device)
+
+
+class Adam(_KeepFloat32States, torch.optim.Adam):
+    """torch.optim.Adam (L2 weight decay; decoupled with
+    ``decoupled_weight_decay=True``) with a bit-exact fused step."""
+
+    _name = "Adam"
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0,
+                 amsgrad: bool = False, *, foreach: Optional[bool] = None, maximize: bool = False,
+                 capturable: bool = False, differentiable: bool = False, fused: Optional[bool] = None,
+                 decoupled_weight_decay: bool = False) -> None:
+        _check_unsupported(self._name, dict(amsgrad=amsgrad, capturable=capturable, differentiable=differentiable,
+                                            foreach=foreach, fused=fused))
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                         foreach=foreach, maximize=maximize, capturable=capturable, differentiable=differentiable,
+                         fused=fused, decoupled_weight_decay=decoupled_weight_decay)
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], float]] = None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            _check_unsupported(self._name, group)
+            lr = _scalar("lr", group["lr"])
+            beta1, beta2 = (_scalar("beta1", b) for b in group["betas"])
+            eps, wd = float(group["eps"]), _scalar("weight_decay", group["weight_decay"])
+            decoupled = bool(group.get("decoupled_weight_decay", False))
+            maximize = bool(group["maximize"])
+            by_step: Dict[int, List[List[Tensor]]] = {}
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = _grad_of(self._name, p)
+                state = self.state[p]
+                if "step" not in state:
+                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                m = _float32_state(state, "exp_avg", p)
+                v = _float32_state(state, "exp_avg_sq", p)
+                state["step"] += 1
+                t = int(state["step"].item())  # a CPU tensor: no device synchronization
+                lists = by_step.setdefault(t, [[], [], [], []])
+                for lst, x in zip(lists, (p, g, m, v)):
+                    lst.append(x)
+            for t, (ps, gs, ms, vs) in by_step.items():
+                bias_correction1 = 1.0 - power(beta1, t)
+                bias_correction2_sqrt = math.sqrt(1.0 - power(beta2, t))
+                torch.ops.carbon.adam_step_(ps, gs, ms, vs, lr, beta1, beta2, eps, wd, bias_correction1,
+                                            bias_correction2_sqrt, decoupled, maximize)
+        return loss
+
+
+class AdamW(_KeepFloat32States, torch.optim.AdamW):
+    """torch.optim.AdamW (decoupled weight decay) with a bit-exact fused step."""
+
+    _name = "AdamW"
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
+                 amsgrad: bool = False, *, maximize: bool = False, foreach: Optional[bool] = None,
+                 capturable: bool = False, differentiable: bool = False, fused: Optional[bool] = None) -> None:
+        _check_unsupported(self._name, dict(amsgrad=amsgrad, capturable=capturable, differentiable=differentiable,
+                                            foreach=foreach, fused=fused))
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                         maximize=maximize, foreach=foreach, capturable=capturable, differentiable=differentiable,
+                         fused=fused)
+
+    step = Adam.step  # group["decoupled_weight_decay"] is True for AdamW
+
+
+class SGD(_KeepFloat32States, torch.optim.SGD):
+    """torch.optim.SGD (momentum, dampening, Nesterov, weight decay,
+    maximize) with a bit-exact fused step."""
+
+    _name = "SGD"
+
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0, dampening: float = 0, weight_decay: float = 0,
+                 nesterov: bool = False, *, maximize: bool = False, foreach: Optional[bool] = None,
+                 differentiable: bool = False, fused: Optional[bool] = None) -> None:
+        _check_unsupported(self._name, dict(differentiable=differentiable, foreach=foreach, fused=fused))
+        super().__init__(params, lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                         nesterov=nesterov, maximize=maximize, foreach=foreach, differentiable=differentiable,
+                         fused=fused)
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], float]] = None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            _check_unsupported(self._name, group)
+            lr, momentum = _scalar("lr", group["lr"]), float(group["momentum"])
+            dampening, wd = float(group["dampening"]), _scalar("weight_decay", group["weight_decay"])
+            nesterov, maximize = bool(group["nesterov"]), bool(group["maximize"])
+            # first_step -> (params, grads, buffers)
+            calls: Dict[bool, List[List[Tensor]]] = {False: [[], [], []], True: [[], [], []]}
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = _grad_of(self._name, p)
+                state = self.state[p]
+                first = momentum != 0 and state.get("momentum_buffer") is None
+                lists = calls[first]
+                lists[0].append(p)
+                lists[1].append(g)
+                if momentum != 0:
+                    lists[2].append(_float32_state(state, "momentum_buffer", p))
+            for first, (ps, gs, bs) in calls.items():
+                if ps:
+                    torch.ops.carbon.sgd_step_(ps, gs, bs, lr, momentum, dampening, wd, nesterov, maximize, first)
+        return loss

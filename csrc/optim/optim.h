@@ -1,0 +1,30 @@
+// Host-side interface of the optimizer family: fused AdamW / Adam / SGD
+// steps, the exact sum of squares of a list of tensors (gradient norms) and
+// the gradient-clipping scale. docs/contract.md §12 defines every result.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "optim_kernel.h"
+
+namespace carbon {
+
+void adam_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                double lr, double beta1, double beta2, double eps, double weight_decay, double bias_correction1,
+                double bias_correction2_sqrt, bool decoupled, bool maximize);
+void sgd_step_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, double lr,
+               double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
+               bool first_step);
+at::Tensor sum_squares(at::TensorList tensors, bool sqrt);
+void clip_scale_(at::TensorList grads, const at::Tensor& total_norm, double max_norm, double eps);
+
+#ifdef CARBON_WITH_CUDA
+// One tensor per call (contiguous, checked by the caller), on the current stream.
+void adam_step_cuda(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
+                    const AdamConstants& c);
+void sgd_step_cuda(const at::Tensor& p, const at::Tensor& g, const at::Tensor* b, const SgdConstants& c);
+at::Tensor sum_squares_cuda(at::TensorList tensors, bool sqrt);
+void clip_scale_cuda(at::TensorList grads, const at::Tensor& total_norm, double max_norm, double eps);
+#endif
+
+}  // namespace carbon

@@ -1,0 +1,154 @@
+// The per-element updates of Carbon's optimizers, written once for the CPU
+// loop (optim.cpp) and the CUDA kernels (optim_cuda.cu). docs/contract.md §12
+// states them; every operation below is one IEEE fp64 operation (the build
+// disables contraction into FMAs), and the results are rounded once, with
+// integer operations, into float32 (the states) or the parameter's format.
+//
+// Every input value of the supported formats is exact in fp64, so each
+// element's result depends only on the input values and the host constants:
+// the same bits on any CPU, any GPU, any thread count or launch grid.
+#pragma once
+
+#include "../exact/float_format.h"
+#include "../reduce/reduce_kernel.h"  // element_value
+
+namespace carbon {
+
+CARBON_HD FloatFormat state_format() { return Format<FormatId::kFloat32>::get(); }
+
+// Host constants of one Adam / AdamW step (all IEEE fp64 values).
+struct AdamConstants {
+  double step_size;        // lr / (1 - beta1^t)
+  double beta1, one_minus_beta1;
+  double beta2, one_minus_beta2;
+  double eps;
+  double weight_decay;     // L2 (Adam): g' = g' + wd * p, only when wd != 0
+  double decay;            // AdamW: p0 = p * (1 - lr * wd)
+  double bias_correction2_sqrt;
+  bool decoupled, maximize;
+};
+
+struct AdamResult {
+  double p, m, v;  // each exactly representable in its format (or inf / NaN)
+};
+
+// The rounding RN_f used by the updates: exact for every double.
+struct ExactRounding {
+  CARBON_HD double operator()(double x, const FloatFormat& f) { return round_double(x, f); }
+};
+
+// The same rounding for values in f's normal range only (branch-free, so
+// CPU loops over it vectorize); `ok` turns false when some value was outside
+// that range, and the caller then recomputes the element with ExactRounding.
+struct NormalRounding {
+  bool ok = true;
+  CARBON_HD double operator()(double x, const FloatFormat& f) {
+    const uint64_t u = double_to_bits(x);
+    const uint64_t mag = u & ~kSignBit;
+    const uint64_t rounded = round_normal_bits(mag, f);
+    ok = ok & (mag >= normal_min_bits(f)) & (rounded < overflow_bits(f));
+    return bits_to_double((u & kSignBit) | rounded);
+  }
+};
+
+template <typename Round = ExactRounding>
+CARBON_HD AdamResult adam_update(double p, double g, double m, double v, const AdamConstants& c,
+                                 const FloatFormat& f, Round&& round = Round{}) {
+  // Written with selects (no branches) so that CPU loops vectorize; the
+  // products not selected are discarded.
+  const double g_signed = c.maximize ? -g : g;
+  const double wp = c.weight_decay * p;
+  const double g_l2 = g_signed + wp;
+  const double gp = (!c.decoupled && c.weight_decay != 0.0) ? g_l2 : g_signed;
+  const double p_decayed = p * c.decay;
+  const double p0 = c.decoupled ? p_decayed : p;
+  const double m_a = c.beta1 * m;
+  const double m_b = c.one_minus_beta1 * gp;
+  const double m1 = round(m_a + m_b, state_format());
+  const double g2 = gp * gp;
+  const double v_a = c.beta2 * v;
+  const double v_b = c.one_minus_beta2 * g2;
+  const double v1 = round(v_a + v_b, state_format());
+  const double root = sqrt(v1);
+  const double scaled = root / c.bias_correction2_sqrt;
+  const double denom = scaled + c.eps;
+  const double num = c.step_size * m1;
+  const double delta = num / denom;
+  return {round(p0 - delta, f), m1, v1};
+}
+
+// Host constants of one SGD step.
+struct SgdConstants {
+  double lr, momentum, one_minus_dampening, weight_decay;
+  bool nesterov, maximize, first_step, has_momentum;
+};
+
+struct SgdResult {
+  double p, b;
+};
+
+template <typename Round = ExactRounding>
+CARBON_HD SgdResult sgd_update(double p, double g, double b, const SgdConstants& c, const FloatFormat& f,
+                               Round&& round = Round{}) {
+  double gp = c.maximize ? -g : g;
+  if (c.weight_decay != 0.0) {
+    const double wp = c.weight_decay * p;
+    gp = gp + wp;
+  }
+  double d = gp;
+  double b1 = b;
+  if (c.has_momentum) {
+    if (c.first_step) {
+      b1 = round(gp, state_format());
+    } else {
+      const double b_a = c.momentum * b;
+      const double b_b = c.one_minus_dampening * gp;
+      b1 = round(b_a + b_b, state_format());
+    }
+    if (c.nesterov) {
+      const double mb = c.momentum * b1;
+      d = gp + mb;
+    } else {
+      d = b1;
+    }
+  }
+  const double step = c.lr * d;
+  return {round(p - step, f), b1};
+}
+
+// Gradient clipping: coef = RN32(max_norm / (total + 1e-6)), clamped to <= 1
+// (a NaN coefficient stays NaN, like torch.clamp).
+CARBON_HD double clip_coefficient(double total_norm, double max_norm, double eps) {
+  const double denom = total_norm + eps;
+  const double coef = round_double(max_norm / denom, state_format());
+  return coef > 1.0 ? 1.0 : coef;
+}
+
+// total = RN32(sqrt(S)) of the float32 value S: the fp64 square root is
+// correctly rounded and 53 >= 2 * 24 + 2, so rounding it again to float32
+// gives the correctly rounded float32 square root.
+CARBON_HD double norm_from_sum_of_squares(double s) { return round_double(sqrt(s), state_format()); }
+
+// Element access through typed pointers: read the exact value, write RN bits.
+template <typename T>
+CARBON_HD double load(const T* p, int64_t i) {
+  return element_value(p[i]);
+}
+template <typename T>
+CARBON_HD void store_value(T* p, int64_t i, double value, const FloatFormat& f) {
+  // value is representable in T's format: write its bits (no FPU conversion).
+  if constexpr (sizeof(T) == 4) {
+    reinterpret_cast<uint32_t*>(p)[i] = encode(value, f);
+  } else {
+    reinterpret_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(encode(value, f));
+  }
+}
+
+// The fp64 square of an element (exact: at most 2 * 24 significant bits).
+template <typename T>
+CARBON_HD double square_of(const T* p, int64_t i) {
+  const double v = element_value(p[i]);
+  return v * v;
+}
+
+}  // namespace carbon

@@ -1,0 +1,62 @@
+"""A tiny training run for the resume test: an MLP of carbon.nn.Linear with
+carbon.tanh, a mean-squared loss through carbon.mean, gradient clipping and
+carbon.optim.AdamW. Used in-process and from a fresh subprocess."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+
+import torch
+
+import carbon
+
+
+def make():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(carbon.nn.Linear(12, 32), torch.nn.Identity(), carbon.nn.Linear(32, 4))
+    opt = carbon.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.05)
+    return model, opt
+
+
+def batch(step: int):
+    g = torch.Generator().manual_seed(1000 + step)
+    return torch.randn(16, 12, generator=g), torch.randn(16, 4, generator=g)
+
+
+def train(model, opt, start: int, stop: int) -> None:
+    for step in range(start, stop):
+        x, y = batch(step)
+        h = carbon.tanh(model[0](x))
+        d = model[2](h) - y
+        loss = carbon.mean(d * d)
+        opt.zero_grad()
+        loss.backward()
+        carbon.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step()
+
+
+def digest(model, opt) -> str:
+    h = hashlib.sha256()
+    for name, p in model.state_dict().items():
+        h.update(name.encode())
+        h.update(p.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+    for p in model.parameters():
+        for key, value in sorted(opt.state[p].items()):
+            h.update(key.encode())
+            h.update(value.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def resume(path: str, start: int, stop: int) -> None:
+    """Fresh process: build, load the checkpoint, train on, print the digest."""
+    model, opt = make()
+    torch.manual_seed(12345)  # a different global state must not matter
+    extra = carbon.load(path, model=model, optimizer=opt)
+    assert extra["step"] == start, extra
+    train(model, opt, start, stop)
+    print(digest(model, opt))
+
+
+if __name__ == "__main__":
+    resume(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))

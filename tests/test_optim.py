@@ -1,0 +1,267 @@
+"""carbon.optim (contract §12) against the independent reference of
+optim_reference.py: every parameter and state bit after several steps, for
+AdamW, Adam and SGD in every option combination and parameter dtype; then
+against torch.optim within a tolerance, state_dict interchange with
+torch.optim, thread-count invariance and errors."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import carbon
+from oracle import as_bits
+from optim_reference import adam_reference, from_values, sgd_reference, values
+from optim_util import wide_values
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+STEPS = 4
+
+
+def make_params(dtype, seed, shapes=((7, 5), (33,))):
+    return [torch.nn.Parameter(wide_values(s, dtype, seed + i)) for i, s in enumerate(shapes)]
+
+
+def set_grads(params, seed):
+    for i, p in enumerate(params):
+        p.grad = wide_values(p.shape, p.dtype, 1000 * seed + i)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    assert a.dtype == b.dtype and a.shape == b.shape, what
+    bad = (as_bits(a) != as_bits(b)).nonzero()
+    assert bad.numel() == 0, f"{what}: {bad.shape[0]} elements differ, first at {bad[0].tolist()}: {a.flatten()[0:0]}" \
+        f" got {a.reshape(-1)[bad[0][0]] if a.dim() == 1 else a[tuple(bad[0].tolist())]!r}," \
+        f" expected {b.reshape(-1)[bad[0][0]] if b.dim() == 1 else b[tuple(bad[0].tolist())]!r}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["AdamW", "Adam"])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+@pytest.mark.parametrize("maximize", [False, True])
+def test_adam_matches_reference(dtype, kind, weight_decay, maximize):
+    params = make_params(dtype, 1)
+    hp = dict(lr=1e-2, betas=(0.8, 0.99), eps=1e-6, weight_decay=weight_decay, maximize=maximize)
+    opt = getattr(carbon.optim, kind)(params, **hp)
+    ref = [(values(p), [0.0] * p.numel(), [0.0] * p.numel()) for p in params]
+    for step in range(1, STEPS + 1):
+        set_grads(params, step)
+        new_ref = []
+        for p, (rp, rm, rv) in zip(params, ref):
+            new_ref.append(adam_reference(rp, values(p.grad), rm, rv, step, lr=1e-2, beta1=0.8, beta2=0.99, eps=1e-6,
+                                          weight_decay=weight_decay, decoupled=kind == "AdamW", maximize=maximize,
+                                          dtype=dtype))
+        ref = new_ref
+        opt.step()
+        for i, (p, (rp, rm, rv)) in enumerate(zip(params, ref)):
+            st = opt.state[p]
+            assert st["step"].dtype == torch.float32 and st["step"].device.type == "cpu" and float(st["step"]) == step
+            same_bits(p.detach(), from_values(rp, p, dtype), f"step {step} param {i}")
+            same_bits(st["exp_avg"], from_values(rm, p, torch.float32), f"step {step} exp_avg {i}")
+            same_bits(st["exp_avg_sq"], from_values(rv, p, torch.float32), f"step {step} exp_avg_sq {i}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("momentum,dampening,nesterov", [(0.0, 0.0, False), (0.9, 0.0, False), (0.9, 0.0, True),
+                                                          (0.5, 0.25, False)])
+@pytest.mark.parametrize("weight_decay,maximize", [(0.0, False), (0.01, True)])
+def test_sgd_matches_reference(dtype, momentum, dampening, nesterov, weight_decay, maximize):
+    params = make_params(dtype, 2)
+    hp = dict(lr=0.05, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
+              maximize=maximize)
+    opt = carbon.optim.SGD(params, **hp)
+    ref = [(values(p), [0.0] * p.numel()) for p in params]
+    for step in range(1, STEPS + 1):
+        set_grads(params, step)
+        ref = [sgd_reference(rp, values(p.grad), rb, step == 1, lr=0.05, momentum=momentum, dampening=dampening,
+                             weight_decay=weight_decay, nesterov=nesterov, maximize=maximize, dtype=dtype)
+               for p, (rp, rb) in zip(params, ref)]
+        opt.step()
+        for i, (p, (rp, rb)) in enumerate(zip(params, ref)):
+            same_bits(p.detach(), from_values(rp, p, dtype), f"step {step} param {i}")
+            if momentum:
+                same_bits(opt.state[p]["momentum_buffer"], from_values(rb, p, torch.float32), f"step {step} buf {i}")
+            else:
+                assert opt.state[p].get("momentum_buffer") is None
+
+
+def _ulps(a: torch.Tensor, b: torch.Tensor) -> int:
+    ia, ib = as_bits(a).long(), as_bits(b).long()
+    ia = torch.where(ia < 0, -(ia & 0x7FFFFFFF), ia)  # monotone integer order
+    ib = torch.where(ib < 0, -(ib & 0x7FFFFFFF), ib)
+    return int((ia - ib).abs().max())
+
+
+@pytest.mark.parametrize("kind,hp", [
+    ("AdamW", dict(lr=1e-3, weight_decay=0.01)),
+    ("Adam", dict(lr=1e-3, weight_decay=0.01)),
+    ("SGD", dict(lr=0.01, momentum=0.9, weight_decay=1e-4, nesterov=True)),
+    ("SGD", dict(lr=0.01)),
+])
+def test_close_to_torch(kind, hp):
+    """Tolerance: after 5 steps on N(0, 1) data, |ours - torch| <= 5 steps x
+    (2 float32 ulps of the parameter + 1e-5 lr): torch rounds every
+    intermediate to float32 (the update, then the subtraction) and computes
+    Adam's moments with lerp, so each step may differ by an ulp of the
+    parameter plus a relative ~1e-7 of the update (at most ~lr)."""
+    g = torch.Generator().manual_seed(5)
+    base = [torch.randn(64, 32, generator=g), torch.randn(100, generator=g)]
+    ours = [torch.nn.Parameter(t.clone()) for t in base]
+    theirs = [torch.nn.Parameter(t.clone()) for t in base]
+    opt_c = getattr(carbon.optim, kind)(ours, **hp)
+    opt_t = getattr(torch.optim, kind)(theirs, foreach=False, **hp)
+    for _ in range(5):
+        grads = [torch.randn(t.shape, generator=g) for t in base]
+        for p, q, gr in zip(ours, theirs, grads):
+            p.grad, q.grad = gr.clone(), gr.clone()
+        opt_c.step()
+        opt_t.step()
+    for p, q in zip(ours, theirs):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=5 * 2 * 2.0**-23, atol=5e-5 * hp["lr"])
+
+
+@pytest.mark.parametrize("kind,hp", [("AdamW", dict(lr=1e-3)), ("SGD", dict(lr=0.01, momentum=0.9))])
+def test_state_dict_interchange_with_torch(kind, hp):
+    g = torch.Generator().manual_seed(7)
+    base = [torch.randn(6, 4, generator=g), torch.randn(9, generator=g)]
+
+    def grads_at(step):
+        gg = torch.Generator().manual_seed(100 + step)
+        return [torch.randn(t.shape, generator=gg) for t in base]
+
+    # torch.optim -> carbon.optim: two torch steps, then carbon continues.
+    tp = [torch.nn.Parameter(t.clone()) for t in base]
+    topt = getattr(torch.optim, kind)(tp, **hp)
+    for s in range(2):
+        for p, gr in zip(tp, grads_at(s)):
+            p.grad = gr
+        topt.step()
+    cp = [torch.nn.Parameter(p.detach().clone()) for p in tp]
+    copt = getattr(carbon.optim, kind)(cp, **hp)
+    copt.load_state_dict(copy.deepcopy(topt.state_dict()))
+    # continuing from the same state in a fresh carbon optimizer built from
+    # copies of the state gives the same bits (the state is all that matters)
+    cp2 = [torch.nn.Parameter(p.detach().clone()) for p in tp]
+    copt2 = getattr(carbon.optim, kind)(cp2, **hp)
+    copt2.load_state_dict(copy.deepcopy(topt.state_dict()))  # (load shares tensors)
+    for opt, ps in ((copt, cp), (copt2, cp2)):
+        for p, gr in zip(ps, grads_at(2)):
+            p.grad = gr
+        opt.step()
+    for a, b in zip(cp, cp2):
+        assert torch.equal(as_bits(a.detach()), as_bits(b.detach()))
+    if kind == "AdamW":
+        assert float(copt.state[cp[0]]["step"]) == 3
+    # carbon.optim -> torch.optim: the state_dict has torch's keys and loads.
+    sd = copt.state_dict()
+    assert sd["param_groups"][0].keys() == topt.state_dict()["param_groups"][0].keys()
+    tp2 = [torch.nn.Parameter(p.detach().clone()) for p in cp]
+    topt2 = getattr(torch.optim, kind)(tp2, **hp)
+    topt2.load_state_dict(copy.deepcopy(sd))
+    for p, gr in zip(tp2, grads_at(3)):
+        p.grad = gr
+    topt2.step()
+    for key in topt2.state[tp2[0]]:
+        assert key in copt.state[cp[0]]
+
+
+def test_bf16_states_stay_float32_through_state_dict():
+    p = torch.nn.Parameter(torch.randn(10).bfloat16())
+    opt = carbon.optim.AdamW([p], lr=0.1)
+    p.grad = torch.randn(10).bfloat16()
+    opt.step()
+    q = torch.nn.Parameter(p.detach().clone())
+    opt2 = carbon.optim.AdamW([q], lr=0.1)
+    opt2.load_state_dict(opt.state_dict())
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert opt2.state[q][key].dtype == torch.float32
+        assert torch.equal(opt2.state[q][key], opt.state[p][key])
+
+
+@pytest.mark.parametrize("kind", ["AdamW", "SGD"])
+def test_thread_count_invariance(kind, restore_num_threads):
+    results = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        params = [torch.nn.Parameter(wide_values((300, 257), torch.float32, 3))]
+        opt = getattr(carbon.optim, kind)(params, lr=0.01, **({"momentum": 0.9} if kind == "SGD" else {}))
+        for step in range(3):
+            set_grads(params, step + 1)
+            opt.step()
+        results.append(as_bits(params[0].detach()).clone())
+    assert torch.equal(results[0], results[1])
+
+
+def test_closure_and_params_without_grad():
+    p, q = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    opt = carbon.optim.AdamW([p, q], lr=0.1)
+
+    def closure():
+        opt.zero_grad()
+        loss = (p * p).sum()
+        loss.backward()
+        return loss
+
+    assert float(opt.step(closure).detach()) == 3.0
+    assert not torch.equal(p.detach(), torch.ones(3))
+    assert torch.equal(q.detach(), torch.ones(3)) and q not in opt.state
+
+
+@pytest.mark.parametrize("option", [dict(amsgrad=True), dict(foreach=True), dict(fused=True), dict(capturable=True),
+                                    dict(differentiable=True)])
+def test_unsupported_options(option):
+    with pytest.raises(ValueError, match="not supported"):
+        carbon.optim.Adam([torch.nn.Parameter(torch.ones(2))], **option)
+    if "amsgrad" not in option and "capturable" not in option:
+        with pytest.raises(ValueError, match="not supported"):
+            carbon.optim.SGD([torch.nn.Parameter(torch.ones(2))], **option)
+
+
+def test_op_errors():
+    p, g = torch.ones(4), torch.ones(4)
+    m, v = torch.zeros(4), torch.zeros(4)
+    args = (1e-3, 0.9, 0.999, 1e-8, 0.0, 0.1, 0.03, True, False)
+    with pytest.raises(TypeError, match="carbon.adam_step_: params\\[0\\] has dtype Double"):
+        torch.ops.carbon.adam_step_([p.double()], [g.double()], [m], [v], *args)
+    with pytest.raises(ValueError, match="expected as many grads as params"):
+        torch.ops.carbon.adam_step_([p], [], [m], [v], *args)
+    with pytest.raises(ValueError, match="exp_avg_sqs\\[0\\] has shape"):
+        torch.ops.carbon.adam_step_([p], [g], [m], [torch.zeros(3)], *args)
+    with pytest.raises(TypeError, match="exp_avgs\\[0\\] must be float32"):
+        torch.ops.carbon.adam_step_([p], [g], [m.half()], [v], *args)
+    with pytest.raises(TypeError, match="grads\\[0\\] has dtype"):
+        torch.ops.carbon.adam_step_([p], [g.half()], [m], [v], *args)
+    with pytest.raises(ValueError, match="must be contiguous"):
+        torch.ops.carbon.sgd_step_([torch.ones(4, 4).t()], [torch.ones(4, 4).t()], [], 0.1, 0.0, 0.0, 0.0, False,
+                                   False, False)
+    with pytest.raises(ValueError, match="momentum_buffers must be empty"):
+        torch.ops.carbon.sgd_step_([p], [g], [m], 0.1, 0.0, 0.0, 0.0, False, False, False)
+    with pytest.raises(TypeError):
+        carbon.optim.SGD([torch.nn.Parameter(torch.ones(2, dtype=torch.float64))], lr=0.1).step() if False else \
+            torch.ops.carbon.sum_squares([torch.ones(2, dtype=torch.float64)])
+    opt = carbon.optim.SGD([torch.nn.Parameter(torch.ones(2, dtype=torch.float64))], lr=0.1)
+    opt.param_groups[0]["params"][0].grad = torch.ones(2, dtype=torch.float64)
+    with pytest.raises(TypeError, match="supported dtypes are float32, bfloat16 and float16"):
+        opt.step()
+
+
+def test_power_is_binary_exponentiation():
+    from optim_reference import beta_power
+    for beta in (0.9, 0.999, 0.95, 0.3):
+        for t in (1, 2, 3, 7, 100, 1001, 123456):
+            assert carbon.optim.power(beta, t) == beta_power(beta, t)
+
+
+def test_opcheck():
+    p, g = [torch.randn(5), torch.randn(3)], [torch.randn(5), torch.randn(3)]
+    m, v = [torch.zeros(5), torch.zeros(3)], [torch.zeros(5), torch.zeros(3)]
+    torch.library.opcheck(torch.ops.carbon.adam_step_.default,
+                          (p, g, m, v, 1e-3, 0.9, 0.999, 1e-8, 0.0, 0.1, 0.03, True, False),
+                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(torch.ops.carbon.sgd_step_.default, (p, g, m, 0.1, 0.9, 0.0, 0.0, False, False, True),
+                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(torch.ops.carbon.sum_squares.default, (g, True))
+    torch.library.opcheck(torch.ops.carbon.clip_scale_.default, (g, torch.tensor(3.0), 1.0, 1e-6),
+                          test_utils=("test_schema", "test_faketensor"))

@@ -1,0 +1,96 @@
+"""On a CUDA GPU the optimizer steps, the sum of squares and clipping give
+the same bits as on the CPU (contract §12), with no host synchronization.
+Skipped without a GPU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import carbon
+from oracle import as_bits
+from optim_util import wide_values
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+CONFIGS = [
+    ("AdamW", dict(lr=1e-2, weight_decay=0.1)),
+    ("Adam", dict(lr=1e-2, weight_decay=0.1, maximize=True)),
+    ("SGD", dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01)),
+    ("SGD", dict(lr=0.05, momentum=0.5, dampening=0.25)),
+    ("SGD", dict(lr=0.05)),
+]
+
+
+def run(kind, hp, dtype, device, steps=4, clip=None, scale=1.0):
+    params = [torch.nn.Parameter(wide_values(s, dtype, i).to(device)) for i, s in enumerate([(70, 33), (100003,)])]
+    opt = getattr(carbon.optim, kind)(params, **hp)
+    norms = []
+    for step in range(steps):
+        for i, p in enumerate(params):
+            p.grad = (wide_values(p.shape, dtype, 100 * step + i) * scale).to(device)
+        if clip is not None:
+            norms.append(carbon.nn.utils.clip_grad_norm_(params, **clip).cpu())
+        opt.step()
+    states = [t for p in params for k, t in sorted(opt.state[p].items()) if k != "step"]
+    return [p.detach().cpu() for p in params] + [t.cpu() for t in states] + norms
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind,hp", CONFIGS)
+def test_steps_match_cpu(kind, hp, dtype):
+    for a, b in zip(run(kind, hp, dtype, "cuda"), run(kind, hp, dtype, "cpu")):
+        assert torch.equal(as_bits(a), as_bits(b))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm_type", [2.0, math.inf])
+@pytest.mark.parametrize("scale", [1.0, 2.0**-70])
+def test_clip_matches_cpu(dtype, norm_type, scale):
+    clip = dict(max_norm=0.5, norm_type=norm_type)
+    hp = dict(lr=1e-3)
+    gpu = run("AdamW", hp, dtype, "cuda", steps=2, clip=clip, scale=scale)
+    cpu = run("AdamW", hp, dtype, "cpu", steps=2, clip=clip, scale=scale)
+    for a, b in zip(gpu, cpu):
+        assert torch.equal(as_bits(a), as_bits(b))
+
+
+def test_sum_squares_exact_tier_on_gpu():
+    g = [torch.tensor([1.0], device="cuda"), torch.tensor([2.0**-12], device="cuda")]
+    assert float(torch.ops.carbon.sum_squares(g)) == 1.0  # the tie 1 + 2^-24, to even
+    g.append(torch.tensor([2.0**-30], device="cuda"))
+    assert float(torch.ops.carbon.sum_squares(g)) == 1.0 + 2.0**-23
+    big = wide_values((1 << 20,), torch.float32, 4).cuda()
+    assert torch.equal(as_bits(torch.ops.carbon.sum_squares([big, g[0]], True)),
+                       as_bits(torch.ops.carbon.sum_squares([big.cpu(), g[0].cpu()], True)))
+
+
+def test_no_host_sync():
+    params = [torch.nn.Parameter(torch.randn(1000, device="cuda"))]
+    params[0].grad = torch.randn(1000, device="cuda")
+    opt = carbon.optim.AdamW(params)
+    opt.step()  # states allocated
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        carbon.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        carbon.optim.SGD(params, lr=0.1, momentum=0.9).step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def test_device_errors():
+    p = torch.ones(4, device="cuda")
+    with pytest.raises(ValueError, match="expected all tensors on one device"):
+        torch.ops.carbon.adam_step_([p], [torch.ones(4)], [torch.zeros(4, device="cuda")],
+                                    [torch.zeros(4, device="cuda")], 1e-3, 0.9, 0.999, 1e-8, 0.0, 0.1, 0.03, True,
+                                    False)
+    with pytest.raises(ValueError, match="on one device"):
+        torch.ops.carbon.sum_squares([p, torch.ones(2)])
