@@ -550,7 +550,8 @@ def _bernoulli_fake(probs: Tensor, seed: int, offset: int, p: Optional[float] = 
 @torch.library.register_fake("carbon::dropout")
 def _dropout_fake(x: Tensor, p: float, seed: int, offset: int) -> Tensor:
     return _random_tensor_fake("dropout", x, p, offset)
-=======
+
+
 # ---- optimizers, gradient clipping (csrc/optim/; contract §12) ----
 # The fused steps update their tensors in place and return nothing.
 
