@@ -107,8 +107,10 @@ TORCH_LIBRARY_IMPL(carbon, CompositeExplicitAutograd, m) {
 // ---- end random ----
 
 // The ops are device-generic at this level: each checks its inputs and
-// picks the CPU or CUDA kernels itself.
-TORCH_LIBRARY_IMPL(carbon, CPU, m) {
+// picks the CPU or CUDA kernels itself, so both dispatch keys bind the same
+// functions.
+namespace {
+void bind_kernels(torch::Library& m) {
   m.impl("mm", &carbon::mm);
   m.impl("addmm", &carbon::addmm);
   m.impl("bmm", &carbon::bmm);
@@ -156,54 +158,10 @@ TORCH_LIBRARY_IMPL(carbon, CPU, m) {
   m.impl("clip_scale_", &carbon::clip_scale_);
   // ---- end optimizers ----
 }
+}  // namespace
+
+TORCH_LIBRARY_IMPL(carbon, CPU, m) { bind_kernels(m); }
 
 #ifdef CARBON_WITH_CUDA
-TORCH_LIBRARY_IMPL(carbon, CUDA, m) {
-  m.impl("mm", &carbon::mm);
-  m.impl("addmm", &carbon::addmm);
-  m.impl("bmm", &carbon::bmm);
-  m.impl("baddbmm", &carbon::baddbmm);
-  m.impl("sum", &carbon::sum);
-  m.impl("mean", &carbon::mean);
-  m.impl("round_to", &carbon::round_to);
-  m.impl("softmax", &carbon::softmax);
-  m.impl("log_softmax", &carbon::log_softmax);
-  m.impl("softmax_backward", &carbon::softmax_backward);
-  m.impl("log_softmax_backward", &carbon::log_softmax_backward);
-  m.impl("cross_entropy", &carbon::cross_entropy);
-  m.impl("cross_entropy_backward", &carbon::cross_entropy_backward);
-  m.impl("attention_logits", &carbon::attention_logits);
-  // ---- elementwise math ----
-  m.impl("exp", &carbon::exp_op);
-  m.impl("log", &carbon::log_op);
-  m.impl("tanh", &carbon::tanh_op);
-  m.impl("sigmoid", &carbon::sigmoid_op);
-  m.impl("erf", &carbon::erf_op);
-  m.impl("gelu", &carbon::gelu_op);
-  m.impl("silu", &carbon::silu_op);
-  m.impl("elementwise_backward", &carbon::elementwise_backward);
-  // ---- end elementwise math ----
-  // ---- normalization
-  m.impl("layer_norm", &carbon::layer_norm);
-  m.impl("layer_norm_backward", &carbon::layer_norm_backward);
-  m.impl("rms_norm", &carbon::rms_norm);
-  m.impl("rms_norm_backward", &carbon::rms_norm_backward);
-  m.impl("norm_param_grads", &carbon::norm_param_grads);
-  // ---- indexed accumulation ----
-  m.impl("index_add", &carbon::index_add);
-  m.impl("scatter_add", &carbon::scatter_add);
-  m.impl("embedding", &carbon::embedding);
-  m.impl("embedding_backward", &carbon::embedding_backward);
-  // ---- end indexed accumulation ----
-  // ---- random ----
-  m.impl("bernoulli", &carbon::bernoulli_op);
-  m.impl("dropout", &carbon::dropout_op);
-  // ---- end random ----
-  // ---- optimizers, gradient clipping ----
-  m.impl("adam_step_", &carbon::adam_step_);
-  m.impl("sgd_step_", &carbon::sgd_step_);
-  m.impl("sum_squares", &carbon::sum_squares);
-  m.impl("clip_scale_", &carbon::clip_scale_);
-  // ---- end optimizers ----
-}
+TORCH_LIBRARY_IMPL(carbon, CUDA, m) { bind_kernels(m); }
 #endif
