@@ -10,8 +10,10 @@ namespace {
 
 // One function, one direction, one format: the loops the compiler sees have
 // constants for everything (specialized per function and format). Each
-// block of kBlock elements goes through three loops: decode (integer ops),
-// the fp64 core (a loop of its own, so it vectorizes), round and encode.
+// block of kBlock elements goes through three loops that vectorize: decode,
+// the fp64 core, round and encode; decode and encode take the branch-free
+// normal-range paths of float_format.h and redo the block with the general
+// ones when some value is not normal.
 // The values are those of elementwise_one, element by element.
 constexpr int64_t kBlock = 256;
 
@@ -23,14 +25,27 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void elementwise_ran
   double v[kBlock];
   for (int64_t b = begin; b < end; b += kBlock) {
     const int64_t n = std::min(kBlock, end - b);
-    for (int64_t i = 0; i < n; ++i) v[i] = decode(x[b + i], f);
+    uint32_t all_normal = 1;
+    for (int64_t i = 0; i < n; ++i) {
+      all_normal &= is_normal_bits(x[b + i], f);
+      v[i] = decode_normal(x[b + i], f);
+    }
+    if (!all_normal)
+      for (int64_t i = 0; i < n; ++i) v[i] = decode(x[b + i], f);
     if constexpr (kBackward) {
       for (int64_t i = 0; i < n; ++i) v[i] = math::grad_core<kFn>(v[i]);
       for (int64_t i = 0; i < n; ++i) v[i] = decode(g[b + i], f) * v[i];
     } else {
       for (int64_t i = 0; i < n; ++i) v[i] = math::forward_core<kFn>(v[i]);
     }
-    for (int64_t i = 0; i < n; ++i) out[b + i] = static_cast<typename F::Bits>(encode(round_double(v[i], f), f));
+    uint32_t all_ok = 1;
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t ok;
+      out[b + i] = static_cast<typename F::Bits>(round_encode_normal(v[i], f, &ok));
+      all_ok &= ok;
+    }
+    if (!all_ok)
+      for (int64_t i = 0; i < n; ++i) out[b + i] = static_cast<typename F::Bits>(encode(round_double(v[i], f), f));
   }
 }
 

@@ -174,4 +174,36 @@ CARBON_HD uint32_t encode(double v, const FloatFormat& f) {
   return sign | static_cast<uint32_t>(sig >> (52 - frac_bits + (f.min_normal_exp - exp)));
 }
 
+// Branch-free fast paths for loops that should vectorize. Each is exact for
+// values in f's normal range and tells whether its input was in it; for any
+// other value the caller falls back on decode / round_double + encode, which
+// handle everything (and give the same bits on the normal range).
+CARBON_HD uint32_t is_normal_bits(uint32_t bits, const FloatFormat& f) {
+  const int frac_bits = f.precision - 1;
+  const int exp_bits = f.total_bits - f.precision;
+  const uint32_t field = (bits >> frac_bits) & ((1u << exp_bits) - 1u);
+  return (field - 1u < (1u << exp_bits) - 2u) ? 1u : 0u;
+}
+
+// decode(bits, f) for a normal number of f.
+CARBON_HD double decode_normal(uint32_t bits, const FloatFormat& f) {
+  const int frac_bits = f.precision - 1;
+  const int exp_bits = f.total_bits - f.precision;
+  const uint64_t sign = static_cast<uint64_t>((bits >> (f.total_bits - 1)) & 1u) << 63;
+  const uint64_t field = (bits >> frac_bits) & ((1u << exp_bits) - 1u);
+  const uint64_t frac = bits & ((1u << frac_bits) - 1u);
+  return bits_to_double(sign | ((field + static_cast<uint64_t>(1023 - f.max_exp)) << 52) | (frac << (52 - frac_bits)));
+}
+
+// encode(round_double(v, f), f) when that result is a normal number of f;
+// *ok = 1 then, else 0 (subnormal or zero result, overflow, inf, NaN).
+CARBON_HD uint32_t round_encode_normal(double v, const FloatFormat& f, uint32_t* ok) {
+  const uint64_t u = double_to_bits(v);
+  const uint64_t mag = u & ~kSignBit;
+  const uint64_t rounded = round_normal_bits(mag, f);
+  *ok = (mag >= normal_min_bits(f) && rounded < overflow_bits(f)) ? 1u : 0u;
+  const uint32_t sign = static_cast<uint32_t>(u >> 63) << (f.total_bits - 1);
+  return sign | encode_normal(rounded, f);
+}
+
 }  // namespace carbon
