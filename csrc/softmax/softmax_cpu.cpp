@@ -4,6 +4,7 @@
 // count.
 #include <ATen/Parallel.h>
 
+#include <cstring>
 #include <vector>
 
 #include "../dtypes.h"
@@ -56,28 +57,43 @@ CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, double* t, float* e,
   const float m = mx.m;
   for (int64_t j = 0; j < n; ++j) t[j] = math::exp_core(static_cast<float>(element_value(row[j])) - m);
   double s[kChains] = {};
+  // e_j = RN32(t_j): the branch-free normal-range rounding (vectorizes),
+  // redone in general when some e_j is subnormal or zero (masked entries).
+  uint32_t all_normal = 1;
+  for (int64_t k = 0; k < n; ++k) {
+    uint32_t ok;
+    const uint32_t bits = round_encode_normal(t[k], float32_format(), &ok);
+    all_normal &= ok;
+    std::memcpy(&e[k], &bits, sizeof bits);
+  }
+  if (!all_normal)
+    for (int64_t k = 0; k < n; ++k) e[k] = round32(t[k]);
   int64_t j = 0;
   for (; j + kChains <= n; j += kChains)
-    for (int l = 0; l < kChains; ++l) {
-      e[j + l] = round32(t[j + l]);
-      s[l] = s[l] + e[j + l];
-    }
-  for (; j < n; ++j) {
-    e[j] = round32(t[j]);
-    s[0] = s[0] + e[j];
-  }
+    for (int l = 0; l < kChains; ++l) s[l] = s[l] + e[j + l];
+  for (; j < n; ++j) s[0] = s[0] + e[j];
   const double sum = fold_chains(s);
   double S;
   if (!softmax_sum_if_decided(sum, chains_depth(n), &S))
     S = reduce_exact_values(
         n, [&](int64_t k) { return static_cast<double>(e[k]); }, sum, false, float32_format());
+  // The outputs: the exact values of log_softmax_value / softmax_value,
+  // first in fp64 (vectorizes), then rounded by the normal-range path, or in
+  // general when some output is not a normal number.
   if (kLog) {
     const double L = log32(static_cast<float>(S));
-    for (int64_t k = 0; k < n; ++k)
-      o[k] = bits_of<F>(log_softmax_value(static_cast<float>(element_value(row[k])), m, L, f));
+    for (int64_t k = 0; k < n; ++k) t[k] = static_cast<double>(static_cast<float>(element_value(row[k])) - m) - L;
   } else {
-    for (int64_t k = 0; k < n; ++k) o[k] = bits_of<F>(softmax_value(e[k], S, f));
+    for (int64_t k = 0; k < n; ++k) t[k] = static_cast<double>(e[k]) / S;
   }
+  uint32_t all_normal_out = 1;
+  for (int64_t k = 0; k < n; ++k) {
+    uint32_t ok;
+    o[k] = static_cast<typename F::Bits>(round_encode_normal(t[k], f, &ok));
+    all_normal_out &= ok;
+  }
+  if (!all_normal_out)
+    for (int64_t k = 0; k < n; ++k) o[k] = bits_of<F>(round_double(t[k], f));
 }
 
 // Scratch for one thread's rows.
