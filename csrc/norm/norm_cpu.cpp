@@ -9,28 +9,17 @@
 #include <vector>
 
 #include "../dtypes.h"
+#include "../reduce/chain_tree.h"
 #include "norm.h"
 #include "norm_kernel.h"
 
 namespace carbon {
+
 namespace {
-
-constexpr int kChains = 8;
-
-// No value passes through more than this many additions in the sums below:
-// floor(n / 8) in its chain, up to 7 more for chain 0 (the tail), then the
-// three pairwise levels.
-int64_t chain_depth(int64_t n) { return n / kChains + (kChains - 1) + 3; }
 
 struct Sums {
   double sum = 0.0, abs_sum = 0.0;
 };
-
-double fold(double* s) {
-  for (int width = kChains / 2; width > 0; width /= 2)
-    for (int l = 0; l < width; ++l) s[l] = s[l] + s[l + width];
-  return s[0];
-}
 
 // sum v_k and sum |v_k|.
 __attribute__((target_clones("avx2", "default"))) Sums chain_sums(const double* v, int64_t n) {
@@ -45,7 +34,7 @@ __attribute__((target_clones("avx2", "default"))) Sums chain_sums(const double* 
     s[0] = s[0] + v[k];
     a[0] = a[0] + abs_value(v[k]);
   }
-  return {fold(s), fold(a)};
+  return {fold_chains(s), fold_chains(a)};
 }
 
 // sum a_k (x) b_k and sum |a_k (x) b_k| (exact products).
@@ -63,7 +52,7 @@ __attribute__((target_clones("avx2", "default"))) Sums chain_dot(const double* x
     s[0] = s[0] + p;
     a[0] = a[0] + abs_value(p);
   }
-  return {fold(s), fold(a)};
+  return {fold_chains(s), fold_chains(a)};
 }
 
 // sum (v_k (-) c)^2 (c = 0: the exact squares).
@@ -79,7 +68,7 @@ __attribute__((target_clones("avx2", "default"))) double chain_squares(const dou
     const double d = v[k] - c;
     s[0] = s[0] + d * d;
   }
-  return fold(s);
+  return fold_chains(s);
 }
 
 template <typename T>

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../dtypes.h"
+#include "../reduce/chain_tree.h"
 
 namespace carbon {
 namespace {
@@ -210,7 +211,6 @@ void sgd_cpu(const at::Tensor& p, const at::Tensor& g, const at::Tensor* b, cons
 
 // ---- sum of squares on the CPU: fixed chunks, eight chains per chunk.
 constexpr int64_t kChunk = 8192;
-constexpr int kChains = 8;
 
 template <typename T>
 double chunk_sum_of_squares(const T* x, int64_t n) {
@@ -219,13 +219,10 @@ double chunk_sum_of_squares(const T* x, int64_t n) {
   for (; k + kChains <= n; k += kChains)
     for (int l = 0; l < kChains; ++l) s[l] = s[l] + square_of(x, k + l);
   for (; k < n; ++k) s[0] = s[0] + square_of(x, k);
-  for (int width = kChains / 2; width > 0; width /= 2)
-    for (int l = 0; l < width; ++l) s[l] = s[l] + s[l + width];
-  return s[0];
+  return fold_chains(s);
 }
 
-// floor(n / 8) additions per chain, up to 7 more for chain 0, 3 pairwise levels.
-constexpr int64_t kChunkDepth = kChunk / kChains + (kChains - 1) + 3;
+constexpr int64_t kChunkDepth = chain_depth(kChunk);
 
 double square_at(const at::Tensor& t, int64_t i) {
   double v = 0.0;

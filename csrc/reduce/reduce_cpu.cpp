@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../dtypes.h"
+#include "chain_tree.h"
 #include "reduce.h"
 #include "reduce_kernel.h"
 
@@ -24,9 +25,7 @@ struct Sums {
 
 // Tier 1's fp64 sums of x[0, n) in kChains interleaved chains (one or two
 // SIMD registers of doubles): no value passes through more than
-// chain_depth(n) additions.
-constexpr int kChains = 8;
-
+// chain_depth(n) additions (chain_tree.h).
 template <typename T>
 __attribute__((target_clones("avx2", "default"))) Sums chain_sums(const T* x, int64_t n) {
   double s[kChains] = {}, a[kChains] = {};
@@ -42,17 +41,8 @@ __attribute__((target_clones("avx2", "default"))) Sums chain_sums(const T* x, in
     s[0] = s[0] + v;
     a[0] = a[0] + abs_value(v);
   }
-  for (int width = kChains / 2; width > 0; width /= 2)
-    for (int l = 0; l < width; ++l) {
-      s[l] = s[l] + s[l + width];
-      a[l] = a[l] + a[l + width];
-    }
-  return {s[0], a[0]};
+  return {fold_chains(s), fold_chains(a)};
 }
-
-// floor(n / kChains) additions in each chain, up to kChains - 1 more for
-// chain 0 (the tail), then the log2(kChains) = 3 pairwise levels.
-int64_t chain_depth(int64_t n) { return n / kChains + (kChains - 1) + 3; }
 
 template <typename F>
 void store(double value, typename F::Bits* out) {

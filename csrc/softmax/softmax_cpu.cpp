@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../dtypes.h"
+#include "../reduce/chain_tree.h"
 #include "softmax.h"
 #include "../convert/round_to.h"
 #include "softmax_kernel.h"
@@ -15,19 +16,6 @@
 namespace carbon {
 namespace {
 
-constexpr int kChains = 8;
-
-// No value passes through more additions than this in a kChains-chain sum.
-// floor(n / kChains) additions in each chain, up to kChains - 1 more for
-// chain 0 (the tail), then the log2(kChains) = 3 pairwise levels.
-int64_t chains_depth(int64_t n) { return n / kChains + (kChains - 1) + 3; }
-
-// Sum of the kChains partial sums, pairwise (fixed order).
-double fold_chains(double* s) {
-  for (int width = kChains / 2; width > 0; width /= 2)
-    for (int l = 0; l < width; ++l) s[l] = s[l] + s[l + width];
-  return s[0];
-}
 
 template <typename F>
 typename F::Bits bits_of(double value) {
@@ -74,17 +62,17 @@ CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, double* t, float* e,
   for (; j < n; ++j) s[0] = s[0] + e[j];
   const double sum = fold_chains(s);
   double S;
-  if (!softmax_sum_if_decided(sum, chains_depth(n), &S))
+  if (!softmax_sum_if_decided(sum, chain_depth(n), &S))
     S = reduce_exact_values(
         n, [&](int64_t k) { return static_cast<double>(e[k]); }, sum, false, float32_format());
-  // The outputs: the exact values of log_softmax_value / softmax_value,
-  // first in fp64 (vectorizes), then rounded by the normal-range path, or in
+  // The outputs: log_softmax_value / softmax_value in two passes, the fp64
+  // value (vectorizes), then the rounding by the normal-range path, or in
   // general when some output is not a normal number.
   if (kLog) {
     const double L = log32(static_cast<float>(S));
-    for (int64_t k = 0; k < n; ++k) t[k] = static_cast<double>(static_cast<float>(element_value(row[k])) - m) - L;
+    for (int64_t k = 0; k < n; ++k) t[k] = log_softmax_difference(static_cast<float>(element_value(row[k])), m, L);
   } else {
-    for (int64_t k = 0; k < n; ++k) t[k] = static_cast<double>(e[k]) / S;
+    for (int64_t k = 0; k < n; ++k) t[k] = softmax_quotient(e[k], S);
   }
   uint32_t all_normal_out = 1;
   for (int64_t k = 0; k < n; ++k) {
@@ -130,7 +118,7 @@ double round_sum_of_floats(const float* v, int64_t n, int64_t divisor, const Flo
   }
   const double sum = fold_chains(s), abs_sum = fold_chains(a);
   double value;
-  if (reduce_round_fast(sum, abs_sum, mean ? divisor : n, chains_depth(n), mean, f, &value)) return value;
+  if (reduce_round_fast(sum, abs_sum, mean ? divisor : n, chain_depth(n), mean, f, &value)) return value;
   return reduce_exact_values(
       n, [&](int64_t k) { return static_cast<double>(v[k]); }, abs_sum, mean, f, mean ? divisor : n);
 }
@@ -156,7 +144,7 @@ CARBON_CPU_CLONES double grad_row_sum(const T* g, const T* y, int64_t n) {
   }
   const double sum = fold_chains(s), abs_sum = fold_chains(a);
   double value;
-  if (grad_sum_if_decided(sum, abs_sum, chains_depth(n), &value)) return value;
+  if (grad_sum_if_decided(sum, abs_sum, chain_depth(n), &value)) return value;
   return reduce_exact_values(n, term, abs_sum, false, float32_format());
 }
 

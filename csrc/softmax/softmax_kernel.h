@@ -73,13 +73,18 @@ CARBON_HD bool softmax_sum_if_decided(double sum, int64_t depth, double* S) {
 // softmax_j = RN_out(e_j / S): the fp64 quotient of two float32 values
 // rounds to the same result as the exact quotient in every format of at
 // most 24 bits (53 >= 2 * 24 + 2; Figueroa's double-rounding theorem).
+// The fp64 values before that rounding (CPU loops round them in a pass of
+// their own).
+CARBON_HD double softmax_quotient(float e, double S) { return static_cast<double>(e) / S; }
+CARBON_HD double log_softmax_difference(float x, float m, double L) { return static_cast<double>(x - m) - L; }
+
 CARBON_HD double softmax_value(float e, double S, const FloatFormat& f) {
-  return round_double(static_cast<double>(e) / S, f);
+  return round_double(softmax_quotient(e, S), f);
 }
 
 // log_softmax_j = RN_out(d_j (-) L), L = carbon.log(S).
 CARBON_HD double log_softmax_value(float x, float m, double L, const FloatFormat& f) {
-  return round_double(static_cast<double>(x - m) - L, f);
+  return round_double(log_softmax_difference(x, m, L), f);
 }
 
 // Gradients (y is the forward output, g the incoming gradient):
