@@ -251,7 +251,8 @@ class TinyGPT(nn.Module):
 def _train(threads, steps=3, device="cpu"):
     torch.set_num_threads(threads)
     with carbon.enabled(seed=0):
-        model = TinyGPT().to(device)
+        with torch.device(device):  # built directly on the device: same initial weights everywhere
+            model = TinyGPT()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         for _ in range(steps):
             idx = torch.randint(0, 32, (8, 16), device=device)
@@ -336,3 +337,12 @@ def test_enabled_context_restores_on_error():
         with carbon.enabled():
             raise ValueError("boom")
     assert not carbon.is_enabled()
+
+
+def test_docs_list_every_routed_and_allowed_op():
+    from carbon._enable_allow import ALLOWED
+    from carbon._enable_routes import ROUTES
+
+    text = open(__import__("pathlib").Path(__file__).parent.parent / "docs" / "enable.md").read()
+    missing = [name for name in sorted(set(ROUTES) | ALLOWED) if f"`{name}" not in text]
+    assert not missing, f"docs/enable.md does not list: {missing}"
