@@ -75,36 +75,53 @@ def _scalar_like(x: Tensor, value: Any) -> Tensor:
     return torch.full((), value, dtype=_opmath(x), device=x.device)
 
 
-def true_divide(x: Tensor, y: Any) -> Tensor:
-    """RN(x / y) in x's compute precision, rounded once more to x's dtype for
-    bfloat16/float16 (as torch computes them): the same on every device."""
-    if not isinstance(x, Tensor):
-        x = torch.as_tensor(x, device=y.device)
-    scalar_divisor = not isinstance(y, Tensor) or (y.dim() == 0 and y.device != x.device) or (
-        y.dim() == 0 and y.device.type == "cpu")
-    if not scalar_divisor:
-        return aten.div.Tensor(x, y)
-    if not x.is_floating_point():
-        return aten.div.Tensor(x, _scalar_like(x.double(), y))
+def true_divide(x: Any, y: Any) -> Tensor:
+    """RN(x / y) in the compute precision of the result (float32 for
+    bfloat16/float16, rounded once more to their dtype, as torch computes
+    them): the same on every device. Integer operands are converted to the
+    result's dtype first (exact below 2^24 in float32), as torch does."""
     out_dtype = torch.result_type(x, y)
+    if not out_dtype.is_floating_point:  # true division of integers: torch's default float dtype
+        out_dtype = torch.get_default_dtype()
+    if not isinstance(x, Tensor):
+        x = torch.full((), x, dtype=out_dtype, device=y.device)
+    if not x.is_floating_point():
+        x = x.to(out_dtype)
+    scalar_divisor = not isinstance(y, Tensor) or (y.dim() == 0 and (y.device != x.device or y.device.type == "cpu"))
+    if not scalar_divisor:
+        if not y.is_floating_point():
+            y = y.to(out_dtype)
+        return aten.div.Tensor(x, y)
     xs = x.to(_opmath(x)) if x.dtype != _opmath(x) else x
     q = aten.div.Tensor(xs, _scalar_like(xs, y))
     return q if q.dtype == out_dtype else q.to(out_dtype)
 
 
+def _any_float(*values: Any) -> bool:
+    return any(isinstance(v, float) or _floating(v) for v in values)
+
+
 def _scaled(y: Any, alpha: Any) -> Any:
-    return y if alpha == 1 else aten.mul(y, alpha)
+    if alpha == 1:
+        return y
+    return y * alpha if not isinstance(y, Tensor) else aten.mul(y, alpha)
 
 
-def _add(a: dict) -> Tensor:
+def _add(a: dict) -> Any:
+    if not _any_float(a["self"], a["other"]):
+        return PASS  # integer arithmetic is exact
     return aten.add(a["self"], _scaled(a["other"], a.get("alpha", 1)))
 
 
-def _sub(a: dict) -> Tensor:
+def _sub(a: dict) -> Any:
+    if not _any_float(a["self"], a["other"]):
+        return PASS
     return aten.sub(a["self"], _scaled(a["other"], a.get("alpha", 1)))
 
 
-def _rsub(a: dict) -> Tensor:
+def _rsub(a: dict) -> Any:
+    if not _any_float(a["self"], a["other"]):
+        return PASS
     return aten.sub(a["other"], _scaled(a["self"], a.get("alpha", 1)))
 
 

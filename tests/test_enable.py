@@ -120,6 +120,12 @@ def test_division_by_a_scalar_is_the_correctly_rounded_quotient():
     expected = _bits([Fraction(v) / 3 for v in x.tolist()], torch.float32)
     assert_bits_equal(q, expected, "x / 3.0")
     assert_bits_equal(q2, expected, "x / tensor(3.0)")
+    with carbon.enabled():
+        ints, bf = torch.arange(-7, 7) / 3, x.bfloat16() / 3
+    assert_bits_equal(ints, _bits([Fraction(i, 3) for i in range(-7, 7)], torch.float32), "integers / 3")
+    # bfloat16: the float32 quotient of the bfloat16 values, rounded to bfloat16
+    bf_expected = [rn32(Fraction(v) / 3) for v in x.bfloat16().float().tolist()]
+    assert_bits_equal(bf, _bits(bf_expected, torch.bfloat16), "bfloat16 / 3")
 
 
 def test_alpha_and_addcmul_are_separate_roundings():
