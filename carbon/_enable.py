@@ -12,7 +12,9 @@ that run its backward passes):
 * a :class:`~torch.overrides.TorchFunctionMode` sends three functions whose
   aten decompositions differ between devices to carbon's versions as a whole:
   ``F.cross_entropy``, ``F.scaled_dot_product_attention`` and ``F.dropout``;
-* ``torch.optim.Adam/AdamW/SGD.step`` run carbon.optim's fused exact step.
+* ``torch.optim.Adam/AdamW/SGD.step`` run carbon.optim's fused exact step;
+* ``torch.distributed.all_reduce`` of floating tensors (SUM, AVG) is
+  carbon.distributed.all_reduce: the correctly rounded exact sum or mean.
 
 Every other aten op must be exact by construction — views, copies,
 comparisons, one correctly rounded IEEE operation per element, integer
@@ -101,6 +103,7 @@ class _Session:
         self.warned: set = set()
 
     def not_covered(self, func: Any, why: str) -> None:
+        """Raise (strict) or warn once about an op outside carbon's lists."""
         name = str(func)
         message = (f"carbon.enable: {name} is not covered ({why}); its result could depend on the device, the thread "
                    "count or the batch size. Run it outside carbon.enabled(), replace it with a covered op "
@@ -238,10 +241,84 @@ def _optimizer_patches() -> Dict[type, Callable]:
     return {torch.optim.Adam: adam_step, torch.optim.AdamW: adam_step, torch.optim.SGD: sgd_step}
 
 
+# ---- torch.distributed.all_reduce: carbon's exact all-reduce for floating tensors ---------------------------------
+
+class _CompletedWork:
+    """What an async all_reduce returns when carbon ran it (already done)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self._tensor = tensor
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        future: torch.futures.Future = torch.futures.Future()
+        future.set_result([self._tensor])
+        return future
+
+
+def _distributed_patches(session: _Session) -> Dict[Tuple[Any, str], Callable]:
+    if not torch.distributed.is_available():
+        return {}
+    import torch.distributed as dist
+
+    from carbon import distributed as exact
+
+    original = dist.all_reduce
+
+    def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        how = exact_op("all_reduce", tensor, op)
+        if how is None:
+            return original(tensor, op=op, group=group, async_op=async_op)
+        exact.all_reduce(tensor, how, group)
+        return _CompletedWork(tensor) if async_op else None
+
+    original_rs, original_rst, original_reduce = dist.reduce_scatter, dist.reduce_scatter_tensor, dist.reduce
+
+    def exact_op(name: str, tensor, op) -> Optional[Any]:
+        """carbon's ReduceOp for a float SUM/AVG, None when torch's own is exact (integers, MAX, MIN)."""
+        if not tensor.is_floating_point() or op in (dist.ReduceOp.MAX, dist.ReduceOp.MIN):
+            return None
+        if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG) or tensor.dtype not in exact._DTYPES:
+            session.not_covered(f"torch.distributed.{name}", f"op {op} on {tensor.dtype}: carbon reduces SUM and AVG "
+                                "of float32, bfloat16 and float16 exactly")
+            return None
+        return exact.ReduceOp.AVG if op == dist.ReduceOp.AVG else exact.ReduceOp.SUM
+
+    def reduce_scatter(output, input_list, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        how = exact_op("reduce_scatter", output, op)
+        if how is None:
+            return original_rs(output, input_list, op=op, group=group, async_op=async_op)
+        exact.reduce_scatter(output, input_list, how, group)
+        return _CompletedWork(output) if async_op else None
+
+    def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        how = exact_op("reduce_scatter_tensor", output, op)
+        if how is None:
+            return original_rst(output, input, op=op, group=group, async_op=async_op)
+        exact.reduce_scatter(output, input, how, group)
+        return _CompletedWork(output) if async_op else None
+
+    def reduce(tensor, dst=None, op=dist.ReduceOp.SUM, group=None, async_op=False, group_dst=None):
+        if exact_op("reduce", tensor, op) is not None:
+            session.not_covered("torch.distributed.reduce", "a float reduction to one rank: use all_reduce (exact)")
+        return original_reduce(tensor, dst, op=op, group=group, async_op=async_op, group_dst=group_dst)
+
+    return {(dist, "all_reduce"): all_reduce, (dist, "reduce_scatter"): reduce_scatter,
+            (dist, "reduce_scatter_tensor"): reduce_scatter_tensor, (dist, "reduce"): reduce}
+
+
 # ---- enable / disable ---------------------------------------------------------------------------------------------
 
 _lock = threading.Lock()
-_active: Optional[Tuple[_Session, _DispatchMode, _FunctionMode, Dict[type, Any]]] = None
+_active: Optional[Tuple[_Session, _DispatchMode, _FunctionMode, Dict[Any, Any]]] = None
 
 
 def is_enabled() -> bool:
@@ -279,6 +356,9 @@ def enable(seed: Optional[int] = None, strict: bool = True) -> None:
         saved = {cls: cls.__dict__.get("step", _MISSING) for cls in _optimizer_patches()}
         for cls, step in _optimizer_patches().items():
             cls.step = step
+        for (owner, attr), fn in _distributed_patches(session).items():
+            saved[(owner, attr)] = getattr(owner, attr)
+            setattr(owner, attr, fn)
         function_mode.__enter__()
         dispatch_mode.__enter__()
         _active = (session, dispatch_mode, function_mode, saved)
@@ -294,11 +374,13 @@ def disable() -> None:
         _, dispatch_mode, function_mode, saved = _active
         dispatch_mode.__exit__(None, None, None)
         function_mode.__exit__(None, None, None)
-        for cls, step in saved.items():
-            if step is _MISSING:  # inherited (torch's AdamW steps with Adam.step)
-                delattr(cls, "step")
+        for key, value in saved.items():
+            if isinstance(key, tuple):  # (module, attribute) of torch.distributed
+                setattr(key[0], key[1], value)
+            elif value is _MISSING:  # inherited (torch's AdamW steps with Adam.step)
+                delattr(key, "step")
             else:
-                cls.step = step
+                key.step = value
         _active = None
 
 
