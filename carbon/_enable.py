@@ -315,6 +315,18 @@ def _distributed_patches(session: _Session) -> Dict[Tuple[Any, str], Callable]:
             (dist, "reduce_scatter_tensor"): reduce_scatter_tensor, (dist, "reduce"): reduce}
 
 
+# ---- torch.manual_seed also seeds carbon's generator --------------------------------------------------------------
+
+def _seed_patches() -> Dict[Tuple[Any, str], Callable]:
+    original = torch.manual_seed
+
+    def manual_seed(seed):
+        carbon.random.manual_seed(int(seed) % 2 ** 64)
+        return original(seed)
+
+    return {(torch, "manual_seed"): manual_seed, (torch.random, "manual_seed"): manual_seed}
+
+
 # ---- enable / disable ---------------------------------------------------------------------------------------------
 
 _lock = threading.Lock()
@@ -356,7 +368,7 @@ def enable(seed: Optional[int] = None, strict: bool = True) -> None:
         saved = {cls: cls.__dict__.get("step", _MISSING) for cls in _optimizer_patches()}
         for cls, step in _optimizer_patches().items():
             cls.step = step
-        for (owner, attr), fn in _distributed_patches(session).items():
+        for (owner, attr), fn in {**_distributed_patches(session), **_seed_patches()}.items():
             saved[(owner, attr)] = getattr(owner, attr)
             setattr(owner, attr, fn)
         function_mode.__enter__()

@@ -543,9 +543,15 @@ def _normal_(a: dict) -> Tensor:
 def _random_(a: dict) -> Tensor:
     x = a["self"]
     low, high = a.get("from", 0), a.get("to")
-    if high is None:
-        raise NotCovered("random_ without an upper bound")
-    return _integers(list(x.shape), low, high, x.dtype, x.device)
+    if high is not None:
+        return _integers(list(x.shape), low, high, x.dtype, x.device)
+    if x.dtype != torch.int64 or a.get("from") not in (None, 0):
+        raise NotCovered("random_ without an upper bound on a tensor other than int64")
+    # int64 in [0, 2^63): 15 + 24 + 24 bits of three uniform draws (k 2^-24 each, exact)
+    parts = [aten.mul(_uniform_values(list(x.shape), 0.0, 1.0, torch.float32, x.device).double(), 2.0 ** 24)
+             .to(torch.int64) for _ in range(3)]
+    high15 = aten.remainder(parts[0], 2 ** 15)
+    return aten.add(aten.add(aten.mul(high15, 2 ** 48), aten.mul(parts[1], 2 ** 24)), parts[2])
 
 
 def _bernoulli(a: dict) -> Tensor:

@@ -352,3 +352,32 @@ def test_docs_list_every_routed_and_allowed_op():
     text = open(__import__("pathlib").Path(__file__).parent.parent / "docs" / "enable.md").read()
     missing = [name for name in sorted(set(ROUTES) | ALLOWED) if f"`{name}" not in text]
     assert not missing, f"docs/enable.md does not list: {missing}"
+
+
+def test_torch_manual_seed_seeds_carbon_and_dataloader_shuffles_reproducibly():
+    from torch.utils.data import DataLoader
+
+    original = torch.manual_seed
+
+    def epoch():
+        torch.manual_seed(3)
+        return [b.tolist() for b in DataLoader(list(range(10)), batch_size=4, shuffle=True)], torch.randn(3)
+
+    with carbon.enabled():
+        (order1, x1), (order2, x2) = epoch(), epoch()
+    assert order1 == order2 and torch.equal(x1, x2)
+    assert sorted(sum(order1, [])) == list(range(10))
+    with carbon.enabled():
+        carbon.manual_seed(3)
+        expected = torch.randn(3)
+        torch.manual_seed(3)
+        assert torch.equal(torch.randn(3), expected)  # torch.manual_seed(s) == carbon.manual_seed(s)
+    assert torch.manual_seed is original
+
+
+def test_random_int64_without_bounds_is_three_uniform_draws():
+    with carbon.enabled(seed=11):
+        k = torch.empty(5, dtype=torch.int64).random_()
+    parts = [[int(philox_reference.uniform01(w) * 2 ** 24) for w in philox_reference.words(11, off, 5)]
+             for off in range(3)]
+    assert k.tolist() == [(a % 2 ** 15) * 2 ** 48 + b * 2 ** 24 + c for a, b, c in zip(*parts)]
