@@ -11,7 +11,9 @@ that run its backward passes):
   op is made of aten ops, which the mode sees too);
 * a :class:`~torch.overrides.TorchFunctionMode` sends three functions whose
   aten decompositions differ between devices to carbon's versions as a whole:
-  ``F.cross_entropy``, ``F.scaled_dot_product_attention`` and ``F.dropout``;
+  ``F.cross_entropy``, ``F.scaled_dot_product_attention``, ``F.dropout`` and
+  ``F.rms_norm`` (torch's fused attention kernels are switched off, so an
+  attention that reaches aten by another path decomposes into routed ops);
 * ``torch.optim.Adam/AdamW/SGD.step`` run carbon.optim's fused exact step;
 * ``torch.distributed.all_reduce`` of floating tensors (SUM, AVG) is
   carbon.distributed.all_reduce: the correctly rounded exact sum or mean.
@@ -327,6 +329,26 @@ def _seed_patches() -> Dict[Tuple[Any, str], Callable]:
     return {(torch, "manual_seed"): manual_seed, (torch.random, "manual_seed"): manual_seed}
 
 
+# ---- global switches: fused attention kernels off, so attention decomposes into routed ops ------------------------
+
+def _switch_settings() -> List[Tuple[Callable[[], Any], Callable[[Any], None], Any]]:
+    """(get, set, value while enabled) for torch's global switches that pick fused
+    attention kernels. With them off, every scaled_dot_product_attention that
+    does not come through F.scaled_dot_product_attention itself (e.g. from
+    nn.MultiheadAttention) runs torch's math decomposition — bmm, softmax,
+    masking — whose ops are all routed."""
+    cuda = torch.backends.cuda
+    settings = [(cuda.flash_sdp_enabled, cuda.enable_flash_sdp, False),
+                (cuda.mem_efficient_sdp_enabled, cuda.enable_mem_efficient_sdp, False),
+                (cuda.math_sdp_enabled, cuda.enable_math_sdp, True)]
+    if hasattr(cuda, "cudnn_sdp_enabled"):
+        settings.append((cuda.cudnn_sdp_enabled, cuda.enable_cudnn_sdp, False))
+    mha = getattr(torch.backends, "mha", None)
+    if mha is not None and hasattr(mha, "set_fastpath_enabled"):
+        settings.append((mha.get_fastpath_enabled, mha.set_fastpath_enabled, False))
+    return settings
+
+
 # ---- enable / disable ---------------------------------------------------------------------------------------------
 
 _lock = threading.Lock()
@@ -371,6 +393,9 @@ def enable(seed: Optional[int] = None, strict: bool = True) -> None:
         for (owner, attr), fn in {**_distributed_patches(session), **_seed_patches()}.items():
             saved[(owner, attr)] = getattr(owner, attr)
             setattr(owner, attr, fn)
+        for get, set_, value in _switch_settings():
+            saved[("setting", set_)] = get()
+            set_(value)
         function_mode.__enter__()
         dispatch_mode.__enter__()
         _active = (session, dispatch_mode, function_mode, saved)
@@ -387,7 +412,9 @@ def disable() -> None:
         dispatch_mode.__exit__(None, None, None)
         function_mode.__exit__(None, None, None)
         for key, value in saved.items():
-            if isinstance(key, tuple):  # (module, attribute) of torch.distributed
+            if isinstance(key, tuple) and key[0] == "setting":
+                key[1](value)
+            elif isinstance(key, tuple):  # (module, attribute) patched
                 setattr(key[0], key[1], value)
             elif value is _MISSING:  # inherited (torch's AdamW steps with Adam.step)
                 delattr(key, "step")

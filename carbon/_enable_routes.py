@@ -311,12 +311,30 @@ def _vector_norm(a: dict) -> Tensor:
     if ord_ != 2:
         raise NotCovered(f"linalg_vector_norm with ord={ord_}: carbon computes the 2-norm and the inf-norm exactly")
     if dim is not None and len(dim) > 0 and x.dim() > 0:
-        raise NotCovered("linalg_vector_norm over some dimensions (carbon covers the norm of the whole tensor)")
+        return _norm_over_dims(x, list(dim), keepdim)
     if x.numel() == 0:
         return aten.zeros((), dtype=x.dtype, device=x.device)
     r = carbon_ops.sum_squares([x], True).to(x.dtype)
     if keepdim:
         r = r.reshape([1] * x.dim())
+    return r
+
+
+def _norm_over_dims(x: Tensor, dims: List[int], keepdim: bool) -> Tensor:
+    """RN(sqrt(RN(sum of x^2))) over ``dims``, the sum exact: x^2 is split into
+    float32 hi = RN32(x^2) and lo = x^2 - hi (exact in binary64; lo fits float32
+    unless x^2 is below float32's normal range, |x| < 2^-63, where lo is
+    rounded), and carbon.sum adds all the hi and lo terms exactly."""
+    dims = [d % x.dim() for d in dims]
+    sq = aten.mul(x.double(), x.double())  # exact: at most 2 x 24 significant bits
+    hi = sq.to(torch.float32)
+    lo = aten.sub(sq, hi.double()).to(torch.float32)
+    stacked = aten.stack([hi, lo])
+    total = carbon_ops.sum(stacked, [0] + [d + 1 for d in dims], False, x.dtype)
+    r = aten.sqrt(total)
+    if keepdim:
+        for d in sorted(dims):
+            r = r.unsqueeze(d)
     return r
 
 

@@ -381,3 +381,34 @@ def test_random_int64_without_bounds_is_three_uniform_draws():
     parts = [[int(philox_reference.uniform01(w) * 2 ** 24) for w in philox_reference.words(11, off, 5)]
              for off in range(3)]
     assert k.tolist() == [(a % 2 ** 15) * 2 ** 48 + b * 2 ** 24 + c for a, b, c in zip(*parts)]
+
+
+def test_vector_norm_over_a_dimension_is_the_rounded_sqrt_of_the_exact_sum():
+    x = _randn(4, 9, seed=21, scale=1e3)
+    with carbon.enabled():
+        n = torch.linalg.vector_norm(x, 2, dim=-1)
+        unit = F.normalize(x, dim=-1)
+    expected = [norm_reference.sqrt_rn32(float(rn32(sum(Fraction(v) ** 2 for v in row)))) for row in x.tolist()]
+    assert n.tolist() == expected
+    assert_bits_equal(unit, _bits([Fraction(v) / Fraction(e) for row, e in zip(x.tolist(), expected) for v in row],
+                                  torch.float32).reshape(4, 9), "F.normalize")
+
+
+def test_torch_attention_modules_run_on_routed_ops_and_switches_come_back(restore_num_threads):
+    # nn.MultiheadAttention / TransformerEncoderLayer reach attention inside torch, not through
+    # F.scaled_dot_product_attention: with the fused kernels switched off it decomposes into routed ops.
+    switches = (torch.backends.cuda.flash_sdp_enabled(), torch.backends.mha.get_fastpath_enabled())
+    x = _randn(3, 6, 16, seed=4)
+
+    def run(threads):
+        torch.set_num_threads(threads)
+        with carbon.enabled(seed=2):
+            layer = nn.TransformerEncoderLayer(16, 4, 32, batch_first=True)
+            layer(x).sum().backward()
+            with torch.no_grad():
+                evaluated = layer.eval()(x)
+        return [as_bits(p.grad) for p in layer.parameters()] + [as_bits(evaluated)]
+
+    for a, b in zip(run(1), run(2)):
+        assert torch.equal(a, b)
+    assert (torch.backends.cuda.flash_sdp_enabled(), torch.backends.mha.get_fastpath_enabled()) == switches
