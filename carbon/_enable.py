@@ -294,19 +294,17 @@ def _distributed_patches(session: _Session) -> Dict[Tuple[Any, str], Callable]:
             return None
         return exact.ReduceOp.AVG if op == dist.ReduceOp.AVG else exact.ReduceOp.SUM
 
-    def reduce_scatter(output, input_list, op=dist.ReduceOp.SUM, group=None, async_op=False):
-        how = exact_op("reduce_scatter", output, op)
-        if how is None:
-            return original_rs(output, input_list, op=op, group=group, async_op=async_op)
-        exact.reduce_scatter(output, input_list, how, group)
-        return _CompletedWork(output) if async_op else None
+    def exact_reduce_scatter(name: str, original_fn: Callable) -> Callable:
+        def reduce_scatter(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
+            how = exact_op(name, output, op)
+            if how is None:
+                return original_fn(output, input, op=op, group=group, async_op=async_op)
+            exact.reduce_scatter(output, input, how, group)
+            return _CompletedWork(output) if async_op else None
+        return reduce_scatter
 
-    def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
-        how = exact_op("reduce_scatter_tensor", output, op)
-        if how is None:
-            return original_rst(output, input, op=op, group=group, async_op=async_op)
-        exact.reduce_scatter(output, input, how, group)
-        return _CompletedWork(output) if async_op else None
+    reduce_scatter = exact_reduce_scatter("reduce_scatter", original_rs)  # input: a list of tensors
+    reduce_scatter_tensor = exact_reduce_scatter("reduce_scatter_tensor", original_rst)  # input: one flat tensor
 
     def reduce(tensor, dst=None, op=dist.ReduceOp.SUM, group=None, async_op=False, group_dst=None):
         if exact_op("reduce", tensor, op) is not None:

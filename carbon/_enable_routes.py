@@ -247,22 +247,19 @@ def _add_product(op: str, bias: Tensor, product: Callable[[], Tensor], fused: Ca
     return aten.add(_scaled(bias, beta), p)
 
 
-def _addmm(a: dict) -> Tensor:
-    bias, x, y = a["self"], a["mat1"], a["mat2"]
-    if not _float_mm("addmm", x, y):
-        return PASS
-    _need_carbon_dtype("addmm", bias)
-    return _add_product("addmm", bias, lambda: carbon_ops.mm(x, y), lambda: carbon_ops.addmm(bias, x, y),
-                        a["beta"], a["alpha"])
+def _biased_product(name: str, first: str, second: str, product: Callable, fused: Callable) -> Callable[[dict], Any]:
+    """addmm / baddbmm: bias + x @ y with carbon's single rounding when beta = alpha = 1."""
+    def handler(a: dict) -> Any:
+        bias, x, y = a["self"], a[first], a[second]
+        if not _float_mm(name, x, y):
+            return PASS
+        _need_carbon_dtype(name, bias)
+        return _add_product(name, bias, lambda: product(x, y), lambda: fused(bias, x, y), a["beta"], a["alpha"])
+    return handler
 
 
-def _baddbmm(a: dict) -> Tensor:
-    bias, x, y = a["self"], a["batch1"], a["batch2"]
-    if not _float_mm("baddbmm", x, y):
-        return PASS
-    _need_carbon_dtype("baddbmm", bias)
-    return _add_product("baddbmm", bias, lambda: carbon_ops.bmm(x, y), lambda: carbon_ops.baddbmm(bias, x, y),
-                        a["beta"], a["alpha"])
+_addmm = _biased_product("addmm", "mat1", "mat2", carbon_ops.mm, carbon_ops.addmm)
+_baddbmm = _biased_product("baddbmm", "batch1", "batch2", carbon_ops.bmm, carbon_ops.baddbmm)
 
 
 def _mv(a: dict) -> Tensor:
