@@ -32,12 +32,14 @@ at every op — this is a debugging tool, not something to leave on in training.
 from __future__ import annotations
 
 import bisect
+import concurrent.futures
 import datetime
 import functools
 import json
 import math
 import os
 import platform
+import struct
 import sys
 import weakref
 import zlib
@@ -51,12 +53,15 @@ __all__ = ["trace", "Trace", "FORMAT", "FORMAT_VERSION", "HASH_NAME", "checksum"
 
 FORMAT = "carbon-trace"
 FORMAT_VERSION = 1
-HASH_NAME = "crc32+adler32"
+HASH_NAME = "crc32/1MiB"
 DEFAULT_MAX_BYTES = 1 << 30
 _ACCUMULATE_GRAD_SEQ = (1 << 64) - 1  # the sequence number of AccumulateGrad nodes (UINT64_MAX)
 _SKIP_NAMESPACES = frozenset({"profiler"})  # record_function markers, not computation
 # ops whose outputs are uninitialized memory: their values (and those of views of them, until
 # something writes them) are not checksummed, since they differ from run to run
+# views whose row-major element order is that of their input: their values are the input's bytes
+_SAME_BYTES_VIEWS = frozenset({"aten::view", "aten::_unsafe_view", "aten::reshape", "aten::detach", "aten::alias",
+                               "aten::unsqueeze", "aten::squeeze", "aten::flatten", "aten::_reshape_alias"})
 _UNINIT_OPS = frozenset({"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
                          "aten::new_empty_strided", "aten::empty_permuted"})
 
@@ -86,14 +91,35 @@ def tensor_bytes(t: torch.Tensor) -> Any:
 
 
 def checksum(buf: Any) -> str:
-    """The trace's 64-bit checksum of a byte buffer: CRC-32 (IEEE) then Adler-32, 16 hex digits.
+    """The trace's checksum of a byte buffer (``HASH_NAME`` = ``"crc32/1MiB"``), 8 hex digits.
 
-    CRC-32 detects every change confined to 32 consecutive bits (any single changed element of 4
-    bytes or fewer, e.g. a one-ulp difference), and the pair makes an accidental match of two
-    different buffers of the same dtype and shape very unlikely (about 2^-32 or less per compared
-    tensor for scattered changes). It is not a cryptographic hash.
+    Up to 1 MiB: the CRC-32 (IEEE, as ``zlib.crc32``) of the bytes. Longer: the buffer is cut into
+    1 MiB chunks (the last one shorter), and the checksum is the CRC-32 of the chunks' CRC-32s, each
+    as 4 little-endian bytes. The chunks are checksummed in parallel threads (zlib releases the GIL).
+
+    CRC-32 detects every change confined to 32 consecutive bits — in particular any single element
+    of 4 bytes or fewer that differs, e.g. by one ulp — and two different buffers of the same dtype
+    and shape have the same checksum with probability about 2^-32 otherwise. Not cryptographic.
     """
-    return f"{zlib.crc32(buf) & 0xFFFFFFFF:08x}{zlib.adler32(buf) & 0xFFFFFFFF:08x}"
+    n = len(buf)
+    if n <= _CHUNK:
+        return f"{zlib.crc32(buf) & 0xFFFFFFFF:08x}"
+    mv = memoryview(buf).cast("B")
+    chunks = [mv[i:i + _CHUNK] for i in range(0, n, _CHUNK)]
+    crcs = list(_pool().map(zlib.crc32, chunks)) if len(chunks) >= 4 else [zlib.crc32(c) for c in chunks]
+    return f"{zlib.crc32(struct.pack(f'<{len(crcs)}I', *crcs)) & 0xFFFFFFFF:08x}"
+
+
+_CHUNK = 1 << 20
+_POOL: Optional[concurrent.futures.ThreadPoolExecutor] = None
+
+
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
+                                                      thread_name_prefix="carbon-trace-crc")
+    return _POOL
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -362,7 +388,13 @@ class Trace:
         ent = self._cache.get(key)
         if ent is not None and ent[1] == version and ent[0]() is t:
             return ent[3]
-        h: Optional[str] = checksum(tensor_bytes(t))
+        return self._remember(t, checksum(tensor_bytes(t)))
+
+    def _remember(self, t: torch.Tensor, h: Optional[str]) -> Optional[str]:
+        """Cache ``h`` as the checksum of ``t`` at its current version; returns ``h``."""
+        key = id(t)
+        version = t._version
+        ent = self._cache.get(key)
         try:
             ref = weakref.ref(t, functools.partial(self._evict, key))
             sp = t.untyped_storage().data_ptr()
@@ -376,18 +408,7 @@ class Trace:
 
     def _mark_uninit(self, t: torch.Tensor) -> None:
         """Remember that ``t`` holds uninitialized memory (checksum None) until its next write."""
-        key = id(t)
-        try:
-            ref = weakref.ref(t, functools.partial(self._evict, key))
-            sp = t.untyped_storage().data_ptr()
-        except (TypeError, RuntimeError):
-            return None
-        ent = self._cache.get(key)
-        if ent is not None:
-            self._evict(key, ent[0])
-        self._cache[key] = (ref, t._version, sp, None)
-        self._by_storage.setdefault(sp, set()).add(key)
-        return None
+        return self._remember(t, None)
 
     def _written_args(self, func: Any) -> Tuple[int, ...]:
         w = self._writes.get(func)
@@ -481,9 +502,17 @@ class Trace:
                 rec["ret"] = ret
             # outputs of empty-like ops, and views of a tensor not checksummed, stay unchecksummed
             uninit = schema.name in _UNINIT_OPS or (bool(pre.ins) and pre.ins[0][2] is None and _is_view(func))
+            same_bytes = (schema.name in _SAME_BYTES_VIEWS and len(outs) == 1 and len(pre.ins) >= 1
+                          and pre.ins[0][2] is not None and outs[0].dtype == _desc_dtype(pre.ins[0]))
             descs = []
             for t in outs:
-                d = self._describe(t, self._mark_uninit(t) if uninit else self._hash(t))
+                if uninit:
+                    h = self._mark_uninit(t)
+                elif same_bytes:
+                    h = self._remember(t, pre.ins[0][2])
+                else:
+                    h = self._hash(t)
+                d = self._describe(t, h)
                 if self._tfd is not None:
                     d.append(self._save_tensor(t))
                 descs.append(d)
@@ -525,6 +554,12 @@ class Trace:
             buf = buf[n:]
         self.saved_bytes += nbytes
         return offset
+
+
+def _desc_dtype(desc: list) -> Optional[torch.dtype]:
+    """The torch dtype of a trace tensor description ``[dtype name, shape, checksum, ...]``."""
+    d = getattr(torch, desc[0], None)
+    return d if isinstance(d, torch.dtype) else None
 
 
 def _is_view(func: Any) -> bool:

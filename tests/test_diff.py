@@ -204,6 +204,14 @@ def test_compare_devices_cpu_cpu_identical(capsys):
     assert all(p.grad is None for p in net.parameters())
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a CUDA device")
+def test_compare_devices_without_cuda_says_so():
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        compare_devices(lambda x: x.exp(), torch.ones(2))
+    with pytest.raises(ValueError, match="exactly two devices"):
+        compare_devices(lambda x: x.exp(), torch.ones(2), devices=("cpu",))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_compare_devices_cpu_cuda():
     net, x = make()

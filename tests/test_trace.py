@@ -7,6 +7,7 @@ below (each layer has distinct sizes, so an op can be recognised by its shapes a
 
 import json
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -21,9 +22,13 @@ from carbon.diff import TraceReader
 
 
 def crc(t: torch.Tensor) -> str:
-    """The trace's checksum, recomputed from the tensor's values with zlib directly."""
+    """The trace's checksum (docs/trace.md), recomputed from the tensor's values with zlib directly:
+    CRC-32 of the row-major bytes, or beyond 1 MiB the CRC-32 of the 1 MiB chunks' CRC-32s."""
     b = t.detach().contiguous().numpy().tobytes()
-    return f"{zlib.crc32(b):08x}{zlib.adler32(b):08x}"
+    if len(b) <= 1 << 20:
+        return f"{zlib.crc32(b):08x}"
+    parts = [zlib.crc32(b[i:i + (1 << 20)]) for i in range(0, len(b), 1 << 20)]
+    return f"{zlib.crc32(struct.pack(f'<{len(parts)}I', *parts)):08x}"
 
 
 class MLP(torch.nn.Module):
@@ -152,13 +157,19 @@ def test_source_location_args_and_factory_ops(tmp_path):
 
 def test_checksum_is_layout_independent(tmp_path):
     w = torch.randn(6, 4)
+    big = torch.randn(5, 1 << 18)  # 5 MiB: the chunked checksum
     p = tmp_path / "t.jsonl"
     with carbon.trace(p):
         wt = w.t()  # a non-contiguous view
         wt.exp()
+        big.t().reshape(-1).neg()  # transpose, then a copy (reshape of a non-contiguous tensor), then a view
     _, recs, _ = records(p)
     assert recs[0]["out"][0] == ["float32", [4, 6], crc(w.t().contiguous())]
     assert recs[1]["in"][0] == recs[0]["out"][0]
+    assert [r["op"] for r in recs[2:]] == ["aten::t", "aten::clone", "aten::_unsafe_view", "aten::neg"]
+    assert recs[2]["in"][0][2] == crc(big) and recs[2]["out"][0][2] == crc(big.t().contiguous())
+    assert recs[4]["out"][0] == ["float32", [5 << 18], crc(big.t().reshape(-1))]
+    assert recs[5]["out"][0][2] == crc(-big.t().reshape(-1))
 
 
 def test_inputs_are_hashed_before_the_op_and_after_hidden_writes(tmp_path):
