@@ -589,7 +589,12 @@ def _describe_inputs(d: OpDiff, w: Callable[[str], None]) -> None:
         w(f"  non-tensor arguments differ: A {d.record_a.get('args')!r} {d.record_a.get('kwargs') or ''}, "
           f"B {d.record_b.get('args')!r} {d.record_b.get('kwargs') or ''}")
     for k, x, y in d.differing_inputs:
-        w(f"  input {k}: A {_fmt_desc(x)}  B {_fmt_desc(y)}")
+        w(f"  input {k}{_param_label(d, k)}: A {_fmt_desc(x)}  B {_fmt_desc(y)}")
+
+
+def _param_label(d: OpDiff, k: int) -> str:
+    name = (d.record_a.get("params") or {}).get(str(k)) or (d.record_b.get("params") or {}).get(str(k))
+    return f" (parameter {name})" if name else ""
 
 
 _CSS = """
@@ -636,7 +641,7 @@ def _html_report(r: DiffResult) -> str:
         rows.append(("inputs", "identical: this op itself diverged" if d.inputs_identical
                      else "differ: upstream cause"))
         for k, x, y in d.differing_inputs:
-            rows.append((f"input {k}", f"A {_fmt_desc(x)} / B {_fmt_desc(y)}"))
+            rows.append((f"input {k}{_param_label(d, k)}", f"A {_fmt_desc(x)} / B {_fmt_desc(y)}"))
         for slot, x, y in d.differing_outputs:
             rows.append((f"output {slot}", f"A {_fmt_desc(x)} / B {_fmt_desc(y)}"))
         for td in d.tensor_diffs:

@@ -8,6 +8,7 @@ is written to ``path`` as one JSON line, in execution order, with:
   that created the autograd node), and the index of that forward op;
 * the Python source location that called it (for backward ops: that of their forward op);
 * the non-tensor arguments (scalars, shapes, dtypes, strings);
+* which inputs are parameters of a module seen so far, by name (``blocks.1.mlp.fc.weight``);
 * dtype, shape and a checksum of every tensor input (taken before the op runs, so in-place ops show
   what they read) and every tensor output;
 * with ``save="tensors"``, the output values, in a sidecar file ``<path>.tensors`` capped at
@@ -158,10 +159,11 @@ class _Mode(TorchDispatchMode):
 class _Pre:
     """What :meth:`Trace._before` learnt about an op before it ran."""
 
-    __slots__ = ("args", "kwargs", "ins", "node", "seq")
+    __slots__ = ("args", "kwargs", "ins", "params", "node", "seq")
 
-    def __init__(self, args: Any, kwargs: Any, ins: List[list], node: Any, seq: Optional[int]) -> None:
-        self.args, self.kwargs, self.ins, self.node, self.seq = args, kwargs, ins, node, seq
+    def __init__(self, args: Any, kwargs: Any, ins: List[list], params: Optional[Dict[str, str]], node: Any,
+                 seq: Optional[int]) -> None:
+        self.args, self.kwargs, self.ins, self.params, self.node, self.seq = args, kwargs, ins, params, node, seq
 
 
 class Trace:
@@ -457,12 +459,20 @@ class Trace:
             eargs = self._encode(list(args), tensors)
             ekw = self._encode(kwargs, tensors) if kwargs else None
             ins = [self._describe(t, self._hash(t)) for t in tensors]
+            params = None
+            if self._param_paths:
+                for k, t in enumerate(tensors):
+                    ent = self._param_paths.get(id(t))
+                    if ent is not None and ent[0]() is t:
+                        if params is None:
+                            params = {}
+                        params[str(k)] = f"{ent[1]}.{ent[3]}" if ent[1] else ent[3]
             for i in self._written_args(func):
                 if i < len(args) and isinstance(args[i], torch.Tensor):
                     self._invalidate_storage(args[i])
             if "out" in kwargs and isinstance(kwargs["out"], torch.Tensor):
                 self._invalidate_storage(kwargs["out"])
-        return _Pre(eargs, ekw, ins, node, seq)
+        return _Pre(eargs, ekw, ins, params, node, seq)
 
     def _after(self, func: Any, pre: _Pre, out: Any) -> None:
         with _quiet():
@@ -496,6 +506,8 @@ class Trace:
             if pre.kwargs:
                 rec["kwargs"] = pre.kwargs
             rec["in"] = pre.ins
+            if pre.params:
+                rec["params"] = pre.params
             outs: List[torch.Tensor] = []
             ret = self._encode(out, outs)
             if not _plain_tensor_result(out):

@@ -50,7 +50,7 @@ def test_one_ulp_nudge_names_the_layer(tmp_path):
     assert (td.differing, td.max_ulp, td.max_abs) == (1, 1.0, step)
     text = r.report()
     assert f"First divergence: op {d.index} aten::t in blocks.1.mlp.fc (Linear)" in text
-    assert "upstream cause" in text
+    assert "upstream cause" in text and "input 0 (parameter blocks.1.mlp.fc.weight)" in text
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import zlib
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import carbon
@@ -104,6 +105,9 @@ def test_records_forward_backward_optimizer(tmp_path):
     last = recs[bwd[-1] + 1:]
     assert [r["op"] for r in last] == ["aten::add_.Tensor"] * 6  # SGD: one add_ per parameter tensor
     assert all(r["kwargs"] == {"alpha": -0.5} for r in last)
+    names = ["blocks.0.mlp.fc.weight", "blocks.0.mlp.fc.bias", "blocks.1.mlp.fc.weight", "blocks.1.mlp.fc.bias",
+             "out.weight", "out.bias"]
+    assert [r["params"] for r in last] == [{"0": n} for n in names]  # the parameter each update writes
     # checksums, recomputed here: the input x, the loss, the updated parameters
     assert recs[1]["in"][1][2] == crc(x)
     mean = [r for r in recs if r["op"] == "aten::mean"]
@@ -281,25 +285,38 @@ class Counting(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class CountingFunctions(TorchFunctionMode):
+    """A function mode (carbon.enable is a function mode plus a dispatch mode): counts calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
 @pytest.mark.parametrize("trace_inside", [True, False])
-def test_works_with_another_dispatch_mode(tmp_path, trace_inside):
+def test_works_with_other_modes(tmp_path, trace_inside):
     net, x = make()
 
     def step():
         net.zero_grad()
         net(x).sum().backward()
 
-    with Counting() as alone:
+    step()  # so that zero_grad has gradients to clear in both counted runs
+    with CountingFunctions() as falone, Counting() as alone:
         step()
     p = tmp_path / "t.jsonl"
     if trace_inside:
-        with Counting() as other, carbon.trace(p):
+        with CountingFunctions() as fother, Counting() as other, carbon.trace(p):
             step()
     else:
-        with carbon.trace(p), Counting() as other:
+        with carbon.trace(p), CountingFunctions() as fother, Counting() as other:
             step()
-    # the other mode sees the model's ops and none of the trace's own work (copies, checksums)
-    assert other.ops == alone.ops
+    # the other modes see the model's ops and none of the trace's own work (copies, checksums)
+    assert other.ops == alone.ops and fother.calls == falone.calls
     _, recs, _ = records(p)
     # and the trace records the same ops: "aten::add_.Tensor" is str(func) "aten.add_.Tensor",
     # "aten::addmm" is "aten.addmm.default"
