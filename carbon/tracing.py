@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 __all__ = ["trace", "Trace", "FORMAT", "FORMAT_VERSION", "HASH_NAME", "checksum", "tensor_bytes"]
 
@@ -66,6 +66,7 @@ _SAME_BYTES_VIEWS = frozenset({"aten::view", "aten::_unsafe_view", "aten::reshap
 _UNINIT_OPS = frozenset({"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
                          "aten::new_empty_strided", "aten::empty_permuted"})
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 _active_lock = __import__("threading").Lock()
 _active: Optional["Trace"] = None
 
@@ -294,7 +295,7 @@ class Trace:
         }
 
     def _write_line(self, obj: Dict[str, Any]) -> None:
-        data = (json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n").encode()
+        data = (_ENCODER.encode(obj) + "\n").encode()
         assert self._fd is not None
         # One write(2) per line, unbuffered: when the process dies, every line written so far is
         # complete on disk (the kernel keeps it), so a crash leaves a usable prefix.
@@ -592,8 +593,6 @@ class _quiet:
     __slots__ = ("_ctxs",)
 
     def __enter__(self) -> None:
-        from torch.utils._python_dispatch import _disable_current_modes
-
         self._ctxs = []
         if torch._C._len_torch_dispatch_stack() > 0:
             self._ctxs.append(_disable_current_modes())

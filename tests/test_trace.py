@@ -322,3 +322,20 @@ def test_works_with_other_modes(tmp_path, trace_inside):
     # "aten::addmm" is "aten.addmm.default"
     names = [r["op"].replace("::", ".") for r in recs]
     assert [n if n.count(".") == 2 else n + ".default" for n in names] == alone.ops
+
+
+def test_carbon_ops_and_their_backward_carry_module_paths(tmp_path):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(carbon.nn.Linear(8, 4), carbon.nn.GELU(), carbon.nn.Linear(4, 2))
+    p = tmp_path / "t.jsonl"
+    with carbon.trace(p):
+        m(torch.randn(3, 8)).sum().backward()
+    _, recs, _ = records(p)
+    fwd = [(r["op"], r["module"]) for r in recs if r["op"].startswith("carbon::") and "bwd" not in r]
+    assert fwd == [("carbon::addmm", "0"), ("carbon::gelu", "1"), ("carbon::addmm", "2")]
+    # the weight and input gradients of the last layer: carbon::mm in backward, attributed to "2"
+    mm2 = [r for r in recs if r["op"] == "carbon::mm" and r.get("module") == "2"]
+    assert len(mm2) >= 2 and all("bwd" in r and recs[r["fwd"]]["op"] == "carbon::addmm" for r in mm2)
+    # the input gradient [3, 4], the [2, 4] weight's gradient (computed transposed, as [4, 2]) and the
+    # bias gradient (a ones [1, 3] row times the [3, 2] output gradient)
+    assert sorted(r["out"][0][1] for r in mm2) == [[1, 2], [3, 4], [4, 2]]
