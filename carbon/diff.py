@@ -777,7 +777,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except TraceError as e:
         print(f"carbon diff: error: {e}", file=sys.stderr)
         return 2
-    print(result.report())
+    try:
+        print(result.report())
+    except BrokenPipeError:  # e.g. piped into head
+        pass
     if args.html:
         try:
             with open(args.html, "w", encoding="utf-8") as f:
@@ -785,5 +788,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except OSError as e:
             print(f"carbon diff: error: cannot write {args.html}: {e.strerror or e}", file=sys.stderr)
             return 2
-        print(f"HTML report: {args.html}")
+        try:
+            print(f"HTML report: {args.html}")
+        except BrokenPipeError:
+            pass
     return result.exit_code

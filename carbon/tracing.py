@@ -42,6 +42,7 @@ import os
 import platform
 import struct
 import sys
+import threading
 import weakref
 import zlib
 from dataclasses import dataclass
@@ -67,7 +68,7 @@ _UNINIT_OPS = frozenset({"aten::empty", "aten::empty_like", "aten::empty_strided
                          "aten::new_empty_strided", "aten::empty_permuted"})
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-_active_lock = __import__("threading").Lock()
+_active_lock = threading.Lock()
 _active: Optional["Trace"] = None
 
 
@@ -234,8 +235,6 @@ class Trace:
                 _active = None
 
     def _open(self) -> None:
-        import threading
-
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         if self.tensors_path is not None:
             self._tfd = os.open(self.tensors_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -325,6 +324,8 @@ class Trace:
         return f"<{type(child).__name__}>"  # called by a module that does not own it
 
     def _pre_hook(self, module: torch.nn.Module, args: Any) -> None:
+        if threading.get_ident() != self._thread_id:
+            return  # the hooks are global, the dispatch mode (and so the trace) is per thread
         if self._stack:
             parent = self._stack[-1]
             name = self._child_name(parent.module, module)
@@ -340,6 +341,8 @@ class Trace:
                     self._param_paths[id(p)] = (weakref.ref(p), path, mtype, pname)
 
     def _post_hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if threading.get_ident() != self._thread_id:
+            return
         for i in range(len(self._stack) - 1, -1, -1):
             if self._stack[i].module is module:
                 del self._stack[i:]
@@ -349,7 +352,10 @@ class Trace:
     def _source_location(self) -> Optional[str]:
         if not self._source:
             return None
-        f = sys._getframe(3)
+        try:
+            f: Any = sys._getframe(3)
+        except ValueError:  # called straight from C++ (e.g. an autograd worker thread)
+            return None
         cache = self._internal_code
         while f is not None:
             code = f.f_code

@@ -339,3 +339,29 @@ def test_carbon_ops_and_their_backward_carry_module_paths(tmp_path):
     # the input gradient [3, 4], the [2, 4] weight's gradient (computed transposed, as [4, 2]) and the
     # bias gradient (a ones [1, 3] row times the [3, 2] output gradient)
     assert sorted(r["out"][0][1] for r in mm2) == [[1, 2], [3, 4], [4, 2]]
+
+
+def test_other_threads_neither_recorded_nor_in_the_module_stack(tmp_path):
+    import threading
+
+    net, x = make()
+    started, release = threading.Event(), threading.Event()
+
+    class Slow(torch.nn.Module):
+        def forward(self, y):
+            started.set()
+            release.wait(5)
+            return y.exp()
+
+    slow = torch.nn.Sequential(Slow())
+    t = threading.Thread(target=lambda: slow(torch.ones(2)))
+    p = tmp_path / "t.jsonl"
+    with carbon.trace(p):
+        t.start()
+        started.wait(5)  # the other thread is now inside its modules
+        net(x)
+        release.set()
+        t.join()
+    _, recs, _ = records(p)
+    assert "aten::exp" not in {r["op"] for r in recs}
+    assert recs[0]["module"] == "blocks.0.mlp.fc"  # not nested under the other thread's Sequential
