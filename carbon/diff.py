@@ -555,7 +555,11 @@ def _text_report(r: DiffResult) -> str:
         for td in d.tensor_diffs:
             w(f"  {td.describe()}")
         if not d.tensor_diffs and any(s >= 0 for s, _, _ in d.differing_outputs):
-            w("  (no saved values to measure the difference: trace with save='tensors')")
+            if r.header_a.get("save") == "tensors" and r.header_b.get("save") == "tensors":
+                w("  (values of this output were not saved in both runs: max_bytes reached, or a sidecar file "
+                  "is missing)")
+            else:
+                w("  (no saved values to measure the difference: trace both runs with save='tensors')")
     if r.structural is not None:
         s = r.structural
         w("")

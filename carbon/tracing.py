@@ -397,7 +397,11 @@ class Trace:
         ent = self._cache.get(key)
         if ent is not None and ent[1] == version and ent[0]() is t:
             return ent[3]
-        return self._remember(t, checksum(tensor_bytes(t)))
+        try:
+            h = checksum(tensor_bytes(t))
+        except Exception:  # a tensor whose bytes cannot be read (an exotic subclass): not checksummed
+            return None
+        return self._remember(t, h)
 
     def _remember(self, t: torch.Tensor, h: Optional[str]) -> Optional[str]:
         """Cache ``h`` as the checksum of ``t`` at its current version; returns ``h``."""
@@ -565,7 +569,10 @@ class Trace:
         if self.saved_bytes + nbytes > self.max_bytes:
             self.skipped_tensors += 1
             return None
-        buf = memoryview(tensor_bytes(t))
+        try:
+            buf = memoryview(tensor_bytes(t))
+        except Exception:
+            return None
         offset = self.saved_bytes
         assert self._tfd is not None
         while buf:
