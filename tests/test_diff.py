@@ -15,7 +15,7 @@ import torch
 
 import carbon
 from carbon.diff import compare_devices, diff_traces, main as diff_main
-from test_trace import make
+from test_trace import make, records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,25 +53,29 @@ def test_one_ulp_nudge_names_the_layer(tmp_path):
     assert "upstream cause" in text and "input 0 (parameter blocks.1.mlp.fc.weight)" in text
 
 
+class Head(torch.nn.Module):
+    def forward(self, y):
+        return y.sum()
+
+
+class SumModel(torch.nn.Module):
+    """Linear(64, 256) -> sum over all outputs (4096 x 256 of them for the input below)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(64, 256)
+        self.head = Head()
+
+    def forward(self, x):
+        return self.head(self.proj(x))
+
+
 @pytest.fixture
-def two_thread_traces(tmp_path, restore_num_threads):
-    """Traces of Linear(64, 256) -> sum over 4096 x 256 outputs at 1 and 2 CPU threads."""
-
-    class Head(torch.nn.Module):
-        def forward(self, y):
-            return y.sum()
-
-    class Model(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.proj = torch.nn.Linear(64, 256)
-            self.head = Head()
-
-        def forward(self, x):
-            return self.head(self.proj(x))
-
+def sum_model(restore_num_threads):
+    """The model and input, after checking that torch's CPU sum differs at 1 and 2 threads on them
+    while the matmul before it does not; returns (model, x, sum at 1 thread, sum at 2 threads)."""
     torch.manual_seed(1)
-    model = Model()
+    model = SumModel()
     x = torch.randn(4096, 64)
     y, s = {}, {}
     with torch.no_grad():
@@ -81,14 +85,22 @@ def two_thread_traces(tmp_path, restore_num_threads):
             s[n] = y[1].sum()  # the same input at both thread counts
     if not torch.equal(y[1], y[2]) or torch.equal(s[1], s[2]):
         pytest.skip("on this build the matmul differs or the sum does not differ between 1 and 2 threads")
+    return model, x, float(s[1]), float(s[2])
+
+
+@pytest.fixture
+def two_thread_traces(tmp_path, sum_model):
+    """Traces of SumModel forward and backward at 1 and 2 CPU threads, plain PyTorch."""
+    model, x, s1, s2 = sum_model
     paths = []
     for n in (1, 2):
         torch.set_num_threads(n)
+        model.zero_grad(set_to_none=True)
         p = tmp_path / f"t{n}.jsonl"
         with carbon.trace(p, save="tensors", max_bytes=1 << 23):
             model(x).backward()
         paths.append(p)
-    return paths, float(s[1]), float(s[2])
+    return paths, s1, s2
 
 
 def test_thread_count_divergence_in_plain_pytorch(two_thread_traces):
@@ -101,6 +113,28 @@ def test_thread_count_divergence_in_plain_pytorch(two_thread_traces):
     assert td.differing == 1 and td.max_abs == abs(s1 - s2) and td.max_ulp >= 1
     assert "IDENTICAL in both runs" in r.report()
     assert any("threads: 1 in A, 2 in B" in n for n in r.notes)
+
+
+@pytest.mark.parametrize("trace_outside", [False, True])
+def test_same_model_under_carbon_enable_is_identical_across_threads(tmp_path, sum_model, trace_outside):
+    model, x, _, _ = sum_model  # plain torch gives different sums at 1 and 2 threads (checked there)
+    paths = []
+    for n in (1, 2):
+        torch.set_num_threads(n)
+        model.zero_grad(set_to_none=True)
+        p = tmp_path / f"t{n}.jsonl"
+        if trace_outside:  # the trace sees carbon's kernels
+            with carbon.trace(p), carbon.enabled(seed=0):
+                model(x).backward()
+        else:  # the trace sees torch's ops, computed by carbon
+            with carbon.enabled(seed=0), carbon.trace(p):
+                model(x).backward()
+        paths.append(p)
+    r = diff_traces(*paths)
+    assert r.identical and r.aligned > 10
+    _, recs, _ = records(paths[0])
+    sums = [rec["op"] for rec in recs if rec.get("module") == "head" and "bwd" not in rec]
+    assert sums == (["carbon::sum"] if trace_outside else ["aten::sum"])
 
 
 def test_cli_exit_codes_identical_and_different(tmp_path, capsys):
