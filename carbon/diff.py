@@ -408,7 +408,7 @@ def _diff(ra: TraceReader, rb: TraceReader) -> DiffResult:
     for key in ("torch", "carbon", "threads", "gpu", "machine"):
         if ha.get(key) != hb.get(key):
             notes.append(f"{key}: {ha.get(key)!r} in A, {hb.get(key)!r} in B")
-    op_names: List[str] = []  # forward op names, to name the forward op of a backward op
+    op_names: List[str] = []  # names of A's ops by index, to name the forward op of a backward op
     timeline = bytearray()
     before: Deque[Tuple[int, Dict[str, Any], Dict[str, Any], str]] = collections.deque(maxlen=_HTML_WINDOW)
     window: List[Tuple[int, Dict[str, Any], Dict[str, Any], str]] = []
@@ -430,7 +430,7 @@ def _diff(ra: TraceReader, rb: TraceReader) -> DiffResult:
                     pass
             break
         i = aligned
-        op_names.append(a["op"])
+        op_names.append(sys.intern(a["op"]))
         if a["op"] != b["op"]:
             structural = Structural(i, a["op"], b["op"], a, b)
             timeline.extend(b"!")
