@@ -20,6 +20,13 @@ at::ScalarType output_dtype(const char* op, const at::Tensor& a, const at::Tenso
   return checked_out_dtype(op, requested.value_or(at::promote_types(a.scalar_type(), b.scalar_type())));
 }
 
+// Significand bits of a supported dtype.
+int precision_of(at::ScalarType t) {
+  if (t == at::kBFloat16) return 8;
+  if (t == at::kHalf) return 11;
+  return 24;
+}
+
 // An exact fp64 copy of x, contiguous, in one pass (x.to(kDouble) keeps a
 // transposed layout, and .contiguous() would then copy a second time).
 at::Tensor contiguous_double(const at::Tensor& x) {
@@ -37,7 +44,16 @@ at::Tensor matmul_correctly_rounded(const at::Tensor& a3, const at::Tensor& b3,
 
   // Exact copies in double (every supported value is a double), laid out so
   // that a row of a and a column of b are contiguous for the exact tiers.
-  const at::Tensor a64 = contiguous_double(a3);
+  // On the CPU, a transposed a (column-major matrices, as a^T in a
+  // gradient) is copied in its own memory order: a linear pass, where a
+  // row-major copy would be a slow transposition. The GEMM takes either
+  // layout; the row statistics and the exact tiers read it with strides.
+  const bool a_columns = a3.is_cpu() && M > 1 && K > 1 && a3.stride(1) == 1 && a3.stride(2) == M &&
+                         a3.stride(0) == M * K;
+  const at::Tensor a64 = a_columns ? at::empty({B, K, M}, a3.options().dtype(at::kDouble))
+                                         .copy_(a3.transpose(1, 2))
+                                         .transpose(1, 2)
+                                   : contiguous_double(a3);
   const at::Tensor bt64 = contiguous_double(b3.transpose(1, 2));
   // Tier 1's approximation. Any fp64 GEMM is fine: the bound covers every
   // summation order, so the BLAS's blocking and threading cannot matter.
@@ -49,7 +65,7 @@ at::Tensor matmul_correctly_rounded(const at::Tensor& a3, const at::Tensor& b3,
   at::Tensor b_norm = at::empty({B * N}, stat_options);
   at::Tensor a_signs = at::empty({B * M}, stat_options.dtype(at::kByte));
   at::Tensor b_signs = at::empty({B * N}, stat_options.dtype(at::kByte));
-  const at::Tensor a_rows = a64.view({B * M, K});
+
   const at::Tensor b_rows = bt64.view({B * N, K});
 
   at::Tensor bias64;
@@ -65,15 +81,25 @@ at::Tensor matmul_correctly_rounded(const at::Tensor& a3, const at::Tensor& b3,
   v.gemm_gamma = fp64_gemm_gamma(K, bias.defined());
   v.approx = approx.const_data_ptr<double>();
   v.a = a64.const_data_ptr<double>();
+  v.a_sm = a_columns ? 1 : K;
+  v.a_sk = a_columns ? M : 1;
   v.bt = bt64.const_data_ptr<double>();
 
   const FormatId f = format_of(out_dtype);
+  at::Tensor a_quantum, b_quantum;
   if (a3.is_cpu()) {
-    row_stats_cpu(a_rows, a_norm, a_signs);
-    row_stats_cpu(b_rows, b_norm, b_signs);
+    a_quantum = at::empty({B * M}, stat_options);
+    b_quantum = at::empty({B * N}, stat_options);
+    if (a_columns)
+      column_stats_cpu(a64.transpose(1, 2), a_norm, a_signs, precision_of(a3.scalar_type()), 0x1p53, a_quantum);
+    else
+      row_stats_cpu(a64.view({B * M, K}), a_norm, a_signs, precision_of(a3.scalar_type()), 0x1p53, a_quantum);
+    row_stats_cpu(b_rows, b_norm, b_signs, precision_of(b3.scalar_type()), 1.0, b_quantum);
+    v.a_quantum53 = a_quantum.const_data_ptr<double>();
+    v.b_quantum = b_quantum.const_data_ptr<double>();
   } else {
 #ifdef CARBON_WITH_CUDA
-    row_stats_cuda(a_rows, a_norm, a_signs);
+    row_stats_cuda(a64.view({B * M, K}), a_norm, a_signs);
     row_stats_cuda(b_rows, b_norm, b_signs);
 #endif
   }

@@ -18,8 +18,15 @@ at::Tensor baddbmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor
                    std::optional<at::ScalarType> out_dtype);
 
 // Device kernels. `rows` is a contiguous [R, K] double tensor; writes the
-// 2-norm and the RowSigns summary of every row.
-void row_stats_cpu(const at::Tensor& rows, at::Tensor& norms, at::Tensor& signs);
+// 2-norm and the RowSigns summary of every row, and (CPU) `scale` times a
+// power of two dividing every element of the row, for values of a format of
+// `precision` bits (0 for a row without a nonzero finite element).
+void row_stats_cpu(const at::Tensor& rows, at::Tensor& norms, at::Tensor& signs, int precision, double scale,
+                   at::Tensor& quanta);
+// The same statistics of the columns of each matrix of `cols`, a contiguous
+// [B, K, M] double tensor (the rows of a column-major [B, M, K]).
+void column_stats_cpu(const at::Tensor& cols, at::Tensor& norms, at::Tensor& signs, int precision, double scale,
+                      at::Tensor& quanta);
 // Writes RN_f(c) for every output into `out` (contiguous [B, M, N]).
 void matmul_round_cpu(const MatmulView& view, FormatId format, at::Tensor& out);
 
