@@ -23,10 +23,11 @@ at::Tensor baddbmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor
 // `precision` bits (0 for a row without a nonzero finite element).
 void row_stats_cpu(const at::Tensor& rows, at::Tensor& norms, at::Tensor& signs, int precision, double scale,
                    at::Tensor& quanta);
-// The same statistics of the columns of each matrix of `cols`, a contiguous
-// [B, K, M] double tensor (the rows of a column-major [B, M, K]).
-void column_stats_cpu(const at::Tensor& cols, at::Tensor& norms, at::Tensor& signs, int precision, double scale,
-                      at::Tensor& quanta);
+// The exact double copy of x ([B, R, K], any dtype Carbon supports, rows
+// contiguous: stride(2) == 1) into `out` (contiguous), with row_stats_cpu's
+// statistics of its rows, in one pass.
+void widen_rows_with_stats_cpu(const at::Tensor& x, at::Tensor& out, at::Tensor& norms, at::Tensor& signs,
+                               int precision, double scale, at::Tensor& quanta);
 // Writes RN_f(c) for every output into `out` (contiguous [B, M, N]).
 void matmul_round_cpu(const MatmulView& view, FormatId format, at::Tensor& out);
 

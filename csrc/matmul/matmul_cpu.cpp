@@ -6,9 +6,62 @@
 #include <cmath>
 #include <vector>
 
+#include "../dtypes.h"
+#include "../reduce/reduce_kernel.h"
 #include "matmul.h"
 
 namespace carbon {
+
+namespace {
+
+// The statistics of one row of K doubles (see row_stats_cpu).
+void stats_of_row(const double* row, int64_t K, int precision, double scale, double* norm, uint8_t* sign,
+                  double* quantum) {
+  // Four independent partial sums (the bound allows any order) so the
+  // loop is not bound by the latency of one chain of additions.
+  double part[4] = {0.0, 0.0, 0.0, 0.0};
+  // The smallest biased exponent of a nonzero element (0x7FF when none:
+  // zeros count as 0x7FF; infinities and NaNs make the norm non-finite,
+  // and then the quantum is never used).
+  int64_t emin[4] = {0x7FF, 0x7FF, 0x7FF, 0x7FF};
+  uint8_t s = 0;
+  auto exponent = [](double v) {
+    const int64_t e = static_cast<int64_t>((double_to_bits(v) >> 52) & 0x7FF);
+    return e == 0 ? int64_t{0x7FF} : e;
+  };
+  int64_t k = 0;
+  for (; k + 4 <= K; k += 4)
+    for (int l = 0; l < 4; ++l) {
+      part[l] = part[l] + row[k + l] * row[k + l];
+      s |= row_signs_of(row[k + l]);
+      const int64_t e = exponent(row[k + l]);
+      emin[l] = e < emin[l] ? e : emin[l];
+    }
+  for (; k < K; ++k) {
+    part[0] = part[0] + row[k] * row[k];
+    s |= row_signs_of(row[k]);
+    const int64_t e = exponent(row[k]);
+    emin[0] = e < emin[0] ? e : emin[0];
+  }
+  *norm = std::sqrt((part[0] + part[1]) + (part[2] + part[3]));
+  *sign = s;
+  const int64_t e = std::min(std::min(emin[0], emin[1]), std::min(emin[2], emin[3]));
+  // Every element is a value of a format of `precision` bits, exact in
+  // double; one with exponent E (unbiased, >= e - 1023) is a multiple of
+  // 2^(E - precision + 1) (its last significand bit; a subnormal value of
+  // the format is a multiple of the format's quantum, which is a multiple
+  // of that power for every E below the format's normal range). So
+  // 2^(e - 1023 - precision + 1) divides the whole row. Double values
+  // of a supported format are never subnormal doubles (e >= 1).
+  *quantum = e == 0x7FF ? 0.0 : scale * std::ldexp(1.0, static_cast<int>(e) - 1023 - precision + 1);
+}
+
+template <typename T>
+__attribute__((target_clones("avx2", "default"))) void widen_row(const T* x, int64_t K, double* out) {
+  for (int64_t k = 0; k < K; ++k) out[k] = element_value(x[k]);
+}
+
+}  // namespace
 
 void row_stats_cpu(const at::Tensor& rows, at::Tensor& norms, at::Tensor& signs, int precision, double scale,
                    at::Tensor& quanta) {
@@ -19,85 +72,29 @@ void row_stats_cpu(const at::Tensor& rows, at::Tensor& norms, at::Tensor& signs,
   double* quantum = quanta.mutable_data_ptr<double>();
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(K, 1));
   at::parallel_for(0, R, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      // Four independent partial sums (the bound allows any order) so the
-      // loop is not bound by the latency of one chain of additions.
-      const double* row = x + r * K;
-      double part[4] = {0.0, 0.0, 0.0, 0.0};
-      // The smallest biased exponent of a nonzero element (0x7FF when none:
-      // zeros count as 0x7FF; infinities and NaNs make the norm non-finite,
-      // and then the quantum is never used).
-      int64_t emin[4] = {0x7FF, 0x7FF, 0x7FF, 0x7FF};
-      uint8_t s = 0;
-      auto exponent = [](double v) {
-        const int64_t e = static_cast<int64_t>((double_to_bits(v) >> 52) & 0x7FF);
-        return e == 0 ? int64_t{0x7FF} : e;
-      };
-      int64_t k = 0;
-      for (; k + 4 <= K; k += 4)
-        for (int l = 0; l < 4; ++l) {
-          part[l] = part[l] + row[k + l] * row[k + l];
-          s |= row_signs_of(row[k + l]);
-          const int64_t e = exponent(row[k + l]);
-          emin[l] = e < emin[l] ? e : emin[l];
-        }
-      for (; k < K; ++k) {
-        part[0] = part[0] + row[k] * row[k];
-        s |= row_signs_of(row[k]);
-        const int64_t e = exponent(row[k]);
-        emin[0] = e < emin[0] ? e : emin[0];
-      }
-      norm[r] = std::sqrt((part[0] + part[1]) + (part[2] + part[3]));
-      sign[r] = s;
-      const int64_t e = std::min(std::min(emin[0], emin[1]), std::min(emin[2], emin[3]));
-      // Every element is a value of a format of `precision` bits, exact in
-      // double; one with exponent E (unbiased, >= e - 1023) is a multiple of
-      // 2^(E - precision + 1) (its last significand bit; a subnormal value of
-      // the format is a multiple of the format's quantum, which is a multiple
-      // of that power for every E below the format's normal range). So
-      // 2^(e - 1023 - precision + 1) divides the whole row. Double values
-      // of a supported format are never subnormal doubles (e >= 1).
-      quantum[r] = e == 0x7FF ? 0.0 : scale * std::ldexp(1.0, static_cast<int>(e) - 1023 - precision + 1);
-    }
+    for (int64_t r = begin; r < end; ++r) stats_of_row(x + r * K, K, precision, scale, norm + r, sign + r, quantum + r);
   });
 }
 
-void column_stats_cpu(const at::Tensor& cols, at::Tensor& norms, at::Tensor& signs, int precision, double scale,
-                      at::Tensor& quanta) {
-  const int64_t B = cols.size(0), K = cols.size(1), M = cols.size(2);
-  const double* x = cols.const_data_ptr<double>();
+void widen_rows_with_stats_cpu(const at::Tensor& x, at::Tensor& out, at::Tensor& norms, at::Tensor& signs,
+                               int precision, double scale, at::Tensor& quanta) {
+  const int64_t B = x.size(0), R = x.size(1), K = x.size(2);
+  const int64_t sb = x.stride(0), sr = x.stride(1);
+  double* o = out.mutable_data_ptr<double>();
   double* norm = norms.mutable_data_ptr<double>();
   uint8_t* sign = signs.mutable_data_ptr<uint8_t>();
   double* quantum = quanta.mutable_data_ptr<double>();
-  constexpr int64_t kTile = 256;  // columns per task, summed side by side (one chain each, over k)
-  const int64_t tiles = (M + kTile - 1) / kTile;
-  at::parallel_for(0, B * tiles, 1, [&](int64_t begin, int64_t end) {
-    double sq[kTile];
-    int64_t emin[kTile];
-    uint8_t sg[kTile];
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / tiles, i0 = (task % tiles) * kTile, width = std::min(kTile, M - i0);
-      for (int64_t l = 0; l < width; ++l) sq[l] = 0.0, emin[l] = 0x7FF, sg[l] = 0;
-      for (int64_t k = 0; k < K; ++k) {
-        const double* row = x + (b * K + k) * M + i0;
-        for (int64_t l = 0; l < width; ++l) {
-          const double v = row[l];
-          sq[l] = sq[l] + v * v;
-          sg[l] |= row_signs_of(v);
-          int64_t e = static_cast<int64_t>((double_to_bits(v) >> 52) & 0x7FF);
-          e = e == 0 ? int64_t{0x7FF} : e;
-          emin[l] = e < emin[l] ? e : emin[l];
-        }
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(K, 1));
+  with_element_type(x.scalar_type(), [&](auto element) {
+    using T = decltype(element);
+    const T* in = x.const_data_ptr<T>();
+    at::parallel_for(0, B * R, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        double* row = o + r * K;
+        widen_row(in + (r / R) * sb + (r % R) * sr, K, row);  // exact (element_value)
+        stats_of_row(row, K, precision, scale, norm + r, sign + r, quantum + r);
       }
-      for (int64_t l = 0; l < width; ++l) {
-        const int64_t r = b * M + i0 + l;
-        norm[r] = std::sqrt(sq[l]);
-        sign[r] = sg[l];
-        // As in row_stats_cpu.
-        quantum[r] = emin[l] == 0x7FF ? 0.0
-                                      : scale * std::ldexp(1.0, static_cast<int>(emin[l]) - 1023 - precision + 1);
-      }
-    }
+    });
   });
 }
 

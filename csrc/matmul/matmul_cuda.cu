@@ -46,7 +46,7 @@ __global__ void row_stats_kernel(const double* __restrict__ x, int64_t R, int64_
 __device__ double round_exact_warp(const MatmulView& v, int64_t b, int64_t i, int64_t j,
                                    const FloatFormat& f, WarpLimbs& limbs) {
   const int lane = lane_id();
-  const double* a = v.a + (b * v.M + i) * v.K;  // row-major on CUDA (a_sm = K, a_sk = 1)
+  const double* a = v.a + (b * v.M + i) * v.K;
   const double* bt = v.bt + (b * v.N + j) * v.K;
   const bool has_bias = v.bias != nullptr;
   const double bias = has_bias ? bias_at(v, b, i, j) : 0.0;

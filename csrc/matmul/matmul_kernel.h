@@ -21,8 +21,7 @@ namespace carbon {
 // copy of the float32/bfloat16/float16 inputs), row-major and contiguous.
 struct MatmulView {
   const double* approx;      // [B, M, N] fp64 GEMM result (tier 1)
-  const double* a;           // [B, M, K]; element (b, i, k) at b*M*K + i*a_sm + k*a_sk
-  int64_t a_sm, a_sk;        // (K, 1) row-major; the CPU may pass (1, M), a column-major copy
+  const double* a;           // [B, M, K]
   const double* bt;          // [B, N, K]: b transposed, so a column is contiguous
   const double* a_norm;      // [B * M] 2-norms of the rows of a (fp64)
   const double* b_norm;      // [B * N] 2-norms of the columns of b
@@ -34,7 +33,8 @@ struct MatmulView {
   double gemm_gamma;         // fp64_gemm_gamma(K, bias != null), computed once
   // CPU only (null on CUDA): for each row of a, 2^53 q_a with q_a a power of
   // two dividing every element of the row; for each column of b, such a q_b
-  // (0 for rows without a nonzero finite element). See exact_gemm_limit.
+  // (0 for rows without a nonzero finite element). See exact_gemm_value in
+  // matmul_cpu.cpp.
   const double* a_quantum53;  // [B * M]
   const double* b_quantum;    // [B * N]
 };
@@ -105,12 +105,12 @@ CARBON_HD bool matmul_round_fast(const MatmulView& v, int64_t b, int64_t i, int6
 // Tier 3 for one output, sequentially: the exact accumulator.
 CARBON_HD double matmul_round_exact_sum(const MatmulView& v, int64_t b, int64_t i, int64_t j,
                                         const FloatFormat& f) {
-  const double* a = v.a + b * v.M * v.K + i * v.a_sm;
+  const double* a = v.a + (b * v.M + i) * v.K;
   const double* bt = v.bt + (b * v.N + j) * v.K;
   int64_t limb[kLimbs];
   uint32_t flags;
   exact_sum_clear(limb, flags);
-  for (int64_t k = 0; k < v.K; ++k) exact_sum_add_product(limb, flags, a[k * v.a_sk], bt[k]);
+  for (int64_t k = 0; k < v.K; ++k) exact_sum_add_product(limb, flags, a[k], bt[k]);
   if (v.bias != nullptr) exact_sum_add(limb, flags, bias_at(v, b, i, j));
   return exact_sum_round(limb, flags, f);
 }
@@ -119,12 +119,12 @@ CARBON_HD double matmul_round_exact_sum(const MatmulView& v, int64_t b, int64_t 
 // kernel runs the same arithmetic spread over a warp).
 CARBON_HD double matmul_round_exact(const MatmulView& v, int64_t b, int64_t i, int64_t j,
                                     const FloatFormat& f) {
-  const double* a = v.a + b * v.M * v.K + i * v.a_sm;
+  const double* a = v.a + (b * v.M + i) * v.K;
   const double* bt = v.bt + (b * v.N + j) * v.K;
   const bool has_bias = v.bias != nullptr;
   const double bias = has_bias ? bias_at(v, b, i, j) : 0.0;
   CompensatedSum acc;
-  for (int64_t k = 0; k < v.K; ++k) compensated_add(acc, a[k * v.a_sk] * bt[k]);
+  for (int64_t k = 0; k < v.K; ++k) compensated_add(acc, a[k] * bt[k]);
   if (has_bias) compensated_add(acc, bias);
   const double value = acc.s + acc.t;
   const double abs_sum = abs_sum_bound(v.a_norm[b * v.M + i], v.b_norm[b * v.N + j], bias);

@@ -36,8 +36,10 @@ int64_t grain_for(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int6
 //  * |v| <= 2^(quantum_exp - 1), half the smallest subnormal of f: RN gives
 //    a zero of v's sign (exactly half is a tie, and the even neighbour is 0).
 // Masked softmax entries (e = 0, log_softmax = -inf) take this path too.
+// (Callers AND *ok into a flag of the loop: with a reference to that flag
+// GCC does not vectorize the loop.)
 template <typename F>
-inline typename F::Bits round_encode_fast(double v, uint32_t& ok) {
+inline typename F::Bits round_encode_fast(double v, uint32_t* ok) {
   constexpr FloatFormat f = F::get();
   const uint64_t u = double_to_bits(v), mag = u & ~kSignBit;
   const uint64_t rounded = round_normal_bits(mag, f);
@@ -47,14 +49,16 @@ inline typename F::Bits round_encode_fast(double v, uint32_t& ok) {
   const uint32_t sign = static_cast<uint32_t>(u >> 63) << (f.total_bits - 1);
   const uint32_t inf = ((1u << (f.total_bits - f.precision)) - 1u) << (f.precision - 1);
   const uint32_t magbits = rounded >= overflow_bits(f) ? inf : encode_normal(rounded, f);
-  ok &= (zero | big) ? 1u : 0u;
+  *ok = (zero | big) ? 1u : 0u;
   return static_cast<typename F::Bits>(sign | (zero ? 0u : magbits));
 }
 
-// The row kernels are compiled twice: for x86-64-v3 (AVX2 + FMA, so the
-// elementwise cores' fma is one instruction) and for any x86-64 (fma from
-// libm). Both compute the same IEEE operations, so the bits are the same.
-#define CARBON_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+// The row kernels are compiled three times: for x86-64-v4 (AVX-512: eight
+// doubles per instruction, half the instructions of the exp cores), for
+// x86-64-v3 (AVX2 + FMA, so the elementwise cores' fma is one instruction)
+// and for any x86-64 (fma from libm). All compute the same IEEE operations,
+// so the bits are the same.
+#define CARBON_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
 // The row's maximum and NaN flag in kMaxLanes independent lanes (branch-free,
 // so it vectorizes; one sequential max is bound by the latency of vmaxss).
@@ -107,7 +111,9 @@ CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, double* t, float* e,
   // t = 0, included), redone in general when some e_j is subnormal.
   uint32_t all_normal = 1;
   for (int64_t k = 0; k < n; ++k) {
-    const uint32_t bits = round_encode_fast<Format<FormatId::kFloat32>>(t[k], all_normal);
+    uint32_t ok;
+    const uint32_t bits = round_encode_fast<Format<FormatId::kFloat32>>(t[k], &ok);
+    all_normal &= ok;
     std::memcpy(&e[k], &bits, sizeof bits);
   }
   if (!all_normal)
@@ -131,7 +137,11 @@ CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, double* t, float* e,
     for (int64_t k = 0; k < n; ++k) t[k] = softmax_quotient(e[k], S);
   }
   uint32_t all_normal_out = 1;
-  for (int64_t k = 0; k < n; ++k) o[k] = round_encode_fast<F>(t[k], all_normal_out);
+  for (int64_t k = 0; k < n; ++k) {
+    uint32_t ok;
+    o[k] = round_encode_fast<F>(t[k], &ok);
+    all_normal_out &= ok;
+  }
   if (!all_normal_out)
     for (int64_t k = 0; k < n; ++k) o[k] = bits_of<F>(round_double(t[k], f));
 }
@@ -212,17 +222,22 @@ CARBON_CPU_CLONES void softmax_backward_row(const T* gr, const T* yr, int64_t n,
   if (kLog) {
     for (int64_t k = 0; k < n; ++k) p[k] = math::exp_core(static_cast<float>(element_value(yr[k])));
     for (int64_t k = 0; k < n; ++k) {
-      const uint32_t bits = round_encode_fast<F32>(p[k], ok);
+      uint32_t ok_p, ok_o;
+      const uint32_t bits = round_encode_fast<F32>(p[k], &ok_p);
       float pk;
       std::memcpy(&pk, &bits, sizeof pk);
-      o[k] = round_encode_fast<F>(log_softmax_grad_unrounded(pk, element_value(gr[k]), D), ok);
+      o[k] = round_encode_fast<F>(log_softmax_grad_unrounded(pk, element_value(gr[k]), D), &ok_o);
+      ok &= ok_p & ok_o;
     }
     if (ok) return;
     for (int64_t k = 0; k < n; ++k)
       o[k] = bits_of<F>(log_softmax_grad_from_p(round32(p[k]), element_value(gr[k]), D, f));
   } else {
-    for (int64_t k = 0; k < n; ++k)
-      o[k] = round_encode_fast<F>(softmax_grad_unrounded(element_value(yr[k]), element_value(gr[k]), D), ok);
+    for (int64_t k = 0; k < n; ++k) {
+      uint32_t ok_o;
+      o[k] = round_encode_fast<F>(softmax_grad_unrounded(element_value(yr[k]), element_value(gr[k]), D), &ok_o);
+      ok &= ok_o;
+    }
     if (ok) return;
     for (int64_t k = 0; k < n; ++k)
       o[k] = bits_of<F>(softmax_grad_value(element_value(yr[k]), element_value(gr[k]), D, f));
@@ -270,10 +285,12 @@ CARBON_CPU_CLONES void cross_entropy_grad_row(double coef, const float* lsm, int
   // Branch-free roundings (vectorized), the general ones if some value needs them.
   uint32_t ok = 1;
   for (int64_t j = 0; j < C; ++j) {
-    const uint32_t bits = round_encode_fast<F32>(p[j], ok);
+    uint32_t ok_p, ok_o;
+    const uint32_t bits = round_encode_fast<F32>(p[j], &ok_p);
     float pj;
     std::memcpy(&pj, &bits, sizeof pj);
-    o[j] = round_encode_fast<F>(cross_entropy_grad_unrounded(coef, pj, j == t, eps, C), ok);
+    o[j] = round_encode_fast<F>(cross_entropy_grad_unrounded(coef, pj, j == t, eps, C), &ok_o);
+    ok &= ok_p & ok_o;
   }
   if (ok) return;
   for (int64_t j = 0; j < C; ++j) o[j] = bits_of<F>(cross_entropy_grad_from_p(coef, round32(p[j]), j == t, eps, C, f));
