@@ -54,7 +54,7 @@ namespace {
 // float32's smallest normal) sends the row through attention_logit itself,
 // which is the definition.
 template <typename MaskAt>
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void logits_row(const float* in, double scale,
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void logits_row(const float* in, double scale,
                                                                            MaskAt mask_at, int64_t limit,
                                                                            int64_t Tk, float* o) {
   constexpr FloatFormat f = Format<FormatId::kFloat32>::get();

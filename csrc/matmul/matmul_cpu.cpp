@@ -57,7 +57,7 @@ void stats_of_row(const double* row, int64_t K, int precision, double scale, dou
 }
 
 template <typename T>
-__attribute__((target_clones("avx2", "default"))) void widen_row(const T* x, int64_t K, double* out) {
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void widen_row(const T* x, int64_t K, double* out) {
   for (int64_t k = 0; k < K; ++k) out[k] = element_value(x[k]);
 }
 
@@ -121,15 +121,15 @@ inline bool exact_gemm_value(double a_norm, double b_norm, double a_quantum53, d
 // and both its ends must round to the same value. Everything else (zeros,
 // subnormals, overflow, non-finite values, undecided intervals) is flagged
 // in `pending` for the general path.
-// Compiled twice, for AVX2 and for baseline x86-64, chosen at load time:
-// integer and IEEE operations give the same bits either way.
+// Compiled for AVX-512, AVX2 and baseline x86-64, chosen at load time:
+// integer and IEEE operations give the same bits in every version.
 // The bias is a template parameter: a null test inside the loop would keep
 // the compiler from vectorizing it (measured: 8x slower).
 // Without a bias, an output whose GEMM value is exact (exact_gemm_value) and
 // nonzero (an exact zero's sign follows the contract's rule, decided by the
 // general path) is decided as RN_f(approx) when that is a normal number.
 template <typename F, bool kHasBias>
-__attribute__((target_clones("avx2", "default"))) static void round_row_normal(
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) static void round_row_normal(
     const double* approx, const double* b_norm, double a_norm, double gamma, const double* bias,
     int64_t bias_stride, const double* b_quantum, double a_quantum53, int64_t N, typename F::Bits* out,
     uint8_t* pending) {
