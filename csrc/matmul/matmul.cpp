@@ -20,6 +20,13 @@ at::ScalarType output_dtype(const char* op, const at::Tensor& a, const at::Tenso
   return checked_out_dtype(op, requested.value_or(at::promote_types(a.scalar_type(), b.scalar_type())));
 }
 
+// Significand bits of a supported dtype.
+int precision_of(at::ScalarType t) {
+  if (t == at::kBFloat16) return 8;
+  if (t == at::kHalf) return 11;
+  return 24;
+}
+
 // An exact fp64 copy of x, contiguous, in one pass (x.to(kDouble) keeps a
 // transposed layout, and .contiguous() would then copy a second time).
 at::Tensor contiguous_double(const at::Tensor& x) {
@@ -36,21 +43,47 @@ at::Tensor matmul_correctly_rounded(const at::Tensor& a3, const at::Tensor& b3,
   if (out.numel() == 0) return out;
 
   // Exact copies in double (every supported value is a double), laid out so
-  // that a row of a and a column of b are contiguous for the exact tiers.
-  const at::Tensor a64 = contiguous_double(a3);
-  const at::Tensor bt64 = contiguous_double(b3.transpose(1, 2));
+  // that a row of a and a column of b are contiguous for the exact tiers,
+  // and the statistics of those rows and columns. On the CPU, an operand
+  // whose rows are contiguous in memory is widened and summarized in one
+  // pass (at::Tensor::copy_ alone is slower than both together).
+  const auto stat_options = a3.options().dtype(at::kDouble);
+  at::Tensor a_norm = at::empty({B * M}, stat_options);
+  at::Tensor b_norm = at::empty({B * N}, stat_options);
+  at::Tensor a_signs = at::empty({B * M}, stat_options.dtype(at::kByte));
+  at::Tensor b_signs = at::empty({B * N}, stat_options.dtype(at::kByte));
+  at::Tensor a_quantum, b_quantum;
+  const at::Tensor b3t = b3.transpose(1, 2);
+  at::Tensor a64, bt64;
+  if (a3.is_cpu()) {
+    a_quantum = at::empty({B * M}, stat_options);
+    b_quantum = at::empty({B * N}, stat_options);
+    auto widen = [&](const at::Tensor& x, at::Tensor& norm, at::Tensor& signs, double scale, at::Tensor& quanta) {
+      const int precision = precision_of(x.scalar_type());
+      if (x.size(2) <= 1 || x.stride(2) == 1) {
+        at::Tensor x64 = at::empty(x.sizes(), stat_options);
+        widen_rows_with_stats_cpu(x, x64, norm, signs, precision, scale, quanta);
+        return x64;
+      }
+      at::Tensor x64 = contiguous_double(x);
+      row_stats_cpu(x64.view({x.size(0) * x.size(1), x.size(2)}), norm, signs, precision, scale, quanta);
+      return x64;
+    };
+    a64 = widen(a3, a_norm, a_signs, 0x1p53, a_quantum);
+    bt64 = widen(b3t, b_norm, b_signs, 1.0, b_quantum);
+  } else {
+    a64 = contiguous_double(a3);
+    bt64 = contiguous_double(b3t);
+#ifdef CARBON_WITH_CUDA
+    row_stats_cuda(a64.view({B * M, K}), a_norm, a_signs);
+    row_stats_cuda(bt64.view({B * N, K}), b_norm, b_signs);
+#endif
+  }
   // Tier 1's approximation. Any fp64 GEMM is fine: the bound covers every
   // summation order, so the BLAS's blocking and threading cannot matter.
   const at::Tensor approx = (B == 1 ? at::mm(a64[0], bt64[0].t()).unsqueeze(0)
                                     : at::bmm(a64, bt64.transpose(1, 2)))
                                 .contiguous();
-  const auto stat_options = a64.options();
-  at::Tensor a_norm = at::empty({B * M}, stat_options);
-  at::Tensor b_norm = at::empty({B * N}, stat_options);
-  at::Tensor a_signs = at::empty({B * M}, stat_options.dtype(at::kByte));
-  at::Tensor b_signs = at::empty({B * N}, stat_options.dtype(at::kByte));
-  const at::Tensor a_rows = a64.view({B * M, K});
-  const at::Tensor b_rows = bt64.view({B * N, K});
 
   at::Tensor bias64;
   MatmulView v{};
@@ -69,13 +102,8 @@ at::Tensor matmul_correctly_rounded(const at::Tensor& a3, const at::Tensor& b3,
 
   const FormatId f = format_of(out_dtype);
   if (a3.is_cpu()) {
-    row_stats_cpu(a_rows, a_norm, a_signs);
-    row_stats_cpu(b_rows, b_norm, b_signs);
-  } else {
-#ifdef CARBON_WITH_CUDA
-    row_stats_cuda(a_rows, a_norm, a_signs);
-    row_stats_cuda(b_rows, b_norm, b_signs);
-#endif
+    v.a_quantum53 = a_quantum.const_data_ptr<double>();
+    v.b_quantum = b_quantum.const_data_ptr<double>();
   }
   v.a_norm = a_norm.const_data_ptr<double>();
   v.b_norm = b_norm.const_data_ptr<double>();

@@ -31,6 +31,12 @@ struct MatmulView {
   int64_t bias_stride_b, bias_stride_m, bias_stride_n;
   int64_t B, M, N, K;
   double gemm_gamma;         // fp64_gemm_gamma(K, bias != null), computed once
+  // CPU only (null on CUDA): for each row of a, 2^53 q_a with q_a a power of
+  // two dividing every element of the row; for each column of b, such a q_b
+  // (0 for rows without a nonzero finite element). See exact_gemm_value in
+  // matmul_cpu.cpp.
+  const double* a_quantum53;  // [B * M]
+  const double* b_quantum;    // [B * N]
 };
 
 // Any fp64 evaluation of the K exact products plus the bias, in any order, is

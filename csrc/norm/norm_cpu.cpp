@@ -17,12 +17,16 @@ namespace carbon {
 
 namespace {
 
+// The row loops are compiled for AVX-512 (x86-64-v4), AVX2 and any x86-64,
+// chosen at load time: the same IEEE and integer operations, so the same bits.
+#define CARBON_NORM_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+
 struct Sums {
   double sum = 0.0, abs_sum = 0.0;
 };
 
 // sum v_k and sum |v_k|.
-__attribute__((target_clones("avx2", "default"))) Sums chain_sums(const double* v, int64_t n) {
+CARBON_NORM_CLONES Sums chain_sums(const double* v, int64_t n) {
   double s[kChains] = {}, a[kChains] = {};
   int64_t k = 0;
   for (; k + kChains <= n; k += kChains)
@@ -38,7 +42,7 @@ __attribute__((target_clones("avx2", "default"))) Sums chain_sums(const double* 
 }
 
 // sum a_k (x) b_k and sum |a_k (x) b_k| (exact products).
-__attribute__((target_clones("avx2", "default"))) Sums chain_dot(const double* x, const double* y, int64_t n) {
+CARBON_NORM_CLONES Sums chain_dot(const double* x, const double* y, int64_t n) {
   double s[kChains] = {}, a[kChains] = {};
   int64_t k = 0;
   for (; k + kChains <= n; k += kChains)
@@ -56,7 +60,7 @@ __attribute__((target_clones("avx2", "default"))) Sums chain_dot(const double* x
 }
 
 // sum (v_k (-) c)^2 (c = 0: the exact squares).
-__attribute__((target_clones("avx2", "default"))) double chain_squares(const double* v, double c, int64_t n) {
+CARBON_NORM_CLONES double chain_squares(const double* v, double c, int64_t n) {
   double s[kChains] = {};
   int64_t k = 0;
   for (; k + kChains <= n; k += kChains)
@@ -72,7 +76,7 @@ __attribute__((target_clones("avx2", "default"))) double chain_squares(const dou
 }
 
 template <typename T>
-void decode_row(const T* x, int64_t n, double* out) {
+CARBON_NORM_CLONES void decode_row(const T* x, int64_t n, double* out) {
   for (int64_t k = 0; k < n; ++k) out[k] = element_value(x[k]);
 }
 
@@ -156,7 +160,7 @@ inline typename F::Bits encode_fast(double v) {
 // out. Returns false (out partly written) if some value needs the general
 // path.
 template <typename F, bool kRms, bool kW, bool kB>
-__attribute__((target_clones("avx2", "default"))) bool forward_outputs_fast(const double* v, int64_t n, double mu,
+CARBON_NORM_CLONES bool forward_outputs_fast(const double* v, int64_t n, double mu,
                                                                              double rs, const double* w,
                                                                              const double* b,
                                                                              typename F::Bits* out) {
@@ -183,7 +187,7 @@ bool forward_outputs(const double* v, int64_t n, double mu, double rs, const dou
 
 // Backward, vectorized: xhat_k and g_k (both float32 values) into xh, g.
 template <bool kRms, bool kW>
-__attribute__((target_clones("avx2", "default"))) bool backward_terms_fast(const double* v, const double* d,
+CARBON_NORM_CLONES bool backward_terms_fast(const double* v, const double* d,
                                                                             int64_t n, double mu, double rs,
                                                                             const double* w, double* xh, double* g) {
   uint64_t bad = 0;
@@ -195,7 +199,7 @@ __attribute__((target_clones("avx2", "default"))) bool backward_terms_fast(const
 }
 
 template <typename F, bool kRms>
-__attribute__((target_clones("avx2", "default"))) bool backward_outputs_fast(const double* xh, const double* g,
+CARBON_NORM_CLONES bool backward_outputs_fast(const double* xh, const double* g,
                                                                               int64_t n, double A, double B,
                                                                               double rs, typename F::Bits* out) {
   uint64_t bad = 0;
@@ -304,7 +308,7 @@ constexpr int64_t kColumnBlock = 256;  // columns summed side by side
 constexpr int64_t kRowChunk = 512;     // rows per partial sum
 
 template <bool kRms>
-__attribute__((target_clones("avx2", "default"))) bool tile_xhat_fast(const double* v, int64_t width, double mu,
+CARBON_NORM_CLONES bool tile_xhat_fast(const double* v, int64_t width, double mu,
                                                                        double rs, double* xh) {
   uint64_t bad = 0;
   for (int64_t j = 0; j < width; ++j) xh[j] = round_fast<F32>(kRms ? v[j] * rs : (v[j] - mu) * rs, bad);
@@ -312,7 +316,7 @@ __attribute__((target_clones("avx2", "default"))) bool tile_xhat_fast(const doub
 }
 
 // s[j] += d[j] * m[j] (m null: d[j]), a[j] += |same| (exact products).
-__attribute__((target_clones("avx2", "default"))) void tile_accumulate(const double* __restrict__ d,
+CARBON_NORM_CLONES void tile_accumulate(const double* __restrict__ d,
                                                                         const double* __restrict__ m, int64_t width,
                                                                         double* __restrict__ s,
                                                                         double* __restrict__ a) {

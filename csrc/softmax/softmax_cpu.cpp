@@ -24,18 +24,80 @@ typename F::Bits bits_of(double value) {
 
 int64_t grain_for(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)); }
 
-// The row kernels are compiled twice: for x86-64-v3 (AVX2 + FMA, so the
-// elementwise cores' fma is one instruction) and for any x86-64 (fma from
-// libm). Both compute the same IEEE operations, so the bits are the same.
-#define CARBON_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+// encode(round_double(v, f), f), branch-free so that loops over it vectorize,
+// for every v except NaN and values whose rounding is subnormal in f (or
+// reaches the smallest normal from below); for those *ok = 0 and the caller
+// redoes the loop with round_double + encode. Covered:
+//  * |v| in f's normal range: round_normal_bits; a result >= 2^(max_exp+1)
+//    is an overflow, +-inf (RN rounds every such value to infinity);
+//  * |v| = inf: round_normal_bits leaves the bits of inf unchanged (the
+//    added carry stays below the dropped bits, which are zero), so it is the
+//    overflow case above;
+//  * |v| <= 2^(quantum_exp - 1), half the smallest subnormal of f: RN gives
+//    a zero of v's sign (exactly half is a tie, and the even neighbour is 0).
+// Masked softmax entries (e = 0, log_softmax = -inf) take this path too.
+// (Callers AND *ok into a flag of the loop: with a reference to that flag
+// GCC does not vectorize the loop.)
+template <typename F>
+inline typename F::Bits round_encode_fast(double v, uint32_t* ok) {
+  constexpr FloatFormat f = F::get();
+  const uint64_t u = double_to_bits(v), mag = u & ~kSignBit;
+  const uint64_t rounded = round_normal_bits(mag, f);
+  const uint64_t tiny = static_cast<uint64_t>(quantum_exp(f) - 1 + 1023) << 52;  // 2^(quantum_exp - 1)
+  const bool zero = mag <= tiny;
+  const bool big = (mag >= normal_min_bits(f)) & (mag <= kExpMask);  // normal range or beyond, not NaN
+  const uint32_t sign = static_cast<uint32_t>(u >> 63) << (f.total_bits - 1);
+  const uint32_t inf = ((1u << (f.total_bits - f.precision)) - 1u) << (f.precision - 1);
+  const uint32_t magbits = rounded >= overflow_bits(f) ? inf : encode_normal(rounded, f);
+  *ok = (zero | big) ? 1u : 0u;
+  return static_cast<typename F::Bits>(sign | (zero ? 0u : magbits));
+}
+
+// The row kernels are compiled three times: for x86-64-v4 (AVX-512: eight
+// doubles per instruction, half the instructions of the exp cores), for
+// x86-64-v3 (AVX2 + FMA, so the elementwise cores' fma is one instruction)
+// and for any x86-64 (fma from libm). All compute the same IEEE operations,
+// so the bits are the same.
+#define CARBON_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
+// The row's maximum and NaN flag in kMaxLanes independent lanes (branch-free,
+// so it vectorizes; one sequential max is bound by the latency of vmaxss).
+// The maximum of a set does not depend on the order, except for the sign of a
+// zero maximum when the row holds both +0 and -0 and no positive value: then
+// m may be either zero. That choice never shows in a result: x - m is the
+// same for every nonzero x, e = EXP(+-0) = 1, and the row holds at least two
+// entries at the maximum, so S >= 2, L = LOG(S) > 0 and
+// log_softmax = +-0 (-) L = -L for both signs. (The CUDA kernel merges its
+// threads' maxima in yet another order.)
+constexpr int kMaxLanes = 16;
+
+template <typename T>
+CARBON_CPU_CLONES RowMax row_max_lanes(const T* row, int64_t n) {
+  float m[kMaxLanes];
+  uint32_t nan[kMaxLanes];
+  for (int l = 0; l < kMaxLanes; ++l) m[l] = -INFINITY, nan[l] = 0;
+  int64_t j = 0;
+  for (; j + kMaxLanes <= n; j += kMaxLanes)
+    for (int l = 0; l < kMaxLanes; ++l) {
+      const float v = static_cast<float>(element_value(row[j + l]));
+      nan[l] |= v != v ? 1u : 0u;
+      m[l] = v > m[l] ? v : m[l];
+    }
+  RowMax r;
+  for (; j < n; ++j) row_max_add(r, static_cast<float>(element_value(row[j])));
+  for (int l = 0; l < kMaxLanes; ++l) {
+    r.nan = r.nan || nan[l] != 0;
+    if (m[l] > r.m) r.m = m[l];
+  }
+  return r;
+}
 
 // One row of n values into o[0, n); t and e are scratch for n values. The
 // exp cores run in a loop of their own (it vectorizes), then are rounded.
 template <typename T, typename F, bool kLog>
 CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, double* t, float* e, typename F::Bits* o) {
   constexpr FloatFormat f = F::get();
-  RowMax mx;
-  for (int64_t j = 0; j < n; ++j) row_max_add(mx, static_cast<float>(element_value(row[j])));
+  const RowMax mx = row_max_lanes(row, n);
   const RowCase c = row_case(mx);
   if (c != RowCase::kNormal) {
     const double fill = c == RowCase::kNaN ? canonical_nan() : (kLog ? -INFINITY : 0.0);
@@ -45,12 +107,12 @@ CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, double* t, float* e,
   const float m = mx.m;
   for (int64_t j = 0; j < n; ++j) t[j] = math::exp_core(static_cast<float>(element_value(row[j])) - m);
   double s[kChains] = {};
-  // e_j = RN32(t_j): the branch-free normal-range rounding (vectorizes),
-  // redone in general when some e_j is subnormal or zero (masked entries).
+  // e_j = RN32(t_j): the branch-free rounding (vectorizes; masked entries,
+  // t = 0, included), redone in general when some e_j is subnormal.
   uint32_t all_normal = 1;
   for (int64_t k = 0; k < n; ++k) {
     uint32_t ok;
-    const uint32_t bits = round_encode_normal(t[k], float32_format(), &ok);
+    const uint32_t bits = round_encode_fast<Format<FormatId::kFloat32>>(t[k], &ok);
     all_normal &= ok;
     std::memcpy(&e[k], &bits, sizeof bits);
   }
@@ -77,7 +139,7 @@ CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, double* t, float* e,
   uint32_t all_normal_out = 1;
   for (int64_t k = 0; k < n; ++k) {
     uint32_t ok;
-    o[k] = static_cast<typename F::Bits>(round_encode_normal(t[k], f, &ok));
+    o[k] = round_encode_fast<F>(t[k], &ok);
     all_normal_out &= ok;
   }
   if (!all_normal_out)
@@ -152,12 +214,31 @@ CARBON_CPU_CLONES double grad_row_sum(const T* g, const T* y, int64_t n) {
 template <typename T, typename F, bool kLog>
 CARBON_CPU_CLONES void softmax_backward_row(const T* gr, const T* yr, int64_t n, double* p, typename F::Bits* o) {
   constexpr FloatFormat f = F::get();
+  using F32 = Format<FormatId::kFloat32>;
   const double D = grad_row_sum<T, kLog>(gr, yr, n);
+  // The branch-free roundings first (they vectorize); the general ones for
+  // the whole row when some value needs them.
+  uint32_t ok = 1;
   if (kLog) {
     for (int64_t k = 0; k < n; ++k) p[k] = math::exp_core(static_cast<float>(element_value(yr[k])));
+    for (int64_t k = 0; k < n; ++k) {
+      uint32_t ok_p, ok_o;
+      const uint32_t bits = round_encode_fast<F32>(p[k], &ok_p);
+      float pk;
+      std::memcpy(&pk, &bits, sizeof pk);
+      o[k] = round_encode_fast<F>(log_softmax_grad_unrounded(pk, element_value(gr[k]), D), &ok_o);
+      ok &= ok_p & ok_o;
+    }
+    if (ok) return;
     for (int64_t k = 0; k < n; ++k)
       o[k] = bits_of<F>(log_softmax_grad_from_p(round32(p[k]), element_value(gr[k]), D, f));
   } else {
+    for (int64_t k = 0; k < n; ++k) {
+      uint32_t ok_o;
+      o[k] = round_encode_fast<F>(softmax_grad_unrounded(element_value(yr[k]), element_value(gr[k]), D), &ok_o);
+      ok &= ok_o;
+    }
+    if (ok) return;
     for (int64_t k = 0; k < n; ++k)
       o[k] = bits_of<F>(softmax_grad_value(element_value(yr[k]), element_value(gr[k]), D, f));
   }
@@ -199,7 +280,19 @@ template <typename F>
 CARBON_CPU_CLONES void cross_entropy_grad_row(double coef, const float* lsm, int64_t t, int64_t C, double eps,
                                               double* p, typename F::Bits* o) {
   constexpr FloatFormat f = F::get();
+  using F32 = Format<FormatId::kFloat32>;
   for (int64_t j = 0; j < C; ++j) p[j] = math::exp_core(lsm[j]);
+  // Branch-free roundings (vectorized), the general ones if some value needs them.
+  uint32_t ok = 1;
+  for (int64_t j = 0; j < C; ++j) {
+    uint32_t ok_p, ok_o;
+    const uint32_t bits = round_encode_fast<F32>(p[j], &ok_p);
+    float pj;
+    std::memcpy(&pj, &bits, sizeof pj);
+    o[j] = round_encode_fast<F>(cross_entropy_grad_unrounded(coef, pj, j == t, eps, C), &ok_o);
+    ok &= ok_p & ok_o;
+  }
+  if (ok) return;
   for (int64_t j = 0; j < C; ++j) o[j] = bits_of<F>(cross_entropy_grad_from_p(coef, round32(p[j]), j == t, eps, C, f));
 }
 

@@ -92,12 +92,17 @@ CARBON_HD double log_softmax_value(float x, float m, double L, const FloatFormat
 //   log_softmax: dx_j = RN_out(g_j (-) p_j * G),         G = RN32(sum_k g_k),
 //                p_j = carbon.exp(y_j); p_j * G is exact in fp64.
 // D and G are exact sums (every g_k y_k is exact in fp64) with one rounding.
+// (The fp64 values before the final rounding, for CPU loops that round in
+// a vectorized pass of their own.)
+CARBON_HD double softmax_grad_unrounded(double y, double g, double D) { return y * (g - D); }
+CARBON_HD double log_softmax_grad_unrounded(float p, double g, double G) { return g - static_cast<double>(p) * G; }
+
 CARBON_HD double softmax_grad_value(double y, double g, double D, const FloatFormat& f) {
-  return round_double(y * (g - D), f);
+  return round_double(softmax_grad_unrounded(y, g, D), f);
 }
 
 CARBON_HD double log_softmax_grad_from_p(float p, double g, double G, const FloatFormat& f) {
-  return round_double(g - static_cast<double>(p) * G, f);
+  return round_double(log_softmax_grad_unrounded(p, g, G), f);
 }
 
 CARBON_HD double log_softmax_grad_value(double y, double g, double G, const FloatFormat& f) {
@@ -125,10 +130,14 @@ CARBON_HD double cross_entropy_loss(float nll, double eps, double smooth) {
 // coefficient c (the loss's incoming gradient; for the mean, RN32(g / count)):
 //   dx_j = RN_out(c (*) (p_j (-) q_j)),  p_j = carbon.exp(lsm_j),
 //   q_j = [j == t] * (1 (-) eps) (+) (eps (/) C).
+CARBON_HD double cross_entropy_grad_unrounded(double c, float p, bool is_target, double eps, int64_t C) {
+  const double q = (is_target ? 1.0 - eps : 0.0) + eps / static_cast<double>(C);
+  return c * (static_cast<double>(p) - q);
+}
+
 CARBON_HD double cross_entropy_grad_from_p(double c, float p, bool is_target, double eps, int64_t C,
                                            const FloatFormat& f) {
-  const double q = (is_target ? 1.0 - eps : 0.0) + eps / static_cast<double>(C);
-  return round_double(c * (static_cast<double>(p) - q), f);
+  return round_double(cross_entropy_grad_unrounded(c, p, is_target, eps, C), f);
 }
 
 CARBON_HD double cross_entropy_grad_value(double c, float lsm, bool is_target, double eps, int64_t C,
