@@ -15,6 +15,7 @@ from carbon.random import Generator, bernoulli, default_generator, manual_seed, 
 from carbon.dropout import dropout
 from carbon import nn, optim
 from carbon.checkpoint import load, save
+from carbon.fingerprint import Fingerprint, fingerprint
 from carbon.elementwise import erf, exp, gelu, log, sigmoid, silu, tanh
 from carbon.norm import layer_norm, rms_norm
 from carbon.ops import addmm, baddbmm, bmm, linear, matmul, mm
@@ -33,6 +34,6 @@ __all__ = [
     "index_add", "scatter_add", "index_put", "embedding",
     "nn",
     "random", "Generator", "default_generator", "manual_seed", "rand", "randn", "bernoulli", "dropout",
-    "optim", "save", "load",
+    "optim", "save", "load", "fingerprint", "Fingerprint",
 ]
 __version__ = "0.1.0"
