@@ -20,7 +20,8 @@
 #                   python benchmarks/bench_scatter.py --device cuda --budget 0.3
 #                   python benchmarks/bench_random.py --device cuda --quick --budget 0.2
 #                   python benchmarks/bench_optim.py --device cuda --budget 0.5
-#   6. demo         python -m carbon demo
+#   6. demo         python -m carbon demo --steps 8 --no-progress  (a short run; its golden check
+#                   compares the CUDA fingerprint with tests/demo_golden.txt, recorded on the CPU)
 # A failing step is recorded and the next one still runs; the summary table is
 # printed last, and the exit status is non-zero if any step failed.
 # Logs go to $LOGDIR (default: $OUT/device_check if $OUT is set, else a temp dir).
@@ -153,7 +154,7 @@ run_step optim "$T_OPTIM" "$PY" benchmarks/bench_optim.py --device cuda --budget
 record "$STEP_RC"
 
 # ---- 6. demo -----------------------------------------------------------------
-run_step demo "$T_DEMO" "$PY" -m carbon demo
+run_step demo "$T_DEMO" "$PY" -m carbon demo --steps 8 --no-progress --plot "$LOGDIR/carbon_demo_loss.png"
 record "$STEP_RC"
 
 # ---- summary (last) ----------------------------------------------------------
@@ -170,7 +171,7 @@ echo "tests (-m cuda): ${TEST_COUNTS:-none collected or no counts (see $LOGDIR/t
 echo "benchmark ratios:"
 grep -hE '^RATIO' "$LOGDIR"/*.log 2>/dev/null | sed 's/^/  /' || echo "  (none: see the benchmark logs in $LOGDIR)"
 echo "demo (carbon rows):"
-grep -E '^\| (cpu|cuda) +\| carbon' "$LOGDIR/demo.log" 2>/dev/null | sed 's/^/  /' || echo "  (none: see $LOGDIR/demo.log)"
+grep -E '^\| (cpu|cuda) +\| carbon|^golden' "$LOGDIR/demo.log" 2>/dev/null | sed 's/^/  /' || echo "  (none: see $LOGDIR/demo.log)"
 echo "logs: $LOGDIR"
 if [[ "$FAILED" -ne 0 ]]; then
   echo "RESULT: FAILED (at least one step failed; see above)"
