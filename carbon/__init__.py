@@ -23,6 +23,7 @@ from carbon.attention import scaled_dot_product_attention
 from carbon.reductions import mean, round_to, sum  # noqa: A004
 from carbon.scatter import embedding, index_add, index_put, scatter_add
 from carbon.softmax import cross_entropy, log_softmax, softmax
+from carbon._enable import NotExactError, disable, enable, enabled, is_enabled
 
 __all__ = [
     "mm", "addmm", "bmm", "baddbmm", "linear", "matmul",
@@ -35,5 +36,6 @@ __all__ = [
     "nn",
     "random", "Generator", "default_generator", "manual_seed", "rand", "randn", "bernoulli", "dropout",
     "optim", "save", "load", "fingerprint", "Fingerprint",
+    "enable", "disable", "enabled", "is_enabled", "NotExactError",
 ]
 __version__ = "0.1.0"

@@ -5,7 +5,7 @@
 #   bash scripts/device_check.sh            # from anywhere; runs in the repo root
 #   PYTHON=/path/to/python bash scripts/device_check.sh
 #
-# Steps, each under its own `timeout` (at most 475 s in all):
+# Steps, each under its own `timeout` (at most 480 s in all):
 #   1. environment  (GPU, torch, nvcc)
 #   2. build        TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 pip install --no-build-isolation --no-deps -e .
 #   3. smoke        carbon.mm on a CUDA tensor (are the CUDA kernels built?)
@@ -20,6 +20,7 @@
 #                   python benchmarks/bench_scatter.py --device cuda --budget 0.3
 #                   python benchmarks/bench_random.py --device cuda --quick --budget 0.2
 #                   python benchmarks/bench_optim.py --device cuda --budget 0.5
+#                   python benchmarks/bench_enable.py --device cuda --budget 4   (GPT-2 small step)
 #   6. demo         python -m carbon demo --steps 8 --no-progress  (a short run; its golden check
 #                   compares the CUDA fingerprint with tests/demo_golden.txt, recorded on the CPU)
 # A failing step is recorded and the next one still runs; the summary table is
@@ -35,12 +36,12 @@ else LOGDIR="$(mktemp -d -t carbon_device_check.XXXXXX)"
 fi
 mkdir -p "$LOGDIR"
 
-# Per-step limits in seconds; they sum to 475 s, so the whole check ends within
+# Per-step limits in seconds; they sum to 480 s, so the whole check ends within
 # 8 minutes even if every step times out. Override through the environment.
 T_ENV="${T_ENV:-10}"
 T_BUILD="${T_BUILD:-145}"
 T_SMOKE="${T_SMOKE:-15}"
-T_TESTS="${T_TESTS:-100}"
+T_TESTS="${T_TESTS:-90}"
 T_BENCH="${T_BENCH:-30}"
 T_REDUCE="${T_REDUCE:-15}"
 T_NORM="${T_NORM:-15}"
@@ -50,6 +51,7 @@ T_ATTN="${T_ATTN:-25}"
 T_SCATTER="${T_SCATTER:-20}"
 T_RANDOM="${T_RANDOM:-20}"
 T_OPTIM="${T_OPTIM:-20}"
+T_ENABLE="${T_ENABLE:-15}"
 T_DEMO="${T_DEMO:-20}"
 
 declare -a STEP_NAMES=() STEP_STATUS=() STEP_SECS=()
@@ -151,6 +153,8 @@ record "$STEP_RC"
 run_step random "$T_RANDOM" "$PY" benchmarks/bench_random.py --device cuda --quick --budget 0.2
 record "$STEP_RC"
 run_step optim "$T_OPTIM" "$PY" benchmarks/bench_optim.py --device cuda --budget 0.5
+record "$STEP_RC"
+run_step enable "$T_ENABLE" "$PY" benchmarks/bench_enable.py --device cuda --budget 4
 record "$STEP_RC"
 
 # ---- 6. demo -----------------------------------------------------------------

@@ -17,7 +17,7 @@ tensor as in torch; reading it on the host does not synchronize with a GPU.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -47,14 +47,24 @@ def _scalar(name: str, value: Any) -> float:
     return float(value)
 
 
-def _check_unsupported(cls: str, options: Dict[str, Any]) -> None:
+def _check_unsupported(cls: str, options: Dict[str, Any], implementation_flags: bool = True) -> None:
+    """Refuse options carbon's step does not implement. ``foreach``/``fused``
+    only pick an implementation; they are refused for carbon's own classes
+    (to say the step is always fused) and ignored for torch's optimizer
+    objects stepped under carbon.enable (implementation_flags=False)."""
     for key in ("amsgrad", "capturable", "differentiable"):
         if options.get(key):
             raise ValueError(f"carbon.optim.{cls}: {key}=True is not supported")
-    for key in ("foreach", "fused"):
+    for key in ("foreach", "fused") if implementation_flags else ():
         if options.get(key):
             raise ValueError(f"carbon.optim.{cls}: {key}=True is not supported (carbon's step is always one fused op "
                              f"per parameter group; leave {key}=None)")
+
+
+def _name_of(optimizer: Any) -> Tuple[str, bool]:
+    """(name for messages, whether it is one of carbon's own classes)."""
+    own = getattr(optimizer, "_name", None)
+    return (own, True) if own is not None else (type(optimizer).__name__, False)
 
 
 def _grad_of(cls: str, p: Tensor) -> Tensor:
@@ -115,8 +125,9 @@ class Adam(_KeepFloat32States, torch.optim.Adam):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        name, own = _name_of(self)
         for group in self.param_groups:
-            _check_unsupported(self._name, group)
+            _check_unsupported(name, group, own)
             lr = _scalar("lr", group["lr"])
             beta1, beta2 = (_scalar("beta1", b) for b in group["betas"])
             eps, wd = float(group["eps"]), _scalar("weight_decay", group["weight_decay"])
@@ -126,7 +137,7 @@ class Adam(_KeepFloat32States, torch.optim.Adam):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                g = _grad_of(self._name, p)
+                g = _grad_of(name, p)
                 state = self.state[p]
                 if "step" not in state:
                     state["step"] = torch.tensor(0.0, dtype=torch.float32)
@@ -182,8 +193,9 @@ class SGD(_KeepFloat32States, torch.optim.SGD):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        name, own = _name_of(self)
         for group in self.param_groups:
-            _check_unsupported(self._name, group)
+            _check_unsupported(name, group, own)
             lr, momentum = _scalar("lr", group["lr"]), float(group["momentum"])
             dampening, wd = float(group["dampening"]), _scalar("weight_decay", group["weight_decay"])
             nesterov, maximize = bool(group["nesterov"]), bool(group["maximize"])
@@ -192,7 +204,7 @@ class SGD(_KeepFloat32States, torch.optim.SGD):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                g = _grad_of(self._name, p)
+                g = _grad_of(name, p)
                 state = self.state[p]
                 first = momentum != 0 and state.get("momentum_buffer") is None
                 lists = calls[first]

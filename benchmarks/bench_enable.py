@@ -1,0 +1,134 @@
+"""One training step of an ordinary torch.nn GPT (Hugging Face-free, GPT-2
+layout: pre-LayerNorm blocks, causal SDPA, GELU MLP, tied-free LM head,
+cross-entropy, clip_grad_norm_, AdamW) under carbon.enable against plain
+PyTorch: float32 (TF32 off), TF32 (CUDA) and bfloat16 autocast.
+
+    python benchmarks/bench_enable.py [--device cpu|cuda|all] [--budget S] [--size small|tiny]
+
+CUDA: the GPT-2 small configuration (124M parameters, 12 layers, d = 768,
+batch 8 x 1024 tokens). CPU: a smaller configuration (4 layers, d = 256,
+batch 8 x 128, vocabulary 8192). Each row: median ms per step and the ratio
+to plain float32. Targets (issue 5): H200 <= 1.5x plain float32; CPU <= 3x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+try:
+    import carbon
+except ImportError:  # run from a checkout without an install
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import carbon
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import machine_load, time_interleaved  # noqa: E402
+
+CONFIGS = {
+    "small": dict(vocab=50304, d=768, heads=12, layers=12, ctx=1024, batch=8),
+    "cpu": dict(vocab=8192, d=256, heads=4, layers=4, ctx=128, batch=8),
+    "tiny": dict(vocab=512, d=64, heads=4, layers=2, ctx=64, batch=4),
+}
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out, self.act = nn.Linear(d, 4 * d), nn.Linear(4 * d, d), nn.GELU(approximate="tanh")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.out(self.act(self.fc(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int, d: int, heads: int, layers: int, ctx: int, **_) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
+        self.blocks = nn.ModuleList([Block(d, heads) for _ in range(layers)])
+        self.lnf, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.lnf(x))
+
+
+def make_step(cfg: dict, device: str, mode: str):
+    torch.manual_seed(0)
+    model = GPT(**cfg).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    g = torch.Generator(device="cpu").manual_seed(1)
+    idx = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["ctx"]), generator=g).to(device)
+    target = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["ctx"]), generator=g).to(device)
+
+    def context():
+        if mode == "carbon.enable":
+            return carbon.enabled()
+        if mode == "bf16 autocast":
+            return torch.autocast(device_type=device, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def step():
+        if device == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
+            torch.backends.cudnn.allow_tf32 = mode == "tf32"
+        with context():
+            logits = model(idx)
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), target.view(-1))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def run(device: str, size: str, budget: float) -> None:
+    cfg = CONFIGS[size if device == "cuda" or size == "tiny" else "cpu"]
+    modes = ["fp32", "tf32", "bf16 autocast", "carbon.enable"] if device == "cuda" else \
+        ["fp32", "bf16 autocast", "carbon.enable"]
+    steps = [make_step(cfg, device, m) for m in modes]
+    times = time_interleaved(steps, device, budget, max_reps=20)
+    medians = [statistics.median(t) for t in times]
+    base = medians[0]
+    print(f"\n{device}: GPT {cfg['layers']} layers, d={cfg['d']}, batch {cfg['batch']}x{cfg['ctx']}, "
+          f"vocab {cfg['vocab']} (load {machine_load()}, threads {torch.get_num_threads()})")
+    print(f"| {'step':<14} | {'ms':>9} | {'/ fp32':>7} |")
+    print(f"|{'-' * 16}|{'-' * 11}|{'-' * 9}|")
+    for m, t in zip(modes, medians):
+        print(f"| {m:<14} | {t:9.1f} | {t / base:6.2f}x |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="all", choices=["cpu", "cuda", "all"])
+    parser.add_argument("--budget", type=float, default=30.0, help="seconds of timing per device")
+    parser.add_argument("--size", default="small", choices=["small", "tiny"])
+    args = parser.parse_args()
+    devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
+    for device in devices:
+        if device == "cuda" and not torch.cuda.is_available():
+            print("cuda: no GPU, skipped")
+            continue
+        run(device, args.size, args.budget)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,318 @@
+"""carbon.enable(): run unmodified PyTorch code with Carbon's exact ops.
+
+While enabled, on the calling thread (and in the autograd engine's threads
+that run its backward passes):
+
+* a :class:`~torch.utils._python_dispatch.TorchDispatchMode` reroutes the
+  aten ops listed in :data:`carbon._enable_routes.ROUTES` — matmuls, sums and
+  means, layer/RMS norm, softmax, elementwise math, indexed accumulation, the
+  random ops, the foreach ops — to carbon's kernels or to fixed sequences of
+  single IEEE operations, forward and backward alike (the backward of an aten
+  op is made of aten ops, which the mode sees too);
+* a :class:`~torch.overrides.TorchFunctionMode` sends three functions whose
+  aten decompositions differ between devices to carbon's versions as a whole:
+  ``F.cross_entropy``, ``F.scaled_dot_product_attention`` and ``F.dropout``;
+* ``torch.optim.Adam/AdamW/SGD.step`` run carbon.optim's fused exact step.
+
+Every other aten op must be exact by construction — views, copies,
+comparisons, one correctly rounded IEEE operation per element, integer
+arithmetic (the allow-list in :mod:`carbon._enable_allow`). With
+``strict=True`` an op outside both lists raises :class:`NotExactError`
+naming it; with ``strict=False`` it runs as torch's op after one warning per
+op. docs/enable.md lists every covered op and the definitions.
+
+The random ops draw from ``carbon.default_generator`` (seeded by ``seed``), so
+a model built on a GPU starts from the same weights as one built on the CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import carbon
+from carbon import _enable_allow
+from carbon._enable_routes import PASS, ROUTES, NotCovered
+
+__all__ = ["enable", "disable", "enabled", "is_enabled", "NotExactError"]
+
+
+class NotExactError(RuntimeError):
+    """An op whose result could depend on the hardware, thread count or batch
+    size ran while carbon was enabled with strict=True."""
+
+
+_MISSING = object()
+_schemas: Dict[Any, List[Tuple[str, Any]]] = {}
+
+
+# c10::ScalarType codes, for schema defaults such as randint's dtype=long (given as ints)
+_SCALAR_TYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.float32,
+                 torch.float64, torch.complex32, torch.complex64, torch.complex128, torch.bool, torch.qint8,
+                 torch.quint8, torch.qint32, torch.bfloat16)
+
+
+def _default(argument: Any) -> Any:
+    if not argument.has_default_value():
+        return _MISSING
+    value = argument.default_value
+    if isinstance(value, int) and not isinstance(value, bool) and argument.name.endswith("dtype"):
+        return _SCALAR_TYPES[value]
+    return value
+
+
+def _bind(func: Any, args: tuple, kwargs: dict) -> Dict[str, Any]:
+    """The op's arguments by schema name, defaults filled in."""
+    spec = _schemas.get(func)
+    if spec is None:
+        spec = [(a.name, _default(a)) for a in func._schema.arguments]
+        _schemas[func] = spec
+    bound: Dict[str, Any] = {}
+    for i, (name, default) in enumerate(spec):
+        if i < len(args):
+            bound[name] = args[i]
+        elif name in kwargs:
+            bound[name] = kwargs[name]
+        elif default is not _MISSING:
+            bound[name] = default
+    return bound
+
+
+def _base_name(func: Any) -> str:
+    name = func.overloadpacket.__name__
+    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
+
+
+def _is_inplace(func: Any) -> bool:
+    name = func.overloadpacket.__name__
+    return name.endswith("_") and not name.endswith("__") and func._schema.is_mutable
+
+
+class _Session:
+    def __init__(self, strict: bool) -> None:
+        self.strict = strict
+        self.warned: set = set()
+
+    def not_covered(self, func: Any, why: str) -> None:
+        name = str(func)
+        message = (f"carbon.enable: {name} is not covered ({why}); its result could depend on the device, the thread "
+                   "count or the batch size. Run it outside carbon.enabled(), replace it with a covered op "
+                   "(docs/enable.md lists them), or enable with strict=False to allow it with a warning.")
+        if self.strict:
+            raise NotExactError(message)
+        if name not in self.warned:
+            self.warned.add(name)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _route(base: str, bound: Dict[str, Any]) -> Any:
+    """Run the routed op ``base`` on bound arguments; an op on the allow-list
+    (used by the foreach handlers for sqrt, neg, ...) runs as torch's."""
+    handler = ROUTES.get(base)
+    if handler is None:
+        if base not in _enable_allow.PER_TENSOR:
+            raise NotCovered(f"per-tensor op {base}")
+        return getattr(torch.ops.aten, base)(*bound.values())
+    if getattr(handler, "takes_route", False):
+        return handler(bound, _route)
+    result = handler(bound)
+    if result is PASS:
+        return getattr(torch.ops.aten, base)(*bound.values())
+    return result
+
+
+class _DispatchMode(TorchDispatchMode):
+    def __init__(self, session: _Session) -> None:
+        super().__init__()
+        self.session = session
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace != "aten":
+            return func(*args, **kwargs)  # carbon's own ops, profiler markers, collectives
+        base = _base_name(func)
+        handler = ROUTES.get(base)
+        if handler is not None:
+            try:
+                return self._run(func, base, handler, args, kwargs)
+            except (NotCovered, KeyError) as e:
+                why = str(e) if isinstance(e, NotCovered) else f"this overload ({func._overloadname})"
+                self.session.not_covered(func, why)
+                return func(*args, **kwargs)
+        why = _enable_allow.why_not_exact(func, base, args, kwargs)
+        if why is not None:
+            self.session.not_covered(func, why)
+        return func(*args, **kwargs)
+
+    @staticmethod
+    def _run(func, base, handler, args, kwargs):
+        bound = _bind(func, args, kwargs)
+        if getattr(handler, "takes_route", False):
+            result = handler(bound, _route)
+        else:
+            result = handler(bound)
+        if result is PASS:
+            return func(*args, **kwargs)
+        if _is_inplace(func):
+            target = bound["self"]
+            if isinstance(target, (list, tuple)):
+                for t, r in zip(target, result):
+                    t.copy_(r)
+                return None
+            return target.copy_(result)
+        out = bound.get("out")
+        if out is not None and "out" in func._overloadname:
+            out.resize_(result.shape).copy_(result)
+            return out
+        return result
+
+
+def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                   reduction="mean", label_smoothing=0.0):
+    if (weight is not None or size_average is not None or reduce is not None or target.is_floating_point()
+            or input.dtype not in (torch.float32, torch.bfloat16, torch.float16)):
+        return None
+    return carbon.cross_entropy(input, target, reduction, ignore_index, label_smoothing)
+
+
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if enable_gqa or query.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return None
+    return carbon.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+
+
+def _rms_norm(input, normalized_shape, weight=None, eps=None):
+    if input.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return None
+    return carbon.rms_norm(input, normalized_shape, weight, eps)
+
+
+def _dropout(input, p=0.5, training=True, inplace=False):
+    if input.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return None
+    return carbon.dropout(input, p, training, inplace)
+
+
+_FUNCTIONS: Dict[Callable, Callable] = {
+    F.cross_entropy: _cross_entropy,
+    torch._C._nn.scaled_dot_product_attention: _sdpa,
+    F.dropout: _dropout,
+    F.rms_norm: _rms_norm,
+}
+
+
+class _FunctionMode(TorchFunctionMode):
+    """Whole-function routes for the few functions whose aten decompositions
+    differ by device (CPU and CUDA pick different attention kernels, dropout
+    and rms_norm paths) or cannot be made exact op by op (cross_entropy's
+    mean over the rows that are not ignored)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        route = _FUNCTIONS.get(func)
+        if route is not None:
+            result = route(*args, **kwargs)
+            if result is not None:
+                return result
+        return func(*args, **kwargs)
+
+
+# ---- torch.optim: the step of carbon.optim on torch's optimizer objects -----------------------------------------
+
+def _optimizer_patches() -> Dict[type, Callable]:
+    from carbon import optim as carbon_optim
+
+    def adam_step(self, closure=None):
+        return carbon_optim.Adam.step(self, closure)
+
+    def sgd_step(self, closure=None):
+        return carbon_optim.SGD.step(self, closure)
+
+    return {torch.optim.Adam: adam_step, torch.optim.AdamW: adam_step, torch.optim.SGD: sgd_step}
+
+
+# ---- enable / disable ---------------------------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_active: Optional[Tuple[_Session, _DispatchMode, _FunctionMode, Dict[type, Any]]] = None
+
+
+def is_enabled() -> bool:
+    """Whether carbon.enable() is in effect."""
+    return _active is not None
+
+
+def enable(seed: Optional[int] = None, strict: bool = True) -> None:
+    """Route PyTorch's own ops to Carbon's exact implementations until
+    :func:`disable`.
+
+    Args:
+        seed: seeds ``carbon.default_generator``, from which torch's random
+            ops (``rand``, ``randn``, ``randint``, ``randperm``, ``uniform_``,
+            ``normal_``, ``bernoulli_``, dropout) draw while enabled. ``None``
+            keeps the generator's current state.
+        strict: raise :class:`NotExactError` for an op that carbon does not
+            cover and that is not exact by construction; with False, warn once
+            per op and run torch's version.
+
+    Enabling again while enabled only updates ``strict`` (and reseeds when a
+    seed is given). The modes are thread-local: enable from the thread that
+    runs the model (autograd's backward threads inherit them).
+    """
+    global _active
+    if seed is not None:
+        carbon.random.manual_seed(seed)
+    with _lock:
+        if _active is not None:
+            _active[0].strict = bool(strict)
+            return
+        session = _Session(bool(strict))
+        function_mode = _FunctionMode()
+        dispatch_mode = _DispatchMode(session)
+        saved = {cls: cls.__dict__.get("step", _MISSING) for cls in _optimizer_patches()}
+        for cls, step in _optimizer_patches().items():
+            cls.step = step
+        function_mode.__enter__()
+        dispatch_mode.__enter__()
+        _active = (session, dispatch_mode, function_mode, saved)
+
+
+def disable() -> None:
+    """Undo :func:`enable`: PyTorch's ops, random generators and optimizers
+    behave exactly as before. Does nothing when not enabled."""
+    global _active
+    with _lock:
+        if _active is None:
+            return
+        _, dispatch_mode, function_mode, saved = _active
+        dispatch_mode.__exit__(None, None, None)
+        function_mode.__exit__(None, None, None)
+        for cls, step in saved.items():
+            if step is _MISSING:  # inherited (torch's AdamW steps with Adam.step)
+                delattr(cls, "step")
+            else:
+                cls.step = step
+        _active = None
+
+
+@contextlib.contextmanager
+def enabled(seed: Optional[int] = None, strict: bool = True) -> Iterator[None]:
+    """``with carbon.enabled(seed=0):`` — :func:`enable` for the block, then
+    :func:`disable` (or back to the previous strictness when already enabled)."""
+    was = _active
+    previous_strict = was[0].strict if was is not None else None
+    enable(seed=seed, strict=strict)
+    try:
+        yield
+    finally:
+        if was is None:
+            disable()
+        else:
+            was[0].strict = bool(previous_strict)

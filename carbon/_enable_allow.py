@@ -1,0 +1,88 @@
+"""The aten ops that are exact by construction, so carbon.enable lets them
+run as torch's own (docs/enable.md, "Allowed as they are").
+
+An op is exact by construction when every output element is either a copy of
+an input element, a value that does not depend on floating-point rounding
+(comparisons, indices, integer arithmetic), or ONE correctly rounded IEEE
+operation (x*y, x/y of two tensors, sqrt, a format conversion) — which IEEE
+754 fixes bit for bit, on any CPU or GPU. Everything else must be routed
+(carbon._enable_routes) or is refused in strict mode.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+__all__ = ["ALLOWED", "PER_TENSOR", "why_not_exact"]
+
+# Ops with one correctly rounded IEEE operation per element, or none. A
+# Python/CPU scalar in mul is rounded to the tensor's compute type first, the
+# same on every device.
+PER_TENSOR = frozenset({
+    "neg", "abs", "mul", "sqrt", "maximum", "minimum", "fmax", "fmin", "clamp", "clamp_min", "clamp_max",
+    "relu", "threshold", "threshold_backward", "hardtanh", "hardtanh_backward", "leaky_relu",
+    "leaky_relu_backward", "sign", "sgn", "signbit", "floor", "ceil", "trunc", "round", "fmod", "copysign",
+    "nan_to_num", "zero", "fill", "copy", "clone", "where", "masked_fill",
+})
+
+ALLOWED = PER_TENSOR | frozenset({
+    # copies, conversions (one correctly rounded conversion per element), factories
+    "_to_copy", "to", "contiguous", "_unsafe_view", "view", "reshape", "lift_fresh", "lift_fresh_copy",
+    "_local_scalar_dense", "_copy_from", "_copy_from_and_resize", "resize", "resize_as", "set",
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "ones",
+    "ones_like", "full", "full_like", "new_zeros", "new_ones", "new_full", "scalar_tensor", "eye", "tril", "triu",
+    "_efficientzerotensor", "_pin_memory", "is_pinned",
+    # data movement and indexing
+    "cat", "stack", "index", "_unsafe_index", "index_select", "gather", "scatter", "select_scatter",
+    "slice_scatter", "diagonal_scatter", "as_strided_scatter", "masked_scatter", "masked_select", "embedding",
+    "flip", "roll", "repeat", "repeat_interleave", "constant_pad_nd", "index_fill", "take", "nonzero",
+    "sort", "argsort", "topk", "unique", "_unique2", "unique_consecutive", "tile", "split_with_sizes_copy",
+    "unbind_copy", "narrow_copy", "tril_indices", "triu_indices",
+    # comparisons and logic
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "logical_xor", "isnan",
+    "isinf", "isfinite", "isneginf", "isposinf", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
+    "any", "all", "equal", "is_nonzero", "is_same_size", "_is_all_true", "_is_any_true",
+    # reductions without rounding
+    "amax", "amin", "max", "min", "argmax", "argmin", "aminmax", "count_nonzero",
+    # bookkeeping
+    "_assert_async", "_functional_assert_async", "_assert_scalar", "sym_size", "sym_stride", "sym_numel",
+    "sym_storage_offset", "record_stream", "_foreach_zero", "_foreach_copy", "_foreach_neg", "_foreach_abs",
+    "_foreach_maximum", "_foreach_minimum", "_foreach_clamp_min", "_foreach_clamp_max", "_foreach_sign",
+    "_has_compatible_shallow_copy_type", "_nested_tensor_from_mask_left_aligned", "detach", "alias",
+})
+
+
+def _is_view(func: Any) -> bool:
+    """A pure view (its outputs alias its input, nothing written): computes nothing."""
+    returns = func._schema.returns
+    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+
+
+def _tensors(values: Any):
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            yield from _tensors(v)
+
+
+def _integral(v: Any) -> bool:
+    return isinstance(v, int) or (isinstance(v, float) and v.is_integer() and abs(v) <= 2 ** 24)
+
+
+def why_not_exact(func: Any, base: str, args: tuple, kwargs: dict) -> Optional[str]:
+    """None when the op is exact by construction for these arguments, else why not."""
+    if base in ALLOWED or _is_view(func):
+        return None
+    if base == "arange":
+        # start + i * step: exact when every value is an integer below 2^24
+        values = [v for v in list(args) + list(kwargs.values()) if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        return None if all(_integral(v) for v in values) else "arange with a non-integer start or step"
+    tensors = list(_tensors(list(args) + list(kwargs.values())))
+    if tensors and not any(t.is_floating_point() or t.is_complex() for t in tensors):
+        floats_out = isinstance(kwargs.get("dtype"), torch.dtype) and kwargs["dtype"].is_floating_point
+        if not floats_out:
+            return None  # integer and boolean arithmetic is exact
+    return "not on carbon's list of routed or exact ops"

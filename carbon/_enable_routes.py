@@ -1,0 +1,627 @@
+"""The aten ops carbon.enable() reroutes, and how (docs/enable.md).
+
+Each entry of :data:`ROUTES` maps an aten op name (the overload packet's
+name, in-place ``_`` stripped) to a handler ``handler(args: dict) -> result``
+that computes the *out-of-place* result from the op's bound arguments;
+:mod:`carbon._enable` copies it into ``self`` for in-place variants and into
+``out`` for out variants.
+
+Handlers run inside the dispatch mode's ``__torch_dispatch__``, where the
+mode is off: the aten and carbon ops they call run as they are. Everything a
+handler does is either a carbon op (correctly rounded, the same bits on every
+device) or a fixed sequence of single IEEE basic operations (+, -, *, /, sqrt,
+comparisons, copies), each of which torch computes as one correctly rounded
+operation on the CPU and on CUDA. That is why, for example, ``add`` with
+``alpha != 1`` becomes ``x + (alpha * y)`` here: torch fuses it into an fma on
+CUDA and on AVX2 CPUs, but not in the CPU's scalar tail.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+from torch import Tensor
+
+import carbon.random
+
+__all__ = ["ROUTES", "PASS", "NotCovered"]
+
+aten = torch.ops.aten
+carbon_ops = torch.ops.carbon
+
+_CARBON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+PASS = object()
+"""A handler's answer for arguments the op is already exact for (integer
+tensors, say): run torch's own op."""
+
+
+class NotCovered(Exception):
+    """A routed op was called with arguments carbon has no exact version of
+    (e.g. float64, an unsupported reduction); the message says which."""
+
+
+def _draw() -> tuple:
+    """(seed, offset) of the next draw of carbon.default_generator, the
+    generator every routed random op uses (carbon.enable seeds it)."""
+    return carbon.random.default_generator.next_draw()
+
+
+def _floating(t: Any) -> bool:
+    return isinstance(t, Tensor) and t.is_floating_point()
+
+
+def _need_carbon_dtype(op: str, *tensors: Optional[Tensor]) -> None:
+    for t in tensors:
+        if t is not None and t.is_floating_point() and t.dtype not in _CARBON_DTYPES:
+            raise NotCovered(f"{op} in {t.dtype}: carbon computes float32, bfloat16 and float16 exactly, not {t.dtype}")
+
+
+def _opmath(t: Tensor) -> torch.dtype:
+    return torch.float32 if t.dtype in (torch.bfloat16, torch.float16) else t.dtype
+
+
+# ---- exact compositions of single IEEE operations ----------------------------------------------------------------
+
+def _scalar_like(x: Tensor, value: Any) -> Tensor:
+    """``value`` as a 0-dim tensor on x's device in x's compute dtype. Dividing
+    by it runs torch's tensor-by-tensor kernel: on CUDA, a Python or CPU scalar
+    divisor is replaced by a multiplication with its reciprocal, which is not
+    the correctly rounded quotient."""
+    if isinstance(value, Tensor):
+        return value.to(device=x.device, dtype=_opmath(x))
+    return torch.full((), value, dtype=_opmath(x), device=x.device)
+
+
+def true_divide(x: Tensor, y: Any) -> Tensor:
+    """RN(x / y) in x's compute precision, rounded once more to x's dtype for
+    bfloat16/float16 (as torch computes them): the same on every device."""
+    if not isinstance(x, Tensor):
+        x = torch.as_tensor(x, device=y.device)
+    scalar_divisor = not isinstance(y, Tensor) or (y.dim() == 0 and y.device != x.device) or (
+        y.dim() == 0 and y.device.type == "cpu")
+    if not scalar_divisor:
+        return aten.div.Tensor(x, y)
+    if not x.is_floating_point():
+        return aten.div.Tensor(x, _scalar_like(x.double(), y))
+    out_dtype = torch.result_type(x, y)
+    xs = x.to(_opmath(x)) if x.dtype != _opmath(x) else x
+    q = aten.div.Tensor(xs, _scalar_like(xs, y))
+    return q if q.dtype == out_dtype else q.to(out_dtype)
+
+
+def _scaled(y: Any, alpha: Any) -> Any:
+    return y if alpha == 1 else aten.mul(y, alpha)
+
+
+def _add(a: dict) -> Tensor:
+    return aten.add(a["self"], _scaled(a["other"], a.get("alpha", 1)))
+
+
+def _sub(a: dict) -> Tensor:
+    return aten.sub(a["self"], _scaled(a["other"], a.get("alpha", 1)))
+
+
+def _rsub(a: dict) -> Tensor:
+    return aten.sub(a["other"], _scaled(a["self"], a.get("alpha", 1)))
+
+
+def _div(a: dict) -> Tensor:
+    mode = a.get("rounding_mode")
+    if mode is not None:
+        return aten.div(a["self"], a["other"], rounding_mode=mode)
+    return true_divide(a["self"], a["other"])
+
+
+def _addcmul(a: dict) -> Tensor:
+    # self + value * (t1 * t2), three roundings in this order
+    return aten.add(a["self"], _scaled(aten.mul(a["tensor1"], a["tensor2"]), a.get("value", 1)))
+
+
+def _addcdiv(a: dict) -> Tensor:
+    return aten.add(a["self"], _scaled(true_divide(a["tensor1"], a["tensor2"]), a.get("value", 1)))
+
+
+def _lerp(a: dict) -> Tensor:
+    # torch's two-sided formula, each step one rounding:
+    # w < 0.5: start + w * (end - start); else end - (end - start) * (1 - w)
+    start, end, w = a["self"], a["end"], a["weight"]
+    diff = aten.sub(end, start)
+    if isinstance(w, Tensor):
+        low = aten.add(start, aten.mul(w, diff))
+        high = aten.sub(end, aten.mul(diff, aten.rsub(w, 1)))
+        return torch.where(aten.lt(aten.abs(w), 0.5), low, high)
+    w = float(w)
+    if abs(w) < 0.5:
+        return aten.add(start, aten.mul(diff, w))
+    return aten.sub(end, aten.mul(diff, 1.0 - w))
+
+
+def _pow(a: dict) -> Any:
+    """Integer exponents as products in a fixed order (binary exponentiation
+    from the lowest bit, each product rounded: carbon.optim.power's order);
+    0.5 as sqrt; a negative exponent as 1 / x^|n|."""
+    x, e = a["self"], a["exponent"]
+    if isinstance(x, Tensor) and not x.is_floating_point() and not _floating(e):
+        return PASS
+    if isinstance(e, Tensor) or not isinstance(x, Tensor):
+        raise NotCovered("pow with a tensor exponent: carbon has no correctly rounded pow")
+    if e == 0.5:
+        return aten.sqrt(x)
+    if float(e).is_integer() and abs(e) <= 64:
+        n = abs(int(e))
+        result, base = None, x
+        while n:
+            if n & 1:
+                result = base if result is None else aten.mul(result, base)
+            n >>= 1
+            if n:
+                base = aten.mul(base, base)
+        result = aten.ones_like(x) if result is None else aten.clone(result)
+        return true_divide(aten.ones_like(x), result) if e < 0 else result
+    raise NotCovered(f"pow with exponent {e}: carbon covers integer exponents up to 64 and 0.5 exactly")
+
+
+def _mse_loss(a: dict) -> Tensor:
+    x, y, reduction = a["self"], a["target"], a["reduction"]
+    _need_carbon_dtype("mse_loss", x, y)
+    d = aten.sub(x, y)
+    sq = aten.mul(d, d)
+    if reduction == 0:
+        return sq
+    return carbon_ops.sum(sq, None, False, None) if reduction == 2 else carbon_ops.mean(sq, None, False, None)
+
+
+def _mse_loss_backward(a: dict) -> Tensor:
+    # RN(RN(RN(x - y) * RN(2 / n)) * g), n = 1 unless reduction='mean'
+    x, y, g, reduction = a["self"], a["target"], a["grad_output"], a["reduction"]
+    n = x.numel() if reduction == 1 else 1
+    return aten.mul(aten.mul(aten.sub(x, y), 2.0 / n), g)
+
+
+def _rsqrt(a: dict) -> Tensor:
+    x = a["self"]
+    return true_divide(aten.ones_like(x), aten.sqrt(x))
+
+
+def _reciprocal(a: dict) -> Tensor:
+    x = a["self"]
+    return true_divide(aten.ones_like(x), x)
+
+
+def _tanh_backward(a: dict) -> Tensor:
+    y = a["output"]
+    return aten.mul(a["grad_output"], aten.rsub(aten.mul(y, y), 1))
+
+
+def _sigmoid_backward(a: dict) -> Tensor:
+    y = a["output"]
+    return aten.mul(a["grad_output"], aten.mul(y, aten.rsub(y, 1)))
+
+
+# ---- matmul -------------------------------------------------------------------------------------------------------
+
+def _float_mm(op: str, a: Tensor, b: Tensor) -> bool:
+    if not (_floating(a) or _floating(b)):
+        return False
+    _need_carbon_dtype(op, a, b)
+    return True
+
+
+def _mm(a: dict) -> Tensor:
+    x, y = a["self"], a["mat2"]
+    return carbon_ops.mm(x, y) if _float_mm("mm", x, y) else PASS
+
+
+def _bmm(a: dict) -> Tensor:
+    x, y = a["self"], a["mat2"]
+    return carbon_ops.bmm(x, y) if _float_mm("bmm", x, y) else PASS
+
+
+def _add_product(op: str, bias: Tensor, product: Callable[[], Tensor], fused: Callable[[], Tensor],
+                 beta: Any, alpha: Any) -> Tensor:
+    if beta == 1 and alpha == 1:
+        return fused()
+    p = _scaled(product(), alpha)
+    if beta == 0:  # torch ignores bias (even NaN) when beta == 0
+        return aten.clone(p) if p.shape == torch.Size([]) else p.contiguous()
+    return aten.add(_scaled(bias, beta), p)
+
+
+def _addmm(a: dict) -> Tensor:
+    bias, x, y = a["self"], a["mat1"], a["mat2"]
+    if not _float_mm("addmm", x, y):
+        return PASS
+    _need_carbon_dtype("addmm", bias)
+    return _add_product("addmm", bias, lambda: carbon_ops.mm(x, y), lambda: carbon_ops.addmm(bias, x, y),
+                        a["beta"], a["alpha"])
+
+
+def _baddbmm(a: dict) -> Tensor:
+    bias, x, y = a["self"], a["batch1"], a["batch2"]
+    if not _float_mm("baddbmm", x, y):
+        return PASS
+    _need_carbon_dtype("baddbmm", bias)
+    return _add_product("baddbmm", bias, lambda: carbon_ops.bmm(x, y), lambda: carbon_ops.baddbmm(bias, x, y),
+                        a["beta"], a["alpha"])
+
+
+def _mv(a: dict) -> Tensor:
+    m, v = a["self"], a["vec"]
+    if not _float_mm("mv", m, v):
+        return PASS
+    return carbon_ops.mm(m, v.unsqueeze(1)).squeeze(1)
+
+
+def _dot(a: dict) -> Tensor:
+    x, y = a["self"], a["tensor"]
+    if not _float_mm("dot", x, y):
+        return PASS
+    return carbon_ops.mm(x.unsqueeze(0), y.unsqueeze(1)).reshape(())
+
+
+# ---- reductions ---------------------------------------------------------------------------------------------------
+
+def _reduce(name: str, op: Callable) -> Callable[[dict], Any]:
+    def handler(a: dict) -> Any:
+        x, dim, keepdim, dtype = a["self"], a.get("dim"), a.get("keepdim", False), a.get("dtype")
+        if not x.is_floating_point() and (dtype is None or not dtype.is_floating_point):
+            return PASS  # integer sums are exact
+        if dtype is not None and dtype not in _CARBON_DTYPES:
+            raise NotCovered(f"{name} to {dtype}")
+        _need_carbon_dtype(name, x)
+        if not x.is_floating_point():
+            x = x.to(dtype)
+        dims = None if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0) else list(dim)
+        return op(x, dims, keepdim, dtype)
+    return handler
+
+
+_sum = _reduce("sum", carbon_ops.sum)
+_mean = _reduce("mean", carbon_ops.mean)
+
+
+def _vector_norm(a: dict) -> Tensor:
+    x, ord_, dim, keepdim, dtype = a["self"], a["ord"], a["dim"], a["keepdim"], a.get("dtype")
+    _need_carbon_dtype("linalg_vector_norm", x)
+    if dtype is not None and dtype != x.dtype:
+        raise NotCovered("linalg_vector_norm with a dtype argument")
+    if ord_ == math.inf:
+        r = aten.amax(aten.abs(x), dim if dim is not None else [], keepdim)
+        return r
+    if ord_ != 2:
+        raise NotCovered(f"linalg_vector_norm with ord={ord_}: carbon computes the 2-norm and the inf-norm exactly")
+    if dim is not None and len(dim) > 0 and x.dim() > 0:
+        raise NotCovered("linalg_vector_norm over some dimensions (carbon covers the norm of the whole tensor)")
+    if x.numel() == 0:
+        return aten.zeros((), dtype=x.dtype, device=x.device)
+    r = carbon_ops.sum_squares([x], True).to(x.dtype)
+    if keepdim:
+        r = r.reshape([1] * x.dim())
+    return r
+
+
+def _foreach_norm(a: dict) -> List[Tensor]:
+    return [_vector_norm({"self": t, "ord": a["ord"], "dim": None, "keepdim": False, "dtype": a.get("dtype")})
+            for t in a["self"]]
+
+
+# ---- normalization, softmax, losses ------------------------------------------------------------------------------
+
+def _layer_norm(a: dict):
+    x, w, b = a["input"], a["weight"], a["bias"]
+    _need_carbon_dtype("native_layer_norm", x, w, b)
+    return carbon_ops.layer_norm(x, list(a["normalized_shape"]), w, b, a["eps"])
+
+
+def _layer_norm_backward(a: dict):
+    g, x, shape, mean, rstd, w = a["grad_out"], a["input"], list(a["normalized_shape"]), a["mean"], a["rstd"], a["weight"]
+    mask = a["output_mask"]
+    gx = carbon_ops.layer_norm_backward(g, x, shape, mean, rstd, w) if mask[0] else None
+    gw = gb = None
+    if mask[1] or mask[2]:
+        gw, gb = carbon_ops.norm_param_grads(g, x, shape, mean, rstd, bool(mask[1]), bool(mask[2]))
+    return gx, (gw if mask[1] else None), (gb if mask[2] else None)
+
+
+def _rms_norm(a: dict):
+    x, w = a["input"], a["weight"]
+    _need_carbon_dtype("_fused_rms_norm", x, w)
+    return carbon_ops.rms_norm(x, list(a["normalized_shape"]), w, a["eps"])
+
+
+def _rms_norm_backward(a: dict):
+    g, x, shape, rstd, w = a["grad_out"], a["input"], list(a["normalized_shape"]), a["rstd"], a["weight"]
+    mask = a["output_mask"]
+    gx = carbon_ops.rms_norm_backward(g, x, shape, rstd, w) if mask[0] else None
+    gw = None
+    if mask[1]:
+        gw, _ = carbon_ops.norm_param_grads(g, x, shape, None, rstd, True, False)
+    return gx, gw
+
+
+def _softmax_like(name: str, op: Callable) -> Callable[[dict], Tensor]:
+    def handler(a: dict) -> Tensor:
+        x = a["self"]
+        _need_carbon_dtype(name, x)
+        dtype = a.get("dtype")
+        if a.get("half_to_float"):
+            dtype = torch.float32
+        return op(x, a["dim"], dtype)
+    return handler
+
+
+def _softmax_backward(op: Callable) -> Callable[[dict], Tensor]:
+    return lambda a: op(a["grad_output"], a["output"], a["dim"], a["input_dtype"])
+
+
+def _nll_loss_forward(a: dict):
+    lsm, target, weight, reduction, ignore = a["self"], a["target"], a["weight"], a["reduction"], a["ignore_index"]
+    _need_carbon_dtype("nll_loss_forward", lsm)
+    if weight is not None:
+        raise NotCovered("nll_loss with class weights")
+    if reduction == 1:
+        raise NotCovered("nll_loss with reduction='mean' on log-probabilities: use F.cross_entropy on the logits "
+                         "(covered), or reduction='sum'")
+    rows = lsm.unsqueeze(0) if lsm.dim() == 1 else lsm
+    t = target.reshape(-1) if lsm.dim() == 1 else target
+    keep = aten.ne(t, ignore)
+    picked = aten.gather(rows, 1, aten.where(keep, t, 0).unsqueeze(1)).squeeze(1)
+    losses = aten.where(keep, aten.neg(picked), 0.0).to(lsm.dtype)
+    total_weight = aten.sum(keep).to(lsm.dtype)
+    if reduction == 0:
+        return (losses.reshape(()) if lsm.dim() == 1 else losses), aten.zeros((), dtype=lsm.dtype, device=lsm.device)
+    return carbon_ops.sum(losses, None, False, None), total_weight
+
+
+def _nll_loss_backward(a: dict) -> Tensor:
+    g, lsm, target, weight, reduction, ignore = (a["grad_output"], a["self"], a["target"], a["weight"],
+                                                 a["reduction"], a["ignore_index"])
+    if weight is not None or reduction == 1:
+        raise NotCovered("nll_loss_backward with class weights or reduction='mean'")
+    rows = lsm.unsqueeze(0) if lsm.dim() == 1 else lsm
+    t = target.reshape(-1) if lsm.dim() == 1 else target
+    keep = aten.ne(t, ignore)
+    gl = g.reshape(-1) if reduction == 0 else g.expand(t.shape)
+    vals = aten.where(keep, aten.neg(gl), 0.0).to(lsm.dtype)
+    out = aten.zeros_like(rows).scatter(1, aten.where(keep, t, 0).unsqueeze(1), vals.unsqueeze(1))
+    return out.reshape(lsm.shape)
+
+
+# ---- elementwise functions --------------------------------------------------------------------------------------
+
+def _unary(name: str, op: Callable) -> Callable[[dict], Any]:
+    def handler(a: dict) -> Any:
+        x = a["self"]
+        if not x.is_floating_point():
+            raise NotCovered(f"{name} of an integer tensor")
+        _need_carbon_dtype(name, x)
+        return op(x)
+    return handler
+
+
+def _gelu(a: dict) -> Tensor:
+    _need_carbon_dtype("gelu", a["self"])
+    return carbon_ops.gelu(a["self"], a.get("approximate", "none"))
+
+
+def _gelu_backward(a: dict) -> Tensor:
+    fn = "gelu_tanh" if a.get("approximate", "none") == "tanh" else "gelu"
+    return carbon_ops.elementwise_backward(a["grad_output"], a["self"], fn)
+
+
+def _silu_backward(a: dict) -> Tensor:
+    return carbon_ops.elementwise_backward(a["grad_output"], a["self"], "silu")
+
+
+# ---- indexed accumulation ---------------------------------------------------------------------------------------
+
+def _index_add(a: dict) -> Tensor:
+    x, src = a["self"], a["source"]
+    if not x.is_floating_point():
+        return PASS
+    return carbon_ops.index_add(x, a["dim"], a["index"], _scaled(src, a.get("alpha", 1)))
+
+
+def _scatter_add(a: dict) -> Tensor:
+    x = a["self"]
+    if not x.is_floating_point():
+        return PASS
+    return carbon_ops.scatter_add(x, a["dim"], a["index"], a["src"])
+
+
+def _index_put(a: dict) -> Any:
+    x, indices, values = a["self"], a["indices"], a["values"]
+    if not a.get("accumulate", False) or not x.is_floating_point():
+        return PASS
+    index = indices[0] if len(indices) == 1 else None
+    if index is None or index.dim() != 1 or index.dtype not in (torch.int64, torch.int32):
+        raise NotCovered("index_put with accumulate=True other than rows of dim 0 picked by one 1-D integer index")
+    index = aten.where(aten.lt(index, 0), aten.add(index, x.shape[0]), index)  # torch's negative indices
+    return carbon_ops.index_add(x, 0, index, values.expand((index.shape[0], *x.shape[1:])))
+
+
+def _embedding_backward(a: dict) -> Tensor:
+    return carbon_ops.embedding_backward(a["grad_output"], a["indices"], a["num_weights"], a["padding_idx"])
+
+
+# ---- randomness -------------------------------------------------------------------------------------------------
+
+def _factory(a: dict) -> tuple:
+    dtype = a.get("dtype") or torch.get_default_dtype()
+    device = a.get("device") or torch.device("cpu")
+    return dtype, torch.device(device)
+
+
+def _uniform_values(size: List[int], low: float, high: float, dtype: torch.dtype, device: torch.device) -> Tensor:
+    s, o = _draw()
+    return carbon_ops.uniform(list(size), s, o, float(low), float(high), dtype, device)
+
+
+def _normal_values(size: List[int], mean: float, std: float, dtype: torch.dtype, device: torch.device) -> Tensor:
+    s, o = _draw()
+    return carbon_ops.normal(list(size), s, o, float(mean), float(std), dtype, device)
+
+
+def _need_random_dtype(op: str, dtype: torch.dtype) -> None:
+    if dtype not in _CARBON_DTYPES:
+        raise NotCovered(f"{op} in {dtype}: carbon draws float32, bfloat16 and float16")
+
+
+def _rand(a: dict) -> Tensor:
+    dtype, device = _factory(a)
+    _need_random_dtype("rand", dtype)
+    return _uniform_values(a["size"], 0.0, 1.0, dtype, device)
+
+
+def _randn(a: dict) -> Tensor:
+    dtype, device = _factory(a)
+    _need_random_dtype("randn", dtype)
+    return _normal_values(a["size"], 0.0, 1.0, dtype, device)
+
+
+def _integers(size: List[int], low: int, high: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """low + floor(u * (high - low)) with u = k 2^-24 from one uniform draw,
+    computed exactly in binary64 (every value is reachable while high - low
+    <= 2^24)."""
+    n = int(high) - int(low)
+    if n <= 0:
+        raise ValueError(f"random integers: empty range [{low}, {high})")
+    if n > 2 ** 29:
+        raise NotCovered(f"random integers over a range of {n} > 2^29 values")
+    u = _uniform_values(size, 0.0, 1.0, torch.float32, device).double()
+    k = aten.floor(aten.mul(u, float(n)))  # exact: u has 24 bits, n < 2^29
+    return aten.add(k.to(torch.int64), int(low)).to(dtype)
+
+
+def _randint(a: dict) -> Tensor:
+    dtype = a.get("dtype") or torch.int64
+    device = torch.device(a.get("device") or "cpu")
+    return _integers(a["size"], a.get("low", 0), a["high"], dtype, device)
+
+
+def _randperm(a: dict) -> Tensor:
+    n = a["n"]
+    device = torch.device(a.get("device") or "cpu")
+    s, o = _draw()
+    keys = carbon_ops.uniform([n], s, o, 0.0, 1.0, torch.float32, device)
+    # ties are broken by index (stable sort): the same order on every device
+    return aten.sort.stable(keys, stable=True)[1].to(a.get("dtype") or torch.int64)
+
+
+def _uniform_(a: dict) -> Tensor:
+    x = a["self"]
+    _need_random_dtype("uniform_", x.dtype)
+    return _uniform_values(list(x.shape), a["from"], a["to"], x.dtype, x.device)
+
+
+def _normal_(a: dict) -> Tensor:
+    x = a["self"]
+    _need_random_dtype("normal_", x.dtype)
+    return _normal_values(list(x.shape), a["mean"], a["std"], x.dtype, x.device)
+
+
+def _random_(a: dict) -> Tensor:
+    x = a["self"]
+    low, high = a.get("from", 0), a.get("to")
+    if high is None:
+        raise NotCovered("random_ without an upper bound")
+    return _integers(list(x.shape), low, high, x.dtype, x.device)
+
+
+def _bernoulli(a: dict) -> Tensor:
+    x, p = a["self"], a.get("p")
+    s, o = _draw()
+    if isinstance(p, Tensor):
+        probs = p.to(torch.float32).expand(x.shape).contiguous()
+        return carbon_ops.bernoulli(probs, s, o, None).to(x.dtype)
+    probs = x if p is None else aten.empty_like(x, dtype=torch.float32)
+    if probs.dtype not in _CARBON_DTYPES:
+        probs = probs.to(torch.float32)
+    return carbon_ops.bernoulli(probs, s, o, None if p is None else float(p)).to(x.dtype)
+
+
+def _native_dropout(a: dict):
+    x, p, train = a["input"], a["p"], a["train"]
+    if train is False or p == 0:
+        return aten.clone(x), aten.ones_like(x, dtype=torch.bool)
+    keep = aten.ne(_bernoulli({"self": aten.empty_like(x, dtype=torch.float32), "p": 1.0 - p}), 0)
+    return _native_dropout_backward({"grad_output": x, "mask": keep, "scale": 1.0 / (1.0 - p)}), keep
+
+
+def _native_dropout_backward(a: dict) -> Tensor:
+    # (g * mask) * scale: two single roundings
+    g = a["grad_output"]
+    return aten.mul(aten.mul(g, a["mask"]), a["scale"])
+
+
+# ---- foreach: the per-tensor ops, one by one ---------------------------------------------------------------------
+
+def _foreach(base: str) -> Callable[[dict], List[Tensor]]:
+    """``_foreach_<base>(lists...)`` as the per-tensor ``<base>`` applied to
+    each index; list arguments are indexed, other arguments are shared."""
+    def handler(a: dict, route: Callable[[str, dict], Any]) -> List[Tensor]:
+        n = len(a["self"])
+        if isinstance(a.get("scalars"), Tensor):  # a CPU tensor of per-tensor scalars
+            a = dict(a, scalars=a["scalars"].tolist())
+        if "tensors1" in a:
+            a = dict(a)
+            a["end" if base == "lerp" else "tensor1"] = a.pop("tensors1")
+        out = []
+        for i in range(n):
+            elem = {k: (v[i] if isinstance(v, (list, tuple)) and len(v) == n and k != "dim" else v)
+                    for k, v in a.items()}
+            if "scalars" in elem:
+                elem["other" if base not in ("addcmul", "addcdiv") else "value"] = elem.pop("scalars")
+            if "scalar" in elem:
+                elem["other" if base not in ("addcmul", "addcdiv") else "value"] = elem.pop("scalar")
+            if "other" in elem and base in ("addcmul", "addcdiv"):
+                elem["value"] = elem.pop("other")
+            if base == "lerp" and "weights" in elem:
+                elem["weight"] = elem.pop("weights")
+            if base in ("addcmul", "addcdiv") and "tensor1" not in elem:
+                raise NotCovered(f"_foreach_{base} overload")
+            out.append(route(base, elem))
+        return out
+    handler.takes_route = True  # type: ignore[attr-defined]
+    return handler
+
+
+# name -> handler. Keys are aten overload-packet names without a trailing "_".
+ROUTES: Dict[str, Callable] = {
+    # matmul
+    "mm": _mm, "bmm": _bmm, "addmm": _addmm, "baddbmm": _baddbmm, "mv": _mv, "dot": _dot,
+    # reductions
+    "sum": _sum, "mean": _mean, "linalg_vector_norm": _vector_norm, "_foreach_norm": _foreach_norm,
+    # normalization, softmax, losses
+    "native_layer_norm": _layer_norm, "native_layer_norm_backward": _layer_norm_backward,
+    "_fused_rms_norm": _rms_norm, "_fused_rms_norm_backward": _rms_norm_backward,
+    "_softmax": _softmax_like("softmax", carbon_ops.softmax),
+    "_safe_softmax": _softmax_like("softmax", carbon_ops.softmax),
+    "_log_softmax": _softmax_like("log_softmax", carbon_ops.log_softmax),
+    "_softmax_backward_data": _softmax_backward(carbon_ops.softmax_backward),
+    "_log_softmax_backward_data": _softmax_backward(carbon_ops.log_softmax_backward),
+    "nll_loss_forward": _nll_loss_forward, "nll_loss_backward": _nll_loss_backward,
+    "mse_loss": _mse_loss, "mse_loss_backward": _mse_loss_backward,
+    # elementwise
+    "exp": _unary("exp", carbon_ops.exp), "log": _unary("log", carbon_ops.log),
+    "tanh": _unary("tanh", carbon_ops.tanh), "sigmoid": _unary("sigmoid", carbon_ops.sigmoid),
+    "erf": _unary("erf", carbon_ops.erf), "silu": _unary("silu", carbon_ops.silu),
+    "gelu": _gelu, "gelu_backward": _gelu_backward, "silu_backward": _silu_backward,
+    "tanh_backward": _tanh_backward, "sigmoid_backward": _sigmoid_backward,
+    # single IEEE operations, spelled out so that no device fuses them
+    "add": _add, "sub": _sub, "rsub": _rsub, "div": _div, "true_divide": _div, "addcmul": _addcmul,
+    "addcdiv": _addcdiv, "lerp": _lerp, "pow": _pow, "rsqrt": _rsqrt, "reciprocal": _reciprocal,
+    # indexed accumulation
+    "index_add": _index_add, "scatter_add": _scatter_add, "index_put": _index_put, "_index_put_impl": _index_put,
+    "embedding_dense_backward": _embedding_backward,
+    # randomness (carbon.Generator)
+    "rand": _rand, "randn": _randn, "randint": _randint, "randperm": _randperm, "uniform": _uniform_,
+    "normal": _normal_, "random": _random_, "bernoulli": _bernoulli,
+    "native_dropout": _native_dropout, "native_dropout_backward": _native_dropout_backward,
+    # foreach (torch.optim's multi-tensor paths, grad scaling)
+    **{f"_foreach_{b}": _foreach(b) for b in ("add", "sub", "mul", "div", "addcmul", "addcdiv", "lerp", "sqrt", "pow",
+                                            "reciprocal", "rsqrt", "exp", "log")},
+}

@@ -1,0 +1,348 @@
+"""carbon.enable (docs/enable.md): unmodified PyTorch code runs carbon's exact
+ops. Each routed op is checked against an independent reference (the integer
+oracle, the Python softmax / norm / Philox / optimizer references, Fraction
+arithmetic); whole models against other thread counts and batch sizes."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from fractions import Fraction
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.overrides import _get_current_function_mode_stack
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+import carbon
+from tests import norm_reference, optim_reference, philox_reference, softmax_reference
+from tests.oracle import as_bits, assert_bits_equal, bits_to_float, bmm_bits, fmt_of, linear_bits, mean_bits, mm_bits, round_bits, sum_bits
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _randn(*shape, dtype=torch.float32, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+
+def rn32(v) -> Fraction:
+    """RN32 of an exact value, by the integer oracle."""
+    return Fraction(bits_to_float(round_bits(v, torch.float32), torch.float32))
+
+
+def _bits(values, dtype):
+    f = fmt_of(dtype)
+    out = []
+    for v in values:
+        b = round_bits(v, dtype)
+        out.append(b - (1 << f.total_bits) if b >> (f.total_bits - 1) else b)
+    return torch.tensor(out, dtype=f.bits_dtype)
+
+
+@pytest.fixture(autouse=True)
+def _always_disabled_after():
+    yield
+    carbon.disable()
+
+
+# ---- routed ops equal their definitions ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matmul_paths_are_correctly_rounded(dtype):
+    x, w, b = _randn(2, 5, 33, dtype=dtype), _randn(7, 33, dtype=dtype, seed=1), _randn(7, dtype=dtype, seed=2)
+    p, q = _randn(3, 4, 9, dtype=dtype, seed=3), _randn(3, 9, 6, dtype=dtype, seed=4)
+    with carbon.enabled():
+        linear = F.linear(x, w, b)
+        at = x @ w.t()
+        mm = torch.mm(x[0], w.t())
+        batched = torch.bmm(p, q)
+        nd = torch.matmul(p, q)
+    assert_bits_equal(linear, linear_bits(x, w, b), "F.linear")
+    assert_bits_equal(at, linear_bits(x, w), "x @ w.t()")
+    assert_bits_equal(mm, mm_bits(x[0], w.t()), "torch.mm")
+    assert_bits_equal(batched, bmm_bits(p, q), "torch.bmm")
+    assert_bits_equal(nd, bmm_bits(p, q), "torch.matmul 3-D")
+
+
+def test_linear_gradients_are_exact_sums():
+    x, w = _randn(4, 6, 16, seed=5), _randn(8, 16, seed=6).requires_grad_()
+    b = _randn(8, seed=7).requires_grad_()
+    g = _randn(4, 6, 8, seed=8)
+    with carbon.enabled():
+        F.linear(x, w, b).backward(g)
+    rows, grows = x.reshape(-1, 16), g.reshape(-1, 8)
+    assert_bits_equal(w.grad, mm_bits(grows.t().contiguous(), rows), "weight gradient")
+    assert_bits_equal(b.grad, sum_bits(grows, dim=0), "bias gradient")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sum_and_mean_are_correctly_rounded(dtype):
+    x = _randn(6, 50, dtype=dtype, scale=1e3) * _randn(6, 50, dtype=dtype, seed=9)
+    with carbon.enabled():
+        total, rows, mean, cols = x.sum(), torch.sum(x, dim=1), x.mean(), x.mean(0, keepdim=True)
+    assert_bits_equal(total, sum_bits(x), "x.sum()")
+    assert_bits_equal(rows, sum_bits(x, dim=1), "torch.sum(x, 1)")
+    assert_bits_equal(mean, mean_bits(x), "x.mean()")
+    assert_bits_equal(cols, mean_bits(x, dim=0, keepdim=True), "x.mean(0, keepdim=True)")
+
+
+def test_softmax_and_cross_entropy_match_the_reference():
+    x = _randn(5, 11, scale=4.0)
+    target = torch.tensor([3, -100, 0, 10, 7])
+    with carbon.enabled():
+        y = torch.softmax(x, dim=-1)
+        lsm = F.log_softmax(x, dim=1)
+        loss = F.cross_entropy(x, target)
+        summed = F.cross_entropy(x, target, reduction="sum")
+    assert_bits_equal(y, softmax_reference.softmax_bits(x, -1), "softmax")
+    assert_bits_equal(lsm, softmax_reference.log_softmax_bits(x, 1), "log_softmax")
+    assert_bits_equal(loss, softmax_reference.cross_entropy_bits(x, target), "cross_entropy mean, ignore_index")
+    assert_bits_equal(summed, softmax_reference.cross_entropy_bits(x, target, "sum"), "cross_entropy sum")
+
+
+def test_layer_norm_matches_the_reference():
+    x, w, b = _randn(3, 4, 24, scale=10.0), _randn(24, seed=1), _randn(24, seed=2)
+    with carbon.enabled():
+        y = nn.functional.layer_norm(x, (24,), w, b)
+    expected, _, _ = norm_reference.layer_norm_ref(x, (24,), w, b)
+    assert_bits_equal(y, expected, "F.layer_norm")
+
+
+def test_division_by_a_scalar_is_the_correctly_rounded_quotient():
+    # CUDA multiplies by the reciprocal for a scalar divisor; carbon.enable
+    # divides, so every device gives RN(x / 3).
+    x = _randn(200, scale=100.0)
+    with carbon.enabled():
+        q, q2 = x / 3.0, torch.div(x, torch.tensor(3.0))
+    expected = _bits([Fraction(v) / 3 for v in x.tolist()], torch.float32)
+    assert_bits_equal(q, expected, "x / 3.0")
+    assert_bits_equal(q2, expected, "x / tensor(3.0)")
+
+
+def test_alpha_and_addcmul_are_separate_roundings():
+    x, y, z = _randn(300, seed=1), _randn(300, seed=2), _randn(300, seed=3)
+    alpha = 0.3
+    a32 = Fraction(torch.tensor(alpha).item())  # the float32 rounding of 0.3
+    with carbon.enabled():
+        added = torch.add(x, y, alpha=alpha)
+        acm = torch.addcmul(x, y, z, value=alpha)
+
+    exp_add = [rn32(Fraction(a) + rn32(a32 * Fraction(b))) for a, b in zip(x.tolist(), y.tolist())]
+    exp_acm = [rn32(Fraction(a) + rn32(a32 * rn32(Fraction(b) * Fraction(c))))
+               for a, b, c in zip(x.tolist(), y.tolist(), z.tolist())]
+    assert_bits_equal(added, _bits(exp_add, torch.float32), "add with alpha")
+    assert_bits_equal(acm, _bits(exp_acm, torch.float32), "addcmul")
+
+
+def test_inplace_and_out_variants_write_their_target():
+    x, y = _randn(64, seed=1), _randn(64, seed=2)
+    out = torch.empty(64)
+    with carbon.enabled():
+        expected = torch.exp(x)
+        torch.exp(x, out=out)
+        inplace = x.clone()
+        inplace.exp_()
+    assert torch.equal(as_bits(out), as_bits(expected))
+    assert torch.equal(as_bits(inplace), as_bits(expected))
+    assert torch.equal(as_bits(expected), as_bits(carbon.exp(x)))
+
+
+# ---- randomness -----------------------------------------------------------------------------------------------------
+
+def test_random_ops_draw_from_the_seeded_counter_based_generator():
+    with carbon.enabled(seed=1234):
+        u = torch.rand(10)
+        w = torch.empty(6).uniform_(-2.0, 2.0)
+    words0 = philox_reference.words(1234, 0, 10)
+    assert u.tolist() == [float(philox_reference.uniform01(wd)) for wd in words0]
+    words1 = philox_reference.words(1234, 1, 6)
+    expected = [round_bits(Fraction(-2) + 4 * philox_reference.uniform01(wd), torch.float32) for wd in words1]
+    assert as_bits(w).tolist() == [b - (1 << 32) if b >> 31 else b for b in expected]
+
+
+def test_randint_and_randperm_are_derived_from_uniform_draws():
+    with carbon.enabled(seed=7):
+        k = torch.randint(3, 13, (50,))
+        perm = torch.randperm(20)
+    u = [philox_reference.uniform01(wd) for wd in philox_reference.words(7, 0, 50)]
+    assert k.tolist() == [3 + math.floor(v * 10) for v in u]
+    keys = [philox_reference.uniform01(wd) for wd in philox_reference.words(7, 1, 20)]
+    assert perm.tolist() == sorted(range(20), key=lambda i: (keys[i], i))
+
+
+def test_initialization_is_the_same_for_the_same_seed_and_changes_with_it():
+    def build(seed):
+        with carbon.enabled(seed=seed):
+            return nn.Linear(16, 8).state_dict()
+    a, b, c = build(3), build(3), build(4)
+    assert all(torch.equal(as_bits(a[k]), as_bits(b[k])) for k in a)
+    assert not torch.equal(a["weight"], c["weight"])
+
+
+# ---- optimizers and clipping ---------------------------------------------------------------------------------------
+
+def test_torch_adamw_steps_with_the_exact_formula():
+    p = nn.Parameter(_randn(40, seed=1))
+    g = _randn(40, seed=2)
+    opt = torch.optim.AdamW([p], lr=1e-2, weight_decay=0.1)
+    start = p.detach().clone()
+    torch_step = torch.optim.AdamW.__dict__.get("step")
+    with carbon.enabled():
+        for _ in range(2):
+            p.grad = g.clone()
+            opt.step()
+    values, m, v = optim_reference.values(start), [0.0] * 40, [0.0] * 40
+    for t in (1, 2):
+        values, m, v = optim_reference.adam_reference(
+            values, optim_reference.values(g), m, v, t, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8,
+            weight_decay=0.1, decoupled=True, maximize=False, dtype=torch.float32)
+    assert p.detach().tolist() == values
+    assert torch.optim.AdamW.__dict__.get("step") is torch_step  # torch's step is back
+
+
+def test_clip_grad_norm_is_the_norm_of_exact_per_tensor_norms():
+    ps = [nn.Parameter(torch.zeros(n)) for n in (30, 7)]
+    for i, p in enumerate(ps):
+        p.grad = _randn(p.numel(), seed=10 + i, scale=3.0)
+    grads = [p.grad.tolist() for p in ps]
+    with carbon.enabled():
+        total = torch.nn.utils.clip_grad_norm_(ps, 1.0)
+    # torch's algorithm, each step carbon's: per-tensor norms RN(sqrt(RN(exact sum of squares))), the
+    # same for the vector of those norms; coef = RN(1 / RN(total + RN(1e-6))) clamped to 1; g = RN(g * coef).
+    norms = [norm_reference.sqrt_rn32(float(rn32(sum(Fraction(v) ** 2 for v in g)))) for g in grads]
+    expected_total = norm_reference.sqrt_rn32(float(rn32(sum(Fraction(n) ** 2 for n in norms))))
+    coef = min(rn32(1 / rn32(Fraction(expected_total) + rn32(Fraction(1e-6)))), Fraction(1))
+    assert total.item() == expected_total
+    for p, g in zip(ps, grads):
+        assert_bits_equal(p.grad, _bits([Fraction(v) * coef for v in g], torch.float32), "clipped gradient")
+
+
+# ---- whole models: thread count and batch size ----------------------------------------------------------------------
+
+class TinyGPT(nn.Module):
+    def __init__(self, vocab=32, d=32, heads=4, layers=2, block=16):
+        super().__init__()
+        self.heads = heads
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(block, d)
+        self.blocks = nn.ModuleList([nn.ModuleDict(dict(
+            ln1=nn.LayerNorm(d), qkv=nn.Linear(d, 3 * d), proj=nn.Linear(d, d), ln2=nn.LayerNorm(d),
+            fc=nn.Linear(d, 4 * d), act=nn.GELU(), out=nn.Linear(4 * d, d), drop=nn.Dropout(0.1)))
+            for _ in range(layers)])
+        self.lnf, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.normal_(p, 0.0, 0.02)
+
+    def forward(self, idx):
+        B, T = idx.shape
+        x = self.tok(idx) + self.pos(torch.arange(T, device=idx.device))
+        for b in self.blocks:
+            q, k, v = b["qkv"](b["ln1"](x)).split(x.shape[-1], dim=2)
+            q, k, v = (t.view(B, T, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.1 if self.training else 0.0)
+            x = x + b["drop"](b["proj"](y.transpose(1, 2).reshape(B, T, -1)))
+            x = x + b["out"](b["act"](b["fc"](b["ln2"](x))))
+        return self.head(self.lnf(x))
+
+
+def _train(threads, steps=3, device="cpu"):
+    torch.set_num_threads(threads)
+    with carbon.enabled(seed=0):
+        with torch.device(device):  # built directly on the device: same initial weights everywhere
+            model = TinyGPT()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for _ in range(steps):
+            idx = torch.randint(0, 32, (8, 16), device=device)
+            target = torch.randint(0, 32, (8, 16), device=device)
+            loss = F.cross_entropy(model(idx).view(-1, 32), target.view(-1))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+    return {k: as_bits(v.float()) for k, v in model.state_dict().items()}, loss.detach()
+
+
+def test_ordinary_gpt_trains_to_the_same_bits_at_one_and_two_threads(restore_num_threads):
+    one, loss1 = _train(1)
+    two, loss2 = _train(2)
+    assert as_bits(loss1).item() == as_bits(loss2).item()
+    for name in one:
+        assert torch.equal(one[name], two[name]), name
+
+
+def test_logits_do_not_depend_on_the_batch_size():
+    with carbon.enabled(seed=0):
+        model = TinyGPT().eval()
+    idx = torch.randint(0, 32, (8, 16), generator=torch.Generator().manual_seed(0))
+    with carbon.enabled():
+        full = model(idx)
+        alone = model(idx[3:4])
+    assert torch.equal(as_bits(full[3:4]), as_bits(alone))
+
+
+# ---- strictness and restoring torch ---------------------------------------------------------------------------------
+
+def test_strict_refuses_an_uncovered_op_by_name():
+    x = _randn(10)
+    with carbon.enabled():
+        with pytest.raises(carbon.NotExactError, match=r"aten\.cumsum"):
+            torch.cumsum(x, 0)
+        with pytest.raises(carbon.NotExactError, match=r"aten\.sin"):
+            torch.sin(x)
+        # integer arithmetic is exact: allowed
+        assert torch.cumsum(torch.arange(5), 0).tolist() == [0, 1, 3, 6, 10]
+
+
+def test_non_strict_warns_once_per_op_and_runs_torch():
+    x = _randn(10)
+    with carbon.enabled(strict=False):
+        with pytest.warns(RuntimeWarning, match=r"aten\.cumsum"):
+            first = torch.cumsum(x, 0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            torch.cumsum(x, 0)  # no second warning
+    assert torch.equal(first, torch.cumsum(x, 0))
+
+
+def test_float64_is_refused_in_strict_mode():
+    a = _randn(3, 3, dtype=torch.float64)
+    with carbon.enabled(), pytest.raises(carbon.NotExactError, match="float64"):
+        a @ a
+
+
+def test_disable_restores_torch_exactly():
+    modes_before = (len(_get_current_dispatch_mode_stack()), len(_get_current_function_mode_stack()))
+    steps_before = {cls: cls.__dict__.get("step") for cls in (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)}
+    torch.manual_seed(5)
+    before = torch.randn(8)
+    carbon.enable(seed=1)
+    carbon.enable(seed=1, strict=False)  # twice: harmless
+    assert carbon.is_enabled()
+    carbon.disable()
+    carbon.disable()
+    assert not carbon.is_enabled()
+    torch.manual_seed(5)
+    assert torch.equal(torch.randn(8), before)
+    assert (len(_get_current_dispatch_mode_stack()), len(_get_current_function_mode_stack())) == modes_before
+    assert {cls: cls.__dict__.get("step") for cls in steps_before} == steps_before
+    x = _randn(4, 4)
+    torch.sin(x)  # no error once disabled
+
+
+def test_enabled_context_restores_on_error():
+    with pytest.raises(ValueError):
+        with carbon.enabled():
+            raise ValueError("boom")
+    assert not carbon.is_enabled()
+
+
+def test_docs_list_every_routed_and_allowed_op():
+    from carbon._enable_allow import ALLOWED
+    from carbon._enable_routes import ROUTES
+
+    text = open(__import__("pathlib").Path(__file__).parent.parent / "docs" / "enable.md").read()
+    missing = [name for name in sorted(set(ROUTES) | ALLOWED) if f"`{name}" not in text]
+    assert not missing, f"docs/enable.md does not list: {missing}"

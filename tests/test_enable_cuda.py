@@ -1,0 +1,55 @@
+"""carbon.enable on a GPU gives the CPU's bits: an ordinary torch.nn GPT built
+and trained under carbon.enabled(seed) on CUDA ends with the same weights as
+on the CPU, and torch's random ops give the same tensors. Skipped without a
+GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import carbon
+from tests.oracle import as_bits
+from tests.test_enable import TinyGPT, _train
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def test_gpt_training_on_cuda_equals_the_cpu(restore_num_threads):
+    cpu, cpu_loss = _train(2, device="cpu")
+    gpu, gpu_loss = _train(2, device="cuda")
+    assert as_bits(cpu_loss).item() == as_bits(gpu_loss).item()
+    for name in cpu:
+        assert torch.equal(cpu[name], gpu[name]), name
+
+
+def test_random_ops_on_cuda_equal_the_cpu():
+    def draw(device):
+        with carbon.enabled(seed=3):
+            return [torch.randn(5, 7, device=device), torch.rand(9, device=device),
+                    torch.empty(4, 4, device=device).normal_(1.0, 2.0), torch.randint(0, 50, (11,), device=device),
+                    torch.randperm(13, device=device), torch.bernoulli(torch.full((6,), 0.4, device=device))]
+    for c, g in zip(draw("cpu"), draw("cuda")):
+        assert torch.equal(c, g.cpu())
+
+
+def test_division_by_a_scalar_on_cuda_is_the_quotient():
+    x = torch.randn(10000, generator=torch.Generator().manual_seed(0)) * 100
+    with carbon.enabled():
+        cpu, gpu = x / 3.0, x.cuda() / 3.0
+        cpu_ce = F.cross_entropy(x.view(100, 100), torch.arange(100))
+        gpu_ce = F.cross_entropy(x.view(100, 100).cuda(), torch.arange(100).cuda())
+    assert torch.equal(as_bits(cpu), as_bits(gpu))
+    assert torch.equal(as_bits(cpu_ce), as_bits(gpu_ce))
+
+
+def test_tiny_gpt_logits_on_cuda_equal_the_cpu():
+    with carbon.enabled(seed=0):
+        model = TinyGPT().eval()
+    idx = torch.randint(0, 32, (4, 16), generator=torch.Generator().manual_seed(1))
+    with carbon.enabled(), torch.no_grad():
+        cpu = model(idx)
+        gpu = model.cuda()(idx.cuda())
+    assert torch.equal(as_bits(cpu), as_bits(gpu))

@@ -1,0 +1,50 @@
+"""A real client: Hugging Face transformers' GPT2LMHeadModel (a small config,
+no downloads) under carbon.enable — training steps give the same bits at 1 and
+2 CPU threads, and a sequence's logits do not depend on the batch it is in.
+transformers is a test-only dependency (requirements-dev.txt)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import carbon
+from tests.oracle import as_bits
+
+transformers = pytest.importorskip("transformers")
+
+
+def _config():
+    return transformers.GPT2Config(vocab_size=97, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                                   bos_token_id=0, eos_token_id=0)
+
+
+def _train(threads: int, steps: int = 2):
+    torch.set_num_threads(threads)
+    with carbon.enabled(seed=0):
+        model = transformers.GPT2LMHeadModel(_config())
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for _ in range(steps):
+            ids = torch.randint(0, 97, (4, 32))
+            model(input_ids=ids, labels=ids).loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+    return {k: as_bits(v) for k, v in model.state_dict().items() if v.is_floating_point()}
+
+
+def test_gpt2_trains_to_the_same_bits_at_one_and_two_threads(restore_num_threads):
+    one, two = _train(1), _train(2)
+    assert one.keys() == two.keys()
+    for name in one:
+        assert torch.equal(one[name], two[name]), name
+
+
+def test_gpt2_logits_do_not_depend_on_the_batch():
+    with carbon.enabled(seed=1):
+        model = transformers.GPT2LMHeadModel(_config()).eval()
+    ids = torch.randint(0, 97, (8, 32), generator=torch.Generator().manual_seed(0))
+    with carbon.enabled(), torch.no_grad():
+        batch = model(input_ids=ids).logits
+        alone = model(input_ids=ids[5:6]).logits
+    assert torch.equal(as_bits(batch[5:6]), as_bits(alone))
