@@ -39,7 +39,6 @@ The exact matmul reference used by the benchmarks lives in
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -66,57 +65,13 @@ GOLDEN_FILE = "demo_golden.txt"
 # Running the same training code under Carbon
 
 
-@contextlib.contextmanager
-def _stand_in(seed: int):
-    """Until ``carbon.enabled`` exists: route the torch calls that
-    carbon/demo_gpt.py makes outside modules (attention, cross-entropy, the
-    initializers, AdamW, clip_grad_norm_) to carbon's exact versions; the
-    modules themselves are converted with carbon.nn.convert. Restores
-    everything on exit."""
-    import torch.nn.functional as F
-
+def carbon_context(seed: int) -> Callable[[], ContextManager]:
+    """The context of a Carbon run: ``lambda: carbon.enabled(seed=seed)``
+    (strict: an op Carbon does not cover would raise, not run inexactly).
+    The model code runs unmodified inside it."""
     import carbon
 
-    def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
-                      reduction="mean", label_smoothing=0.0):
-        if weight is not None or size_average is not None or reduce is not None:
-            raise NotImplementedError("carbon demo stand-in: weight / size_average / reduce are not supported")
-        return carbon.cross_entropy(input, target, reduction, ignore_index, label_smoothing)
-
-    def normal_(tensor, mean=0.0, std=1.0, generator=None):
-        return carbon.nn.init.normal_(tensor, mean, std)
-
-    patches = [(F, "scaled_dot_product_attention", carbon.scaled_dot_product_attention),
-               (F, "cross_entropy", cross_entropy),
-               (torch.nn.init, "normal_", normal_),
-               (torch.nn.init, "zeros_", carbon.nn.init.zeros_),
-               (torch.optim, "AdamW", carbon.optim.AdamW),
-               (torch.nn.utils, "clip_grad_norm_", carbon.nn.utils.clip_grad_norm_)]
-    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
-    saved_state = carbon.default_generator.get_state()
-    carbon.manual_seed(seed)
-    try:
-        for obj, name, value in patches:
-            setattr(obj, name, value)
-        yield
-    finally:
-        for obj, name, value in saved:
-            setattr(obj, name, value)
-        carbon.default_generator.set_state(saved_state)
-
-
-def carbon_context(seed: int) -> Tuple[Callable[[], ContextManager], Optional[Callable], str]:
-    """(context factory, model preparation, description) for a Carbon run:
-    ``carbon.enabled(seed=seed)`` on the unmodified model when carbon has it,
-    otherwise the stand-in (carbon.nn.convert + the functional routes above)."""
-    import carbon
-
-    enabled = getattr(carbon, "enabled", None)
-    if enabled is not None:
-        return (lambda: enabled(seed=seed)), None, f"carbon.enabled(seed={seed})"
-    from carbon.nn import convert
-
-    return (lambda: _stand_in(seed)), convert, "carbon.nn.convert + carbon's functional ops (carbon.enable not available)"
+    return lambda: carbon.enabled(seed=seed, strict=True)
 
 
 # --------------------------------------------------------------------------
@@ -149,8 +104,7 @@ def golden_run(device: str = "cpu", threads: Optional[int] = None):
     import carbon
     from carbon.demo_gpt import GOLDEN, train
 
-    context, prepare, _ = carbon_context(GOLDEN.seed)
-    result = train(replace(GOLDEN, device=device, threads=threads), context=context, prepare=prepare)
+    result = train(replace(GOLDEN, device=device, threads=threads), context=carbon_context(GOLDEN.seed))
     return carbon.fingerprint(result.model, result.optimizer)
 
 
@@ -240,7 +194,7 @@ def run_demo(steps: int = 200, device: str = "all", seed: int = 0, batch_size: i
     if model is not None:
         base = replace(base, model={**base.model, **model})
     m = base.model
-    context, prepare, how = carbon_context(seed)
+    context = carbon_context(seed)
     n_params = sum(p.numel() for p in _count_model(data, base).parameters())
     tokens = batch_size * int(m["block_size"])
     title = (f"GPT {m['n_layer']} layers, d={m['n_embd']}, {m['n_head']} heads ({n_params / 1e3:.0f}k parameters), "
@@ -248,7 +202,8 @@ def run_demo(steps: int = 200, device: str = "all", seed: int = 0, batch_size: i
     print(f"carbon demo: {title}")
     print(f"corpus: carbon/data/corpus.txt, {len(data.tokens)} characters, {data.vocab_size} symbols; "
           f"loss = sum of per-token cross-entropies / {tokens} per micro-batch")
-    print(f"torch {torch.__version__}, carbon {carbon.__version__}; Carbon runs: {how}")
+    print(f"torch {torch.__version__}, carbon {carbon.__version__}; carbon runs: the same code inside "
+          f"carbon.enabled(seed={seed})")
     if "cuda" in devices:
         print(f"GPU: {torch.cuda.get_device_name()} (TF32 for float32 matmul: "
               f"{'on' if torch.backends.cuda.matmul.allow_tf32 else 'off'})")
@@ -273,8 +228,7 @@ def run_demo(steps: int = 200, device: str = "all", seed: int = 0, batch_size: i
             bar.update(1)
 
         try:
-            result = train(cfg, data, context=context if use_carbon else None,
-                           prepare=prepare if use_carbon else None, progress=tick)
+            result = train(cfg, data, context=context if use_carbon else None, progress=tick)
         finally:
             bar.close()
         fp = carbon.fingerprint(result.model, result.optimizer)
@@ -289,7 +243,7 @@ def run_demo(steps: int = 200, device: str = "all", seed: int = 0, batch_size: i
                 for k, g in groups.items() if len({r.fingerprint for r in g}) > 1]
 
     header = ["device", "implementation", "configuration", "final loss", "fingerprint", "s/run"]
-    rows = [[r.device, r.impl, r.label, f"{r.losses[-1]:.6f}", str(r.fingerprint), f"{r.seconds:.1f}"] for r in runs]
+    rows = [[r.device, r.impl, r.label, f"{r.losses[-1]:.7f}", str(r.fingerprint), f"{r.seconds:.1f}"] for r in runs]
     print(_format_table(header, rows))
     print()
     plain = [r for r in runs if not r.carbon]

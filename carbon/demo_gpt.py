@@ -220,14 +220,12 @@ class TrainResult:
 
 def train(cfg: TrainConfig, data: Optional[CharData] = None,
           context: Optional[Callable[[], ContextManager]] = None,
-          progress: Optional[Callable[[int, float], None]] = None,
-          prepare: Optional[Callable[[nn.Module], nn.Module]] = None) -> TrainResult:
+          progress: Optional[Callable[[int, float], None]] = None) -> TrainResult:
     """Build the GPT (its initialization draws from torch's random ops) and
     train it for ``cfg.steps`` steps with torch.optim.AdamW and
     torch.nn.utils.clip_grad_norm_, all inside ``context()`` (e.g.
     ``lambda: carbon.enabled(seed=0)``; default: ``torch.manual_seed(cfg.seed)``
-    only). ``prepare(model)``, if given, is applied to the new model (e.g.
-    carbon.nn.convert). ``progress(step, loss)`` is called after every step. Returns the
+    only). ``progress(step, loss)`` is called after every step. Returns the
     per-step losses (Python floats), the model and optimizer (on cfg.device)
     and the wall time."""
     if cfg.steps < 1:
@@ -245,10 +243,7 @@ def train(cfg: TrainConfig, data: Optional[CharData] = None,
     try:
         torch.manual_seed(cfg.seed)  # plain PyTorch's initialization and dropout (carbon: the context's seed)
         with (context() if context is not None else _no_context()):
-            model = GPT(model_cfg)
-            if prepare is not None:
-                model = prepare(model)
-            model = model.to(device)
+            model = GPT(model_cfg).to(device)
             model.train()
             optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99),
                                           weight_decay=cfg.weight_decay)
