@@ -23,7 +23,8 @@ changes is the parameter gradients: each is a sum over tokens, computed by
 carbon as one exact sum rounded once *per backward pass*, so k micro-batches
 give RN(RN(S_1) + ... + RN(S_k)) where one batch gives RN(S_1 + ... + S_k).
 These differ in the last bit for some elements, and the runs diverge from
-there. That is not a failure of determinism — the same k gives the same bits
+there. (With dropout > 0 the split also changes the masks: each micro-batch
+is its own draw. The demo's model has no dropout.) That is not a failure of determinism — the same k gives the same bits
 at any thread count and on any device — but float32 gradient accumulation
 rounds each partial sum, and no loss formulation can undo a rounding that
 autograd has already done. carbon/demo.py reports it this way.
@@ -193,7 +194,7 @@ class TrainConfig:
     """One training run. ``batch_size`` sequences of ``model.block_size``
     tokens per step, split into ``micro_batches`` (must divide batch_size)."""
 
-    steps: int = 300
+    steps: int = 250
     batch_size: int = 16
     micro_batches: int = 1
     lr: float = 3e-3
@@ -202,7 +203,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "cpu"
     threads: Optional[int] = None  # torch.set_num_threads for the run (None: leave as is)
-    model: Dict[str, float] = field(default_factory=lambda: dict(block_size=64, n_layer=2, n_head=4, n_embd=64,
+    model: Dict[str, float] = field(default_factory=lambda: dict(block_size=32, n_layer=2, n_head=4, n_embd=64,
                                                                   dropout=0.0))
 
 

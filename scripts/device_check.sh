@@ -21,7 +21,7 @@
 #                   python benchmarks/bench_random.py --device cuda --quick --budget 0.2
 #                   python benchmarks/bench_optim.py --device cuda --budget 0.5
 #                   python benchmarks/bench_enable.py --device cuda --budget 4   (GPT-2 small step)
-#   6. demo         python -m carbon demo --steps 8 --no-progress  (a short run; its golden check
+#   6. demo         python -m carbon demo --steps 8 --batch-size 8 --no-progress  (a short run; its golden check
 #                   compares the CUDA fingerprint with tests/demo_golden.txt, recorded on the CPU)
 # A failing step is recorded and the next one still runs; the summary table is
 # printed last, and the exit status is non-zero if any step failed.
@@ -158,7 +158,7 @@ run_step enable "$T_ENABLE" "$PY" benchmarks/bench_enable.py --device cuda --bud
 record "$STEP_RC"
 
 # ---- 6. demo -----------------------------------------------------------------
-run_step demo "$T_DEMO" "$PY" -m carbon demo --steps 8 --no-progress --plot "$LOGDIR/carbon_demo_loss.png"
+run_step demo "$T_DEMO" "$PY" -m carbon demo --steps 8 --batch-size 8 --no-progress --plot "$LOGDIR/carbon_demo_loss.png"
 record "$STEP_RC"
 
 # ---- summary (last) ----------------------------------------------------------
