@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import carbon
-from carbon.demo import carbon_context, golden_path, read_golden, run_demo
+from carbon.demo import carbon_context, golden_path, golden_run, read_golden, run_demo
 from carbon.demo_gpt import GOLDEN, GPT, CharData, GPTConfig, load_corpus, train
 
 TINY = dict(block_size=16, n_layer=1, n_head=2, n_embd=16, dropout=0.1)
@@ -36,12 +36,13 @@ def test_carbon_micro_batches_same_bits_at_1_and_2_threads(restore_num_threads):
     assert one == two, one.diff(two)
 
 
-@pytest.mark.skip(reason="golden recorded after carbon.enable lands")
 def test_golden_fingerprint():
+    """The committed golden value (tests/demo_golden.txt, recorded once with carbon.enabled)."""
     expected = read_golden()
     assert expected is not None, f"{golden_path()} holds no digest"
     got, _ = _carbon_fingerprint(GOLDEN)
     assert got.hexdigest == expected
+    assert golden_run("cpu") == got  # the demo's own golden check computes the same
 
 
 def test_plain_and_carbon_runs_see_the_same_data():
