@@ -156,7 +156,10 @@ def _plot(runs: List[_Run], path: str, title: str) -> None:
         style = dict(linestyle="--" if r.carbon else "-", linewidth=1.2, alpha=0.85)
         name = f"{r.device} {r.impl}, {r.label}"
         ax1.plot(range(1, len(r.losses) + 1), r.losses, label=name, **style)
-        diff = [abs(a - b) for a, b in zip(r.losses, ref.losses)]
+        diff, worst = [], 0.0
+        for a, b in zip(r.losses, ref.losses):  # running maximum of |loss - reference loss|
+            worst = max(worst, abs(a - b))
+            diff.append(worst)
         ax2.plot(range(1, len(diff) + 1), diff, label=name, **style)
     ax1.set_xlabel("step")
     ax1.set_ylabel("training loss (cross-entropy, nats/char)")
@@ -164,8 +167,9 @@ def _plot(runs: List[_Run], path: str, title: str) -> None:
     ax1.legend(fontsize=7)
     ax2.set_yscale("symlog", linthresh=1e-7)
     ax2.set_xlabel("step")
-    ax2.set_ylabel("|loss - loss of the same implementation on cpu, 1 thread, full batch|")
-    ax2.set_title("each run against its implementation's 1-thread run (0 = same loss)")
+    ax2.set_ylabel("running max of |loss - reference loss|")
+    ax2.set_title("each run vs. its implementation's cpu 1-thread full-batch run\n(0: the same loss at every step)",
+                  fontsize=9)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -253,9 +257,9 @@ def run_demo(steps: int = 250, device: str = "all", seed: int = 0, batch_size: i
     plain = [r for r in runs if not r.carbon]
     print(f"torch:  {len(plain)} runs, {len({r.fingerprint for r in plain})} different fingerprints.")
     for k, g in sorted(groups.items()):
-        where = ", ".join(f"{r.device} {r.label}" for r in g)
+        where = "; ".join(f"{r.device} {r.label}" for r in g)
         distinct = len({r.fingerprint for r in g})
-        verdict = "the same bits" if distinct == 1 else f"{distinct} DIFFERENT fingerprints"
+        verdict = "one fingerprint (the same bits)" if distinct == 1 else f"{distinct} DIFFERENT fingerprints"
         print(f"carbon: {'full batch' if k == 1 else f'{k} micro-batches'} — {len(g)} runs ({where}): {verdict}.")
     if len(groups) > 1:
         print("        Splitting the batch changes Carbon's bits: each parameter gradient is then the float32 sum\n"
