@@ -38,9 +38,9 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from importlib import resources
-from typing import Callable, ContextManager, Dict, List, Optional
+from typing import Any, Callable, ContextManager, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -203,7 +203,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "cpu"
     threads: Optional[int] = None  # torch.set_num_threads for the run (None: leave as is)
-    model: Dict[str, float] = field(default_factory=lambda: dict(block_size=32, n_layer=2, n_head=4, n_embd=64,
+    model: Dict[str, Any] = field(default_factory=lambda: dict(block_size=32, n_layer=2, n_head=4, n_embd=64,
                                                                   dropout=0.0))
 
 
@@ -285,7 +285,3 @@ class _no_context:
 # ``python -m carbon demo`` on every device it runs on.
 GOLDEN = TrainConfig(steps=4, batch_size=4, micro_batches=1, seed=1234,
                      model=dict(block_size=16, n_layer=1, n_head=2, n_embd=16, dropout=0.1))
-
-
-def config_dict(cfg: TrainConfig) -> dict:
-    return asdict(cfg)

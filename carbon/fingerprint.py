@@ -23,7 +23,7 @@ import numbers
 import struct
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Tuple
 
 import torch
 from torch import Tensor
