@@ -250,7 +250,7 @@ def run_demo(steps: int = 250, device: str = "all", seed: int = 0, batch_size: i
     failures = [f"carbon, {k} micro-batch(es): {len({str(r.fingerprint) for r in g})} different fingerprints"
                 for k, g in groups.items() if len({r.fingerprint for r in g}) > 1]
 
-    header = ["device", "implementation", "configuration", "final loss", "fingerprint", "s/run"]
+    header = ["device", "implementation", "configuration", "final loss", "fingerprint (weights + AdamW)", "s/run"]
     rows = [[r.device, r.impl, r.label, f"{r.losses[-1]:.7f}", str(r.fingerprint), f"{r.seconds:.1f}"] for r in runs]
     print(_format_table(header, rows))
     print()
