@@ -24,6 +24,8 @@ from carbon.reductions import mean, round_to, sum  # noqa: A004
 from carbon.scatter import embedding, index_add, index_put, scatter_add
 from carbon.softmax import cross_entropy, log_softmax, softmax
 from carbon._enable import NotExactError, disable, enable, enabled, is_enabled
+from carbon import data, distributed
+from carbon.distributed import allreduce_hook
 
 __all__ = [
     "mm", "addmm", "bmm", "baddbmm", "linear", "matmul",
@@ -37,5 +39,6 @@ __all__ = [
     "random", "Generator", "default_generator", "manual_seed", "rand", "randn", "bernoulli", "dropout",
     "optim", "save", "load", "fingerprint", "Fingerprint",
     "enable", "disable", "enabled", "is_enabled", "NotExactError",
+    "data", "distributed", "allreduce_hook",
 ]
 __version__ = "0.1.0"

@@ -11,8 +11,12 @@ that run its backward passes):
   op is made of aten ops, which the mode sees too);
 * a :class:`~torch.overrides.TorchFunctionMode` sends three functions whose
   aten decompositions differ between devices to carbon's versions as a whole:
-  ``F.cross_entropy``, ``F.scaled_dot_product_attention`` and ``F.dropout``;
-* ``torch.optim.Adam/AdamW/SGD.step`` run carbon.optim's fused exact step.
+  ``F.cross_entropy``, ``F.scaled_dot_product_attention``, ``F.dropout`` and
+  ``F.rms_norm`` (torch's fused attention kernels are switched off, so an
+  attention that reaches aten by another path decomposes into routed ops);
+* ``torch.optim.Adam/AdamW/SGD.step`` run carbon.optim's fused exact step;
+* ``torch.distributed.all_reduce`` of floating tensors (SUM, AVG) is
+  carbon.distributed.all_reduce: the correctly rounded exact sum or mean.
 
 Every other aten op must be exact by construction — views, copies,
 comparisons, one correctly rounded IEEE operation per element, integer
@@ -101,6 +105,7 @@ class _Session:
         self.warned: set = set()
 
     def not_covered(self, func: Any, why: str) -> None:
+        """Raise (strict) or warn once about an op outside carbon's lists."""
         name = str(func)
         message = (f"carbon.enable: {name} is not covered ({why}); its result could depend on the device, the thread "
                    "count or the batch size. Run it outside carbon.enabled(), replace it with a covered op "
@@ -238,10 +243,114 @@ def _optimizer_patches() -> Dict[type, Callable]:
     return {torch.optim.Adam: adam_step, torch.optim.AdamW: adam_step, torch.optim.SGD: sgd_step}
 
 
+# ---- torch.distributed.all_reduce: carbon's exact all-reduce for floating tensors ---------------------------------
+
+class _CompletedWork:
+    """What an async all_reduce returns when carbon ran it (already done)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self._tensor = tensor
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        future: torch.futures.Future = torch.futures.Future()
+        future.set_result([self._tensor])
+        return future
+
+
+def _distributed_patches(session: _Session) -> Dict[Tuple[Any, str], Callable]:
+    if not torch.distributed.is_available():
+        return {}
+    import torch.distributed as dist
+
+    from carbon import distributed as exact
+
+    original = dist.all_reduce
+
+    def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        how = exact_op("all_reduce", tensor, op)
+        if how is None:
+            return original(tensor, op=op, group=group, async_op=async_op)
+        exact.all_reduce(tensor, how, group)
+        return _CompletedWork(tensor) if async_op else None
+
+    original_rs, original_rst, original_reduce = dist.reduce_scatter, dist.reduce_scatter_tensor, dist.reduce
+
+    def exact_op(name: str, tensor, op) -> Optional[Any]:
+        """carbon's ReduceOp for a float SUM/AVG, None when torch's own is exact (integers, MAX, MIN)."""
+        if not tensor.is_floating_point() or op in (dist.ReduceOp.MAX, dist.ReduceOp.MIN):
+            return None
+        if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG) or tensor.dtype not in exact._DTYPES:
+            session.not_covered(f"torch.distributed.{name}", f"op {op} on {tensor.dtype}: carbon reduces SUM and AVG "
+                                "of float32, bfloat16 and float16 exactly")
+            return None
+        return exact.ReduceOp.AVG if op == dist.ReduceOp.AVG else exact.ReduceOp.SUM
+
+    def exact_reduce_scatter(name: str, original_fn: Callable) -> Callable:
+        def reduce_scatter(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
+            how = exact_op(name, output, op)
+            if how is None:
+                return original_fn(output, input, op=op, group=group, async_op=async_op)
+            exact.reduce_scatter(output, input, how, group)
+            return _CompletedWork(output) if async_op else None
+        return reduce_scatter
+
+    reduce_scatter = exact_reduce_scatter("reduce_scatter", original_rs)  # input: a list of tensors
+    reduce_scatter_tensor = exact_reduce_scatter("reduce_scatter_tensor", original_rst)  # input: one flat tensor
+
+    def reduce(tensor, dst=None, op=dist.ReduceOp.SUM, group=None, async_op=False, group_dst=None):
+        if exact_op("reduce", tensor, op) is not None:
+            session.not_covered("torch.distributed.reduce", "a float reduction to one rank: use all_reduce (exact)")
+        return original_reduce(tensor, dst, op=op, group=group, async_op=async_op, group_dst=group_dst)
+
+    return {(dist, "all_reduce"): all_reduce, (dist, "reduce_scatter"): reduce_scatter,
+            (dist, "reduce_scatter_tensor"): reduce_scatter_tensor, (dist, "reduce"): reduce}
+
+
+# ---- torch.manual_seed also seeds carbon's generator --------------------------------------------------------------
+
+def _seed_patches() -> Dict[Tuple[Any, str], Callable]:
+    original = torch.manual_seed
+
+    def manual_seed(seed):
+        carbon.random.manual_seed(int(seed) % 2 ** 64)
+        return original(seed)
+
+    return {(torch, "manual_seed"): manual_seed, (torch.random, "manual_seed"): manual_seed}
+
+
+# ---- global switches: fused attention kernels off, so attention decomposes into routed ops ------------------------
+
+def _switch_settings() -> List[Tuple[Callable[[], Any], Callable[[Any], None], Any]]:
+    """(get, set, value while enabled) for torch's global switches that pick fused
+    attention kernels. With them off, every scaled_dot_product_attention that
+    does not come through F.scaled_dot_product_attention itself (e.g. from
+    nn.MultiheadAttention) runs torch's math decomposition — bmm, softmax,
+    masking — whose ops are all routed."""
+    cuda = torch.backends.cuda
+    settings = [(cuda.flash_sdp_enabled, cuda.enable_flash_sdp, False),
+                (cuda.mem_efficient_sdp_enabled, cuda.enable_mem_efficient_sdp, False),
+                (cuda.math_sdp_enabled, cuda.enable_math_sdp, True)]
+    if hasattr(cuda, "cudnn_sdp_enabled"):
+        settings.append((cuda.cudnn_sdp_enabled, cuda.enable_cudnn_sdp, False))
+    mha = getattr(torch.backends, "mha", None)
+    if mha is not None and hasattr(mha, "set_fastpath_enabled"):
+        settings.append((mha.get_fastpath_enabled, mha.set_fastpath_enabled, False))
+    return settings
+
+
 # ---- enable / disable ---------------------------------------------------------------------------------------------
 
 _lock = threading.Lock()
-_active: Optional[Tuple[_Session, _DispatchMode, _FunctionMode, Dict[type, Any]]] = None
+_active: Optional[Tuple[_Session, _DispatchMode, _FunctionMode, Dict[Any, Any]]] = None
 
 
 def is_enabled() -> bool:
@@ -279,6 +388,12 @@ def enable(seed: Optional[int] = None, strict: bool = True) -> None:
         saved = {cls: cls.__dict__.get("step", _MISSING) for cls in _optimizer_patches()}
         for cls, step in _optimizer_patches().items():
             cls.step = step
+        for (owner, attr), fn in {**_distributed_patches(session), **_seed_patches()}.items():
+            saved[(owner, attr)] = getattr(owner, attr)
+            setattr(owner, attr, fn)
+        for get, set_, value in _switch_settings():
+            saved[("setting", set_)] = get()
+            set_(value)
         function_mode.__enter__()
         dispatch_mode.__enter__()
         _active = (session, dispatch_mode, function_mode, saved)
@@ -294,11 +409,15 @@ def disable() -> None:
         _, dispatch_mode, function_mode, saved = _active
         dispatch_mode.__exit__(None, None, None)
         function_mode.__exit__(None, None, None)
-        for cls, step in saved.items():
-            if step is _MISSING:  # inherited (torch's AdamW steps with Adam.step)
-                delattr(cls, "step")
+        for key, value in saved.items():
+            if isinstance(key, tuple) and key[0] == "setting":
+                key[1](value)
+            elif isinstance(key, tuple):  # (module, attribute) patched
+                setattr(key[0], key[1], value)
+            elif value is _MISSING:  # inherited (torch's AdamW steps with Adam.step)
+                delattr(key, "step")
             else:
-                cls.step = step
+                key.step = value
         _active = None
 
 

@@ -39,7 +39,8 @@ ALLOWED = PER_TENSOR | frozenset({
     "slice_scatter", "diagonal_scatter", "as_strided_scatter", "masked_scatter", "masked_select", "embedding",
     "flip", "roll", "repeat", "repeat_interleave", "constant_pad_nd", "index_fill", "take", "nonzero",
     "sort", "argsort", "topk", "unique", "_unique2", "unique_consecutive", "tile", "split_with_sizes_copy",
-    "unbind_copy", "narrow_copy", "tril_indices", "triu_indices",
+    "unbind_copy", "narrow_copy", "tril_indices", "triu_indices", "select_backward", "slice_backward",
+    "diagonal_backward", "expand_copy", "permute_copy", "t_copy", "transpose_copy", "view_copy",
     # comparisons and logic
     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "logical_xor", "isnan",
     "isinf", "isfinite", "isneginf", "isposinf", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
@@ -50,7 +51,9 @@ ALLOWED = PER_TENSOR | frozenset({
     "_assert_async", "_functional_assert_async", "_assert_scalar", "sym_size", "sym_stride", "sym_numel",
     "sym_storage_offset", "record_stream", "_foreach_zero", "_foreach_copy", "_foreach_neg", "_foreach_abs",
     "_foreach_maximum", "_foreach_minimum", "_foreach_clamp_min", "_foreach_clamp_max", "_foreach_sign",
-    "_has_compatible_shallow_copy_type", "_nested_tensor_from_mask_left_aligned", "detach", "alias",
+    "_has_compatible_shallow_copy_type",
+    # mixed precision: g * inv_scale (one rounding) and a non-finite check; scale * factor
+    "_amp_foreach_non_finite_check_and_unscale", "_amp_update_scale", "_nested_tensor_from_mask_left_aligned", "detach", "alias",
 })
 
 

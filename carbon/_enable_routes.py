@@ -75,36 +75,53 @@ def _scalar_like(x: Tensor, value: Any) -> Tensor:
     return torch.full((), value, dtype=_opmath(x), device=x.device)
 
 
-def true_divide(x: Tensor, y: Any) -> Tensor:
-    """RN(x / y) in x's compute precision, rounded once more to x's dtype for
-    bfloat16/float16 (as torch computes them): the same on every device."""
-    if not isinstance(x, Tensor):
-        x = torch.as_tensor(x, device=y.device)
-    scalar_divisor = not isinstance(y, Tensor) or (y.dim() == 0 and y.device != x.device) or (
-        y.dim() == 0 and y.device.type == "cpu")
-    if not scalar_divisor:
-        return aten.div.Tensor(x, y)
-    if not x.is_floating_point():
-        return aten.div.Tensor(x, _scalar_like(x.double(), y))
+def true_divide(x: Any, y: Any) -> Tensor:
+    """RN(x / y) in the compute precision of the result (float32 for
+    bfloat16/float16, rounded once more to their dtype, as torch computes
+    them): the same on every device. Integer operands are converted to the
+    result's dtype first (exact below 2^24 in float32), as torch does."""
     out_dtype = torch.result_type(x, y)
+    if not out_dtype.is_floating_point:  # true division of integers: torch's default float dtype
+        out_dtype = torch.get_default_dtype()
+    if not isinstance(x, Tensor):
+        x = torch.full((), x, dtype=out_dtype, device=y.device)
+    if not x.is_floating_point():
+        x = x.to(out_dtype)
+    scalar_divisor = not isinstance(y, Tensor) or (y.dim() == 0 and (y.device != x.device or y.device.type == "cpu"))
+    if not scalar_divisor:
+        if not y.is_floating_point():
+            y = y.to(out_dtype)
+        return aten.div.Tensor(x, y)
     xs = x.to(_opmath(x)) if x.dtype != _opmath(x) else x
     q = aten.div.Tensor(xs, _scalar_like(xs, y))
     return q if q.dtype == out_dtype else q.to(out_dtype)
 
 
+def _any_float(*values: Any) -> bool:
+    return any(isinstance(v, float) or _floating(v) for v in values)
+
+
 def _scaled(y: Any, alpha: Any) -> Any:
-    return y if alpha == 1 else aten.mul(y, alpha)
+    if alpha == 1:
+        return y
+    return y * alpha if not isinstance(y, Tensor) else aten.mul(y, alpha)
 
 
-def _add(a: dict) -> Tensor:
+def _add(a: dict) -> Any:
+    if not _any_float(a["self"], a["other"]):
+        return PASS  # integer arithmetic is exact
     return aten.add(a["self"], _scaled(a["other"], a.get("alpha", 1)))
 
 
-def _sub(a: dict) -> Tensor:
+def _sub(a: dict) -> Any:
+    if not _any_float(a["self"], a["other"]):
+        return PASS
     return aten.sub(a["self"], _scaled(a["other"], a.get("alpha", 1)))
 
 
-def _rsub(a: dict) -> Tensor:
+def _rsub(a: dict) -> Any:
+    if not _any_float(a["self"], a["other"]):
+        return PASS
     return aten.sub(a["other"], _scaled(a["self"], a.get("alpha", 1)))
 
 
@@ -230,22 +247,19 @@ def _add_product(op: str, bias: Tensor, product: Callable[[], Tensor], fused: Ca
     return aten.add(_scaled(bias, beta), p)
 
 
-def _addmm(a: dict) -> Tensor:
-    bias, x, y = a["self"], a["mat1"], a["mat2"]
-    if not _float_mm("addmm", x, y):
-        return PASS
-    _need_carbon_dtype("addmm", bias)
-    return _add_product("addmm", bias, lambda: carbon_ops.mm(x, y), lambda: carbon_ops.addmm(bias, x, y),
-                        a["beta"], a["alpha"])
+def _biased_product(name: str, first: str, second: str, product: Callable, fused: Callable) -> Callable[[dict], Any]:
+    """addmm / baddbmm: bias + x @ y with carbon's single rounding when beta = alpha = 1."""
+    def handler(a: dict) -> Any:
+        bias, x, y = a["self"], a[first], a[second]
+        if not _float_mm(name, x, y):
+            return PASS
+        _need_carbon_dtype(name, bias)
+        return _add_product(name, bias, lambda: product(x, y), lambda: fused(bias, x, y), a["beta"], a["alpha"])
+    return handler
 
 
-def _baddbmm(a: dict) -> Tensor:
-    bias, x, y = a["self"], a["batch1"], a["batch2"]
-    if not _float_mm("baddbmm", x, y):
-        return PASS
-    _need_carbon_dtype("baddbmm", bias)
-    return _add_product("baddbmm", bias, lambda: carbon_ops.bmm(x, y), lambda: carbon_ops.baddbmm(bias, x, y),
-                        a["beta"], a["alpha"])
+_addmm = _biased_product("addmm", "mat1", "mat2", carbon_ops.mm, carbon_ops.addmm)
+_baddbmm = _biased_product("baddbmm", "batch1", "batch2", carbon_ops.bmm, carbon_ops.baddbmm)
 
 
 def _mv(a: dict) -> Tensor:
@@ -294,12 +308,30 @@ def _vector_norm(a: dict) -> Tensor:
     if ord_ != 2:
         raise NotCovered(f"linalg_vector_norm with ord={ord_}: carbon computes the 2-norm and the inf-norm exactly")
     if dim is not None and len(dim) > 0 and x.dim() > 0:
-        raise NotCovered("linalg_vector_norm over some dimensions (carbon covers the norm of the whole tensor)")
+        return _norm_over_dims(x, list(dim), keepdim)
     if x.numel() == 0:
         return aten.zeros((), dtype=x.dtype, device=x.device)
     r = carbon_ops.sum_squares([x], True).to(x.dtype)
     if keepdim:
         r = r.reshape([1] * x.dim())
+    return r
+
+
+def _norm_over_dims(x: Tensor, dims: List[int], keepdim: bool) -> Tensor:
+    """RN(sqrt(RN(sum of x^2))) over ``dims``, the sum exact: x^2 is split into
+    float32 hi = RN32(x^2) and lo = x^2 - hi (exact in binary64; lo fits float32
+    unless x^2 is below float32's normal range, |x| < 2^-63, where lo is
+    rounded), and carbon.sum adds all the hi and lo terms exactly."""
+    dims = [d % x.dim() for d in dims]
+    sq = aten.mul(x.double(), x.double())  # exact: at most 2 x 24 significant bits
+    hi = sq.to(torch.float32)
+    lo = aten.sub(sq, hi.double()).to(torch.float32)
+    stacked = aten.stack([hi, lo])
+    total = carbon_ops.sum(stacked, [0] + [d + 1 for d in dims], False, x.dtype)
+    r = aten.sqrt(total)
+    if keepdim:
+        for d in sorted(dims):
+            r = r.unsqueeze(d)
     return r
 
 
@@ -526,9 +558,15 @@ def _normal_(a: dict) -> Tensor:
 def _random_(a: dict) -> Tensor:
     x = a["self"]
     low, high = a.get("from", 0), a.get("to")
-    if high is None:
-        raise NotCovered("random_ without an upper bound")
-    return _integers(list(x.shape), low, high, x.dtype, x.device)
+    if high is not None:
+        return _integers(list(x.shape), low, high, x.dtype, x.device)
+    if x.dtype != torch.int64 or a.get("from") not in (None, 0):
+        raise NotCovered("random_ without an upper bound on a tensor other than int64")
+    # int64 in [0, 2^63): 15 + 24 + 24 bits of three uniform draws (k 2^-24 each, exact)
+    parts = [aten.mul(_uniform_values(list(x.shape), 0.0, 1.0, torch.float32, x.device).double(), 2.0 ** 24)
+             .to(torch.int64) for _ in range(3)]
+    high15 = aten.remainder(parts[0], 2 ** 15)
+    return aten.add(aten.add(aten.mul(high15, 2 ** 48), aten.mul(parts[1], 2 ** 24)), parts[2])
 
 
 def _bernoulli(a: dict) -> Tensor:

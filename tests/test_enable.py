@@ -120,6 +120,12 @@ def test_division_by_a_scalar_is_the_correctly_rounded_quotient():
     expected = _bits([Fraction(v) / 3 for v in x.tolist()], torch.float32)
     assert_bits_equal(q, expected, "x / 3.0")
     assert_bits_equal(q2, expected, "x / tensor(3.0)")
+    with carbon.enabled():
+        ints, bf = torch.arange(-7, 7) / 3, x.bfloat16() / 3
+    assert_bits_equal(ints, _bits([Fraction(i, 3) for i in range(-7, 7)], torch.float32), "integers / 3")
+    # bfloat16: the float32 quotient of the bfloat16 values, rounded to bfloat16
+    bf_expected = [rn32(Fraction(v) / 3) for v in x.bfloat16().float().tolist()]
+    assert_bits_equal(bf, _bits(bf_expected, torch.bfloat16), "bfloat16 / 3")
 
 
 def test_alpha_and_addcmul_are_separate_roundings():
@@ -346,3 +352,63 @@ def test_docs_list_every_routed_and_allowed_op():
     text = open(__import__("pathlib").Path(__file__).parent.parent / "docs" / "enable.md").read()
     missing = [name for name in sorted(set(ROUTES) | ALLOWED) if f"`{name}" not in text]
     assert not missing, f"docs/enable.md does not list: {missing}"
+
+
+def test_torch_manual_seed_seeds_carbon_and_dataloader_shuffles_reproducibly():
+    from torch.utils.data import DataLoader
+
+    original = torch.manual_seed
+
+    def epoch():
+        torch.manual_seed(3)
+        return [b.tolist() for b in DataLoader(list(range(10)), batch_size=4, shuffle=True)], torch.randn(3)
+
+    with carbon.enabled():
+        (order1, x1), (order2, x2) = epoch(), epoch()
+    assert order1 == order2 and torch.equal(x1, x2)
+    assert sorted(sum(order1, [])) == list(range(10))
+    with carbon.enabled():
+        carbon.manual_seed(3)
+        expected = torch.randn(3)
+        torch.manual_seed(3)
+        assert torch.equal(torch.randn(3), expected)  # torch.manual_seed(s) == carbon.manual_seed(s)
+    assert torch.manual_seed is original
+
+
+def test_random_int64_without_bounds_is_three_uniform_draws():
+    with carbon.enabled(seed=11):
+        k = torch.empty(5, dtype=torch.int64).random_()
+    parts = [[int(philox_reference.uniform01(w) * 2 ** 24) for w in philox_reference.words(11, off, 5)]
+             for off in range(3)]
+    assert k.tolist() == [(a % 2 ** 15) * 2 ** 48 + b * 2 ** 24 + c for a, b, c in zip(*parts)]
+
+
+def test_vector_norm_over_a_dimension_is_the_rounded_sqrt_of_the_exact_sum():
+    x = _randn(4, 9, seed=21, scale=1e3)
+    with carbon.enabled():
+        n = torch.linalg.vector_norm(x, 2, dim=-1)
+        unit = F.normalize(x, dim=-1)
+    expected = [norm_reference.sqrt_rn32(float(rn32(sum(Fraction(v) ** 2 for v in row)))) for row in x.tolist()]
+    assert n.tolist() == expected
+    assert_bits_equal(unit, _bits([Fraction(v) / Fraction(e) for row, e in zip(x.tolist(), expected) for v in row],
+                                  torch.float32).reshape(4, 9), "F.normalize")
+
+
+def test_torch_attention_modules_run_on_routed_ops_and_switches_come_back(restore_num_threads):
+    # nn.MultiheadAttention / TransformerEncoderLayer reach attention inside torch, not through
+    # F.scaled_dot_product_attention: with the fused kernels switched off it decomposes into routed ops.
+    switches = (torch.backends.cuda.flash_sdp_enabled(), torch.backends.mha.get_fastpath_enabled())
+    x = _randn(3, 6, 16, seed=4)
+
+    def run(threads):
+        torch.set_num_threads(threads)
+        with carbon.enabled(seed=2):
+            layer = nn.TransformerEncoderLayer(16, 4, 32, batch_first=True)
+            layer(x).sum().backward()
+            with torch.no_grad():
+                evaluated = layer.eval()(x)
+        return [as_bits(p.grad) for p in layer.parameters()] + [as_bits(evaluated)]
+
+    for a, b in zip(run(1), run(2)):
+        assert torch.equal(a, b)
+    assert (torch.backends.cuda.flash_sdp_enabled(), torch.backends.mha.get_fastpath_enabled()) == switches
