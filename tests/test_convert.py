@@ -270,3 +270,24 @@ def test_attention_dropout_and_errors():
         carbon.nn.CausalSelfAttention(30, 4)
     with pytest.raises(ValueError, match="expected input"):
         m(torch.randn(2, 6, 31))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_converted_model_same_bits_on_cuda():
+    net = _net()
+    net.relu, net.conv, net.mine = torch.nn.Identity(), torch.nn.Identity(), torch.nn.Identity()
+    carbon.nn.convert(net).eval()
+    idx = torch.randint(0, 11, (4, 9), generator=torch.Generator().manual_seed(5))
+    cpu = net(idx)
+    carbon.sum(cpu).backward()
+    cpu_grads = {n: p.grad.clone() for n, p in net.named_parameters()}
+    net.zero_grad()
+    net.cuda()
+    gpu = net(idx.cuda())
+    carbon.sum(gpu).backward()
+    assert torch.equal(_bits(gpu.cpu()), _bits(cpu))
+    assert fingerprint({n: p.grad for n, p in net.named_parameters()}) == fingerprint(cpu_grads)
+    m = _attn().eval()
+    x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(_bits(m.cuda()(x.cuda()).cpu()), _bits(m.cpu()(x)))

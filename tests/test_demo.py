@@ -124,3 +124,10 @@ def test_micro_batch_split_changes_only_the_parameter_gradient_sums():
     assert torch.equal(dlogits1.view(torch.int32), dlogits2.view(torch.int32))
     for name in g1:
         torch.testing.assert_close(g1[name], g2[name], rtol=1e-5, atol=1e-9, msg=name)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_golden_fingerprint_cuda():
+    """The GPU reproduces the golden value recorded on the CPU."""
+    assert golden_run("cuda").hexdigest == read_golden()
