@@ -26,6 +26,8 @@ from carbon.softmax import cross_entropy, log_softmax, softmax
 from carbon._enable import NotExactError, disable, enable, enabled, is_enabled
 from carbon import data, distributed
 from carbon.distributed import allreduce_hook
+from carbon.tracing import trace
+from carbon import diff
 
 __all__ = [
     "mm", "addmm", "bmm", "baddbmm", "linear", "matmul",
@@ -40,5 +42,6 @@ __all__ = [
     "optim", "save", "load", "fingerprint", "Fingerprint",
     "enable", "disable", "enabled", "is_enabled", "NotExactError",
     "data", "distributed", "allreduce_hook",
+    "trace", "diff",
 ]
 __version__ = "0.1.0"
