@@ -103,7 +103,7 @@ setup(
     description="Bit-exact deep learning for PyTorch: correctly rounded kernels that give the same bits everywhere",
     license="Apache-2.0",
     packages=find_packages(include=["carbon", "carbon.*"]),
-    package_data={"carbon": ["py.typed"]},
+    package_data={"carbon": ["py.typed"], "carbon.data": ["*.txt"]},
     ext_modules=[_extension()],
     cmdclass={"build_ext": BuildExtension},
     python_requires=">=3.10",

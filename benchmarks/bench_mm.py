@@ -17,7 +17,7 @@ float32 entries, fixed seed):
   the fp32/fp64 rows, bf16 carbon for the bf16 row), and TFLOP/s (2MNK / t);
 * "exact": of a sample of outputs (64 by default), how many equal the
   correctly rounded exact result RN(sum_k a_ik b_kj) -- checked with the
-  math.fsum-based reference in carbon/demo.py, independent of carbon's kernels.
+  math.fsum-based reference in carbon/reference.py, independent of carbon's kernels.
   Carbon must score 100%; torch's score shows how often it is not exact.
 
 The issue's targets: on the CPU, carbon <= 3x torch fp32 at 1024^3; on an
@@ -48,7 +48,7 @@ except ImportError:  # run from a checkout without an install: use the checkout
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import carbon
 
-from carbon.demo import correctly_rounded_reference, count_correctly_rounded, sample_indices
+from carbon.reference import correctly_rounded_reference, count_correctly_rounded, sample_indices
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import machine_load, time_interleaved  # noqa: E402

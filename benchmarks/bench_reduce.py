@@ -8,7 +8,7 @@ median times, the ratio carbon / torch, the effective bandwidth (bytes read
 and written / time) and, on CUDA, that bandwidth as a share of a
 device-to-device copy of the same bytes measured in the same run. Every
 carbon result is also checked on a sample of outputs against the math.fsum
-reference of carbon/demo.py (the exact sum, correctly rounded).
+reference of carbon/reference.py (the exact sum, correctly rounded).
 
 Targets (issue 3, benchmarks not tests): on an H200, sum at large sizes
 reaches >= 70% of the measured copy bandwidth.
@@ -33,7 +33,7 @@ except ImportError:  # run from a checkout without an install
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import machine_load, time_interleaved  # noqa: E402
 
-from carbon.demo import correctly_rounded_reference, count_correctly_rounded  # noqa: E402
+from carbon.reference import correctly_rounded_reference, count_correctly_rounded  # noqa: E402
 
 Case = Tuple[Tuple[int, ...], Optional[int], torch.dtype]  # shape, dim (None: all), dtype
 
@@ -56,7 +56,7 @@ CUDA_CASES: List[Case] = [
 def _exact_check(x: torch.Tensor, dim: Optional[int], out: torch.Tensor, samples: int = 8) -> Tuple[int, int]:
     """How many of `samples` outputs equal the correctly rounded exact sum: a
     row's sum is its product with a column of ones, checked with the fsum
-    reference of carbon/demo.py (independent of carbon's kernels)."""
+    reference of carbon/reference.py (independent of carbon's kernels)."""
     rows = x.reshape(1, -1) if dim is None else x.movedim(dim, -1).reshape(-1, x.shape[dim])
     picked = torch.linspace(0, rows.shape[0] - 1, min(samples, rows.shape[0])).long()
     ones = torch.ones(rows.shape[1], 1, dtype=rows.dtype)

@@ -15,6 +15,7 @@ from carbon.random import Generator, bernoulli, default_generator, manual_seed, 
 from carbon.dropout import dropout
 from carbon import nn, optim
 from carbon.checkpoint import load, save
+from carbon.fingerprint import Fingerprint, fingerprint
 from carbon.elementwise import erf, exp, gelu, log, sigmoid, silu, tanh
 from carbon.norm import layer_norm, rms_norm
 from carbon.ops import addmm, baddbmm, bmm, linear, matmul, mm
@@ -38,7 +39,7 @@ __all__ = [
     "index_add", "scatter_add", "index_put", "embedding",
     "nn",
     "random", "Generator", "default_generator", "manual_seed", "rand", "randn", "bernoulli", "dropout",
-    "optim", "save", "load",
+    "optim", "save", "load", "fingerprint", "Fingerprint",
     "enable", "disable", "enabled", "is_enabled", "NotExactError",
     "data", "distributed", "allreduce_hook",
     "trace", "diff",

@@ -1,6 +1,6 @@
 """Command line: ``python -m carbon COMMAND``.
 
-* ``demo`` — carbon.mm against torch.matmul (carbon/demo.py); ``carbon.demo.main`` receives the
+* ``demo`` — train a small GPT with plain PyTorch and under carbon.enabled, compare fingerprints (carbon/demo.py); ``carbon.demo.main`` receives the
   whole argument list, ``demo`` included, as it always has.
 * ``diff A B [--html report.html] [--allow-truncated]`` — compare two traces written by
   ``carbon.trace`` (carbon/diff.py). Exit code 0 identical, 1 different, 2 error.
@@ -31,8 +31,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         description="Carbon: bit-exact deep learning for PyTorch (correctly rounded kernels).",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.add_parser("demo", help="compare torch.matmul and carbon.mm: exactness, batch/thread/device invariance, "
-                                "time (python -m carbon demo --help)")
+    sub.add_parser("demo", help="train a small GPT with plain PyTorch and under carbon.enabled at 1/2 threads, "
+                                "micro-batches and on CUDA; compare fingerprints (python -m carbon demo --help)")
     sub.add_parser("diff", help="compare two traces written by carbon.trace and report the first op whose "
                                 "outputs differ (python -m carbon diff --help)")
     ns = parser.parse_args(args)  # only --help or an unknown command get here

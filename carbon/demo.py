@@ -1,212 +1,136 @@
-"""``python -m carbon demo``: what "correctly rounded" buys, measured.
+"""``python -m carbon demo``: train a small GPT with plain PyTorch and under
+Carbon, and compare the weights bit for bit.
 
-Multiplies two random float32 matrices with a wide dynamic range (fixed seed)
-with ``torch.matmul`` and with ``carbon.mm`` on the CPU (and on CUDA when a GPU
-is present) and prints, per device and implementation:
+The model and the training loop (carbon/demo_gpt.py) are ordinary PyTorch:
+nn.Embedding, nn.LayerNorm, nn.Linear, nn.GELU, F.scaled_dot_product_attention
+(causal), F.cross_entropy, torch.optim.AdamW, torch.nn.utils.clip_grad_norm_,
+weights initialized with nn.init.normal_. They are trained on the text that
+ships with carbon (carbon/data/corpus.txt) in several configurations:
 
-* the share of sampled outputs equal to the correctly rounded exact result,
-  checked independently of Carbon's kernels (``math.fsum``, see below);
-* whether row 0 has the same bits when computed alone (M = 1) as inside the
-  full product (M = 256), i.e. whether results depend on the batch size;
-* whether the CPU result has the same bits at 1 thread and at several;
-* whether the GPU result has the same bits as the CPU result;
-* the time of one product.
+* on the CPU with 1 thread, with 2 threads, and with each batch split into 2
+  micro-batches (gradient accumulation);
+* each once with plain PyTorch and once inside ``carbon.enabled(seed=...)``,
+  which runs the same torch calls on Carbon's correctly rounded kernels and
+  draws torch's random numbers from a carbon.Generator;
+* on CUDA too (plain and Carbon) when a GPU is present.
 
-This module is also the one home of the reference check that the benchmarks
-(benchmarks/bench_mm.py) import: :func:`correctly_rounded_reference` and
-:func:`count_correctly_rounded`.
+It prints one row per run — device, implementation, configuration, final
+loss and the fingerprint of the model and optimizer state
+(:func:`carbon.fingerprint`, first 16 hex digits) — and saves the loss
+curves to a PNG. Plain PyTorch's fingerprints differ between thread counts
+and devices; Carbon's are identical. The exit status is 1 if a Carbon
+fingerprint that should match does not.
 
-The reference. Every product of two float32 / bfloat16 / float16 values is
-exact in double, and ``math.fsum`` returns the exact sum of doubles rounded
-once to double (d = RN64(c)). Rounding d again to float32 can be wrong only
-when d lies exactly on a float32 midpoint (every float32 midpoint is a double,
-so otherwise c and d are on the same side of every midpoint); in that case the
-sign of ``fsum(terms + [-d])`` (exact, since fsum is correctly rounded) says
-which way c lies. The same holds for bfloat16 and float16. The final rounding
-is done with exact integer arithmetic here, not with a hardware conversion.
+Micro-batches. Splitting a batch changes Carbon's bits too, and the table
+says so instead of hiding it: every activation and per-token gradient is the
+same, but each parameter gradient becomes a float32 sum of k separately
+rounded partial sums (autograd accumulates them in p.grad) instead of one
+rounding of the whole exact sum. The split runs are checked against each
+other instead: the same split gives the same bits at 1 and 2 threads and on
+every device (carbon/demo_gpt.py explains the loss formulation).
+
+Golden value. ``tests/demo_golden.txt`` (in a source checkout) holds the
+fingerprint of a short Carbon run (``carbon.demo_gpt.GOLDEN``) recorded once
+on the CPU; the demo reruns it on every device and prints whether it matches.
+
+The exact matmul reference used by the benchmarks lives in
+:mod:`carbon.reference` (re-exported here for old imports).
 """
 
 from __future__ import annotations
 
-import math
-import statistics
-import time
-from typing import Callable, List, Optional, Sequence, Tuple
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from carbon.reference import (  # noqa: F401  (re-exported: the benchmarks' exact reference)
+    correctly_rounded_reference,
+    count_correctly_rounded,
+    round_double_to,
+    sample_indices,
+)
+
 __all__ = [
-    "correctly_rounded_reference",
-    "count_correctly_rounded",
-    "round_double_to",
-    "sample_indices",
-    "main",
+    "correctly_rounded_reference", "count_correctly_rounded", "round_double_to", "sample_indices",
+    "carbon_context", "golden_path", "read_golden", "run_demo", "main",
 ]
 
-# (precision incl. hidden bit, exponent of the smallest normal, largest exponent)
-_FORMATS = {
-    torch.float32: (24, -126, 127),
-    torch.bfloat16: (8, -126, 127),
-    torch.float16: (11, -14, 15),
-}
+GOLDEN_FILE = "demo_golden.txt"
 
 
-def round_double_to(d: float, dtype: torch.dtype, midpoint_sign: Optional[Callable[[], int]] = None) -> float:
-    """RN (ties to even) of the double ``d`` into ``dtype``, returned as a Python float.
-
-    ``d`` stands for an exact value ``c`` with ``d == RN64(c)``. If ``d`` is
-    exactly a midpoint of ``dtype``, ``midpoint_sign()`` must return the sign of
-    ``c - d`` (-1, 0, +1) and decides the direction; without it ``c == d`` is
-    assumed. Overflow gives +-inf, underflow keeps subnormals and the sign.
-    """
-    precision, min_normal_exp, max_exp = _FORMATS[dtype]
-    if d == 0.0 or math.isnan(d) or math.isinf(d):
-        return d
-    negative = d < 0.0
-    x = -d if negative else d
-    _, e = math.frexp(x)  # x = m * 2**e, 0.5 <= m < 1: the leading bit has weight 2**(e-1)
-    q = max(e - precision, min_normal_exp - precision + 1)  # weight of the result's last bit
-    scaled = math.ldexp(x, -q)  # exact: a power-of-two scaling that stays normal
-    kept = math.floor(scaled)
-    rest = scaled - kept  # exact: scaled < 2**(precision+1) has no bits below 2**-53 * scaled
-    if rest > 0.5:
-        kept += 1
-    elif rest == 0.5:
-        s = midpoint_sign() if midpoint_sign is not None else 0
-        if negative:
-            s = -s  # c - d > 0 moves the magnitude down for a negative d
-        if s > 0 or (s == 0 and kept % 2 == 1):
-            kept += 1
-    if q > max_exp + 1 or kept >= 2 ** (max_exp + 1 - q):  # kept * 2**q >= 2**(max_exp+1)
-        return -math.inf if negative else math.inf
-    r = math.ldexp(kept, q)
-    return -r if negative else r
+# --------------------------------------------------------------------------
+# Running the same training code under Carbon
 
 
-def _reference_from_terms(terms: List[float], dtype: torch.dtype) -> float:
-    """Correctly rounded ``sum(terms)`` in ``dtype`` (terms are exact doubles)."""
-    if not all(math.isfinite(t) for t in terms):
-        if any(math.isnan(t) for t in terms):
-            return math.nan
-        pos = any(t == math.inf for t in terms)
-        neg = any(t == -math.inf for t in terms)
-        return math.nan if (pos and neg) else (math.inf if pos else -math.inf)
-    d = math.fsum(terms)
-    if d == 0.0:
-        # An exact zero: -0 iff there is a term and every term is -0 (IEEE's
-        # rule for x + y applied to the whole sum; docs/contract.md).
-        all_neg_zero = bool(terms) and all(t == 0.0 and math.copysign(1.0, t) < 0 for t in terms)
-        return -0.0 if all_neg_zero else 0.0
+def carbon_context(seed: int) -> Callable[[], ContextManager]:
+    """The context of a Carbon run: ``lambda: carbon.enabled(seed=seed)``
+    (strict: an op Carbon does not cover would raise, not run inexactly).
+    The model code runs unmodified inside it."""
+    import carbon
 
-    def midpoint_sign() -> int:
-        r = math.fsum(terms + [-d])
-        return (r > 0) - (r < 0)
-
-    return round_double_to(d, dtype, midpoint_sign)
+    return lambda: carbon.enabled(seed=seed, strict=True)
 
 
-def sample_indices(m: int, n: int, count: int, seed: int = 0) -> List[Tuple[int, int]]:
-    """``count`` distinct (row, column) positions of an m x n output (all of them if fewer)."""
-    total = m * n
-    g = torch.Generator().manual_seed(seed)
-    flat = torch.randperm(total, generator=g)[: min(count, total)].tolist()
-    return [(f // n, f % n) for f in flat]
+# --------------------------------------------------------------------------
+# Golden value
 
 
-def correctly_rounded_reference(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    indices: Sequence[Tuple[int, int]],
-    *,
-    bias: Optional[torch.Tensor] = None,
-    out_dtype: Optional[torch.dtype] = None,
-) -> List[float]:
-    """RN_out(bias[i, j] + sum_k a[i, k] * b[k, j]) for each (i, j) in ``indices``.
-
-    ``a`` (M, K) and ``b`` (K, N) may be on any device; only the sampled rows
-    and columns are copied to the CPU. ``bias`` broadcasts to (M, N). The
-    output dtype defaults to the promoted input dtype, as in carbon.mm.
-    """
-    out_dtype = out_dtype or torch.promote_types(a.dtype, b.dtype)
-    if not indices:
-        return []
-    rows = torch.tensor([i for i, _ in indices], device=a.device)
-    cols = torch.tensor([j for _, j in indices], device=b.device)
-    a_rows = a.index_select(0, rows).cpu().double()          # (S, K)
-    b_cols = b.index_select(1, cols).t().cpu().double()      # (S, K)
-    products = (a_rows * b_cols).tolist()  # exact: at most 2 x 24 significant bits, no underflow
-    if bias is not None:
-        full = bias.expand(a.shape[0], b.shape[1])
-        extra = full[rows.to(full.device), cols.to(full.device)].cpu().double().tolist()
-        for p, x in zip(products, extra):
-            p.append(x)
-    return [_reference_from_terms(p, out_dtype) for p in products]
+def golden_path() -> Path:
+    """tests/demo_golden.txt next to the carbon package (a source checkout)."""
+    return Path(__file__).resolve().parent.parent / "tests" / GOLDEN_FILE
 
 
-def _same_value(x: float, y: float) -> bool:
-    if math.isnan(x) or math.isnan(y):
-        return math.isnan(x) and math.isnan(y)
-    return x == y and math.copysign(1.0, x) == math.copysign(1.0, y)
+def read_golden(path: Optional[Path] = None) -> Optional[str]:
+    """The golden hexdigest (64 hex digits), or None if the file is absent
+    or holds no digest. Lines starting with '#' are comments."""
+    path = path or golden_path()
+    if not path.is_file():
+        return None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            if len(line) != 64 or any(c not in "0123456789abcdef" for c in line):
+                raise ValueError(f"{path}: expected a 64-digit lowercase hex SHA-256, got {line!r}")
+            return line
+    return None
 
 
-def count_correctly_rounded(
-    out: torch.Tensor, indices: Sequence[Tuple[int, int]], reference: Sequence[float]
-) -> int:
-    """How many of the sampled entries of the 2-D ``out`` equal ``reference`` (sign of zero included)."""
-    if not indices:
-        return 0
-    rows = torch.tensor([i for i, _ in indices], device=out.device)
-    cols = torch.tensor([j for _, j in indices], device=out.device)
-    got = out[rows, cols].cpu().double().tolist()  # exact for every supported dtype
-    return sum(_same_value(g, r) for g, r in zip(got, reference))
+def golden_run(device: str = "cpu", threads: Optional[int] = None):
+    """Train carbon.demo_gpt.GOLDEN under Carbon on ``device``; returns the
+    fingerprint of the model and optimizer."""
+    import carbon
+    from carbon.demo_gpt import GOLDEN, train
+
+    result = train(replace(GOLDEN, device=device, threads=threads), context=carbon_context(GOLDEN.seed))
+    return carbon.fingerprint(result.model, result.optimizer)
 
 
 # --------------------------------------------------------------------------
 # The demo
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    t = t.contiguous()
-    view = {4: torch.int32, 2: torch.int16, 8: torch.int64}[t.element_size()]
-    return t.view(view).cpu()
+@dataclass
+class _Run:
+    device: str
+    carbon: bool
+    threads: Optional[int]
+    micro_batches: int
+    losses: List[float]
+    fingerprint: object
+    seconds: float
 
+    @property
+    def impl(self) -> str:
+        return "carbon" if self.carbon else "torch"
 
-def _same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
-    return x.shape == y.shape and x.dtype == y.dtype and torch.equal(_bits(x), _bits(y))
-
-
-def _median_ms(fn: Callable[[], torch.Tensor], device: torch.device, reps: int = 5) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def _demo_inputs(m: int, k: int, n: int, seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """float32 matrices with a wide dynamic range: normal * 2**uniform(-8, 8)."""
-    g = torch.Generator().manual_seed(seed)
-
-    def make(rows: int, cols: int) -> torch.Tensor:
-        x = torch.randn(rows, cols, generator=g, dtype=torch.float64)
-        scale = torch.exp2(torch.empty(rows, cols, dtype=torch.float64).uniform_(-8.0, 8.0, generator=g))
-        return (x * scale).float()
-
-    return make(m, k), make(k, n)
-
-
-def _yes_no(flag: Optional[bool]) -> str:
-    return "n/a" if flag is None else ("yes" if flag else "NO")
+    @property
+    def label(self) -> str:
+        t = "" if self.threads is None else f"{self.threads} thread{'s' if self.threads > 1 else ''}, "
+        b = "full batch" if self.micro_batches == 1 else f"{self.micro_batches} micro-batches"
+        return f"{t}{b}"
 
 
 def _format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -216,91 +140,182 @@ def _format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join([line(header), sep] + [line(r) for r in rows])
 
 
-def run_demo(device: str = "all", seed: int = 0, m: int = 256, k: int = 4096, n: int = 256, samples: int = 256) -> int:
-    import carbon
+def _plot(runs: List[_Run], path: str, title: str) -> None:
+    import matplotlib
 
-    devices = [torch.device("cpu")]  # with --device cuda the CPU still runs: it is the reference for CPU == GPU
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    # each run against the first run of its implementation (cpu, 1 thread, full batch)
+    refs = {}
+    for r in runs:
+        refs.setdefault(r.carbon, r)
+    for r in runs:
+        ref = refs[r.carbon]
+        style = dict(linestyle="--" if r.carbon else "-", linewidth=1.2, alpha=0.85)
+        name = f"{r.device} {r.impl}, {r.label}"
+        ax1.plot(range(1, len(r.losses) + 1), r.losses, label=name, **style)
+        diff, worst = [], 0.0
+        for a, b in zip(r.losses, ref.losses):  # running maximum of |loss - reference loss|
+            worst = max(worst, abs(a - b))
+            diff.append(worst)
+        ax2.plot(range(1, len(diff) + 1), diff, label=name, **style)
+    ax1.set_xlabel("step")
+    ax1.set_ylabel("training loss (cross-entropy, nats/char)")
+    ax1.set_title("loss curves")
+    ax1.legend(fontsize=7)
+    ax2.set_yscale("symlog", linthresh=1e-7)
+    ax2.set_xlabel("step")
+    ax2.set_ylabel("running max of |loss - reference loss|")
+    ax2.set_title("each run vs. its implementation's cpu 1-thread full-batch run\n(0: the same loss at every step)",
+                  fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_demo(steps: int = 250, device: str = "all", seed: int = 0, batch_size: int = 16, threads: int = 2,
+             plot: Optional[str] = "carbon_demo_loss.png", progress: bool = True, golden: bool = True,
+             model: Optional[dict] = None) -> int:
+    """Run the demo (see the module docstring); returns the exit status.
+    ``model`` overrides the model size (carbon.demo_gpt.TrainConfig.model)."""
+    import carbon
+    from carbon.demo_gpt import CharData, GOLDEN, TrainConfig, load_corpus, train
+
+    if steps < 1:
+        raise ValueError(f"carbon demo: --steps must be >= 1, got {steps}")
+    if batch_size < 2 or batch_size % 2:
+        raise ValueError(f"carbon demo: --batch-size must be even and >= 2 (it is split in 2), got {batch_size}")
+    if threads < 2:
+        raise ValueError(f"carbon demo: --threads must be >= 2 (compared with 1 thread), got {threads}")
+    devices = ["cpu"]
     if device in ("cuda", "all") and torch.cuda.is_available():
-        devices.append(torch.device("cuda"))
+        devices.append("cuda")
     elif device == "cuda":
         print("carbon demo: CUDA is not available on this machine")
         return 1
 
-    a, b = _demo_inputs(m, k, n, seed)
-    idx = sample_indices(m, n, samples, seed)
-    t0 = time.perf_counter()
-    ref = correctly_rounded_reference(a, b, idx)
-    ref_s = time.perf_counter() - t0
-
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    impls = [
-        ("torch.matmul", torch.matmul),
-        ("carbon.mm", carbon.mm),
-    ]
-    threads = torch.get_num_threads()
-    many = max(2, threads)
-    print(f"carbon demo: A {m}x{k} @ B {k}x{n}, float32, entries normal * 2**uniform(-8, 8), seed {seed}")
-    print(f"torch {torch.__version__}, carbon {carbon.__version__}, {threads} CPU threads"
-          + (f", GPU: {torch.cuda.get_device_name()} (TF32 for fp32 matmul: {'on' if tf32 else 'off'})"
-             if len(devices) > 1 else (", GPU not used (--device cpu)" if torch.cuda.is_available() else ", no GPU")))
-    print(f"reference: {len(idx)} sampled outputs, exact sum via math.fsum + midpoint-safe rounding ({ref_s:.2f} s)")
+    data = CharData(load_corpus())
+    base = TrainConfig(steps=steps, batch_size=batch_size, seed=seed)
+    if model is not None:
+        base = replace(base, model={**base.model, **model})
+    m = base.model
+    context = carbon_context(seed)
+    n_params = sum(p.numel() for p in _count_model(data, base).parameters())
+    tokens = batch_size * int(m["block_size"])
+    title = (f"GPT {m['n_layer']} layers, d={m['n_embd']}, {m['n_head']} heads ({n_params / 1e3:.0f}k parameters), "
+             f"{steps} steps of AdamW, batch {batch_size} x {m['block_size']} chars, seed {seed}")
+    print(f"carbon demo: {title}")
+    print(f"corpus: carbon/data/corpus.txt, {len(data.tokens)} characters, {data.vocab_size} symbols; "
+          f"loss = sum of per-token cross-entropies / {tokens} per micro-batch")
+    print(f"torch {torch.__version__}, carbon {carbon.__version__}; carbon runs: the same code inside "
+          f"carbon.enabled(seed={seed})")
+    if "cuda" in devices:
+        print(f"GPU: {torch.cuda.get_device_name()} (TF32 for float32 matmul: "
+              f"{'on' if torch.backends.cuda.matmul.allow_tf32 else 'off'})")
     print()
 
-    cpu_results = {}
-    rows = []
-    carbon_failures = []
-    for dev in devices:
-        ad, bd = a.to(dev), b.to(dev)
-        for name, fn in impls:
-            full = fn(ad, bd)
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            ok = count_correctly_rounded(full, idx, ref)
-            row0_alone = _same_bits(fn(ad[:1], bd)[0], full[0])
-            threads_same = None
-            cpu_gpu = None
-            if dev.type == "cpu":
-                cpu_results[name] = full
-                try:
-                    torch.set_num_threads(1)
-                    one = fn(ad, bd)
-                    torch.set_num_threads(many)
-                    several = fn(ad, bd)
-                finally:
-                    torch.set_num_threads(threads)
-                threads_same = _same_bits(one, several) and _same_bits(one, full)
-            else:
-                cpu_gpu = _same_bits(full, cpu_results[name])
-            if name.startswith("carbon"):
-                checks = {"correctly rounded": ok == len(idx), "row 0 alone": row0_alone,
-                          "thread count": threads_same, "CPU == GPU": cpu_gpu}
-                carbon_failures += [f"{dev.type} {name}: {c}" for c, passed in checks.items() if passed is False]
-            ms = _median_ms(lambda: fn(ad, bd), dev)
-            rows.append([
-                dev.type,
-                name,
-                f"{ok}/{len(idx)} ({100.0 * ok / len(idx):.1f}%)",
-                _yes_no(row0_alone),
-                _yes_no(threads_same),
-                _yes_no(cpu_gpu),
-                f"{ms:.2f}",
-            ])
-    header = [
-        "device",
-        "implementation",
-        "correctly rounded (sample)",
-        "row 0 alone == in batch (M=1 vs M=%d)" % m,
-        f"same bits at 1 vs {many} threads",
-        "CPU == GPU",
-        "time ms",
-    ]
+    plan: List[Tuple[str, bool, Optional[int], int]] = []
+    for use_carbon in (False, True):
+        plan += [("cpu", use_carbon, 1, 1), ("cpu", use_carbon, threads, 1), ("cpu", use_carbon, 1, 2)]
+        if use_carbon:
+            plan.append(("cpu", True, threads, 2))
+    if "cuda" in devices:
+        plan += [("cuda", False, None, 1), ("cuda", True, None, 1), ("cuda", True, None, 2)]
+
+    runs: List[_Run] = []
+    for dev, use_carbon, n_threads, micro in plan:
+        cfg = replace(base, device=dev, threads=n_threads, micro_batches=micro)
+        desc = f"{dev} {'carbon' if use_carbon else 'torch'} {_Run(dev, use_carbon, n_threads, micro, [], None, 0).label}"
+        bar = _progress_bar(steps, desc, enabled=progress)
+
+        def tick(step: int, loss: float) -> None:
+            bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+            bar.update(1)
+
+        try:
+            result = train(cfg, data, context=context if use_carbon else None, progress=tick)
+        finally:
+            bar.close()
+        fp = carbon.fingerprint(result.model, result.optimizer)
+        runs.append(_Run(dev, use_carbon, n_threads, micro, result.losses, fp, result.seconds))
+
+    # Which Carbon fingerprints must agree: all full-batch runs, and all runs with the same split.
+    groups: Dict[int, List[_Run]] = {}
+    for r in runs:
+        if r.carbon:
+            groups.setdefault(r.micro_batches, []).append(r)
+    failures = [f"carbon, {k} micro-batch(es): {len({str(r.fingerprint) for r in g})} different fingerprints"
+                for k, g in groups.items() if len({r.fingerprint for r in g}) > 1]
+
+    header = ["device", "implementation", "configuration", "final loss", "fingerprint (weights + AdamW)", "s/run"]
+    rows = [[r.device, r.impl, r.label, f"{r.losses[-1]:.7f}", str(r.fingerprint), f"{r.seconds:.1f}"] for r in runs]
     print(_format_table(header, rows))
     print()
-    print("carbon.mm returns RN(exact sum) for every output, so all its columns should read 100% / yes.")
-    if carbon_failures:
-        print("FAIL: carbon broke its contract here: " + "; ".join(carbon_failures))
+    plain = [r for r in runs if not r.carbon]
+    print(f"torch:  {len(plain)} runs, {len({r.fingerprint for r in plain})} different fingerprints.")
+    for k, g in sorted(groups.items()):
+        where = "; ".join(f"{r.device} {r.label}" for r in g)
+        distinct = len({r.fingerprint for r in g})
+        verdict = "one fingerprint (the same bits)" if distinct == 1 else f"{distinct} DIFFERENT fingerprints"
+        print(f"carbon: {'full batch' if k == 1 else f'{k} micro-batches'} — {len(g)} runs ({where}): {verdict}.")
+    if len(groups) > 1:
+        print("        Splitting the batch changes Carbon's bits: each parameter gradient is then the float32 sum\n"
+              "        of separately rounded micro-batch sums (autograd accumulates them in p.grad) instead of one\n"
+              "        rounding of the exact sum over the whole batch. Every activation and per-token gradient is\n"
+              "        unchanged; a given split is reproducible on any thread count and device.")
+
+    if golden:
+        expected = read_golden()
+        if expected is None:
+            print(f"\ngolden: no golden fingerprint found ({golden_path()}); not checked")
+        else:
+            print(f"\ngolden run (carbon.demo_gpt.GOLDEN: {GOLDEN.steps} steps, tiny model) vs tests/{GOLDEN_FILE} "
+                  f"{expected[:16]}:")
+            for dev in devices:
+                got = golden_run(dev)
+                ok = got.hexdigest == expected
+                print(f"golden check {dev}: {got.short} {'== golden: OK' if ok else '!= golden: FAIL'}")
+                if not ok:
+                    failures.append(f"golden check on {dev}")
+
+    if plot:
+        _plot(runs, plot, title)
+        print(f"\nloss curves: {plot}")
+    if failures:
+        print("FAIL: " + "; ".join(failures))
         return 1
     return 0
+
+
+def _count_model(data, cfg):
+    from carbon.demo_gpt import GPT, GPTConfig
+
+    with torch.device("meta"):
+        return GPT(GPTConfig(vocab_size=data.vocab_size, **cfg.model))
+
+
+class _NoBar:
+    def update(self, n=1):
+        return None
+
+    def set_postfix(self, **kw):
+        return None
+
+    def close(self):
+        return None
+
+
+def _progress_bar(total: int, desc: str, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:  # tqdm is in requirements.txt; run without a bar if it is missing
+        return _NoBar()
+    return tqdm(total=total, desc=desc, unit="step", leave=True, dynamic_ncols=True, file=sys.stderr)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -314,18 +329,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser(
         "demo",
-        help="compare torch.matmul and carbon.mm: exactness, batch/thread/device invariance, time",
-        description="Compare torch.matmul and carbon.mm on random float32 matrices with a wide dynamic range.",
+        help="train a small GPT with plain PyTorch and under Carbon; compare the fingerprints",
+        description="Train a small character-level GPT (plain torch.nn code) with plain PyTorch and under "
+                    "carbon.enabled, at 1 and several CPU threads, with and without micro-batches, and on CUDA "
+                    "when present; print final losses and weight fingerprints, save the loss curves.",
     )
+    demo.add_argument("--steps", type=int, default=250, help="training steps per run (default: 250)")
     demo.add_argument("--device", choices=["cpu", "cuda", "all"], default="all",
-                      help="devices to run on (default: all available)")
-    demo.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    demo.add_argument("--samples", type=int, default=256, help="outputs checked against the exact result (default: 256)")
+                      help="cpu, or cpu and cuda (all: cuda when available; default: all)")
+    demo.add_argument("--seed", type=int, default=0, help="seed of initialization, dropout and data (default: 0)")
+    demo.add_argument("--batch-size", type=int, default=16, help="sequences per step, even (default: 16)")
+    demo.add_argument("--threads", type=int, default=2, help="the CPU thread count compared with 1 (default: 2)")
+    demo.add_argument("--plot", default="carbon_demo_loss.png",
+                      help="where to save the loss-curve PNG (default: carbon_demo_loss.png)")
+    demo.add_argument("--no-plot", action="store_true", help="do not save a PNG")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bars")
+    demo.add_argument("--no-golden", action="store_true", help="skip the golden-fingerprint check")
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 0
     if args.command == "demo":
-        return run_demo(device=args.device, seed=args.seed, samples=args.samples)
+        try:
+            return run_demo(steps=args.steps, device=args.device, seed=args.seed, batch_size=args.batch_size,
+                            threads=args.threads, plot=None if args.no_plot else args.plot,
+                            progress=not args.no_progress, golden=not args.no_golden)
+        except ValueError as e:
+            parser.error(str(e))
     parser.error(f"unknown command {args.command!r}")
     return 2

@@ -21,7 +21,8 @@
 #                   python benchmarks/bench_random.py --device cuda --quick --budget 0.2
 #                   python benchmarks/bench_optim.py --device cuda --budget 0.5
 #                   python benchmarks/bench_enable.py --device cuda --budget 4   (GPT-2 small step)
-#   6. demo         python -m carbon demo
+#   6. demo         python -m carbon demo --steps 8 --batch-size 8 --no-progress  (a short run; its golden check
+#                   compares the CUDA fingerprint with tests/demo_golden.txt, recorded on the CPU)
 # A failing step is recorded and the next one still runs; the summary table is
 # printed last, and the exit status is non-zero if any step failed.
 # Logs go to $LOGDIR (default: $OUT/device_check if $OUT is set, else a temp dir).
@@ -157,7 +158,7 @@ run_step enable "$T_ENABLE" "$PY" benchmarks/bench_enable.py --device cuda --bud
 record "$STEP_RC"
 
 # ---- 6. demo -----------------------------------------------------------------
-run_step demo "$T_DEMO" "$PY" -m carbon demo
+run_step demo "$T_DEMO" "$PY" -m carbon demo --steps 8 --batch-size 8 --no-progress --plot "$LOGDIR/carbon_demo_loss.png"
 record "$STEP_RC"
 
 # ---- summary (last) ----------------------------------------------------------
@@ -174,7 +175,7 @@ echo "tests (-m cuda): ${TEST_COUNTS:-none collected or no counts (see $LOGDIR/t
 echo "benchmark ratios:"
 grep -hE '^RATIO' "$LOGDIR"/*.log 2>/dev/null | sed 's/^/  /' || echo "  (none: see the benchmark logs in $LOGDIR)"
 echo "demo (carbon rows):"
-grep -E '^\| (cpu|cuda) +\| carbon' "$LOGDIR/demo.log" 2>/dev/null | sed 's/^/  /' || echo "  (none: see $LOGDIR/demo.log)"
+grep -E '^\| (cpu|cuda) +\| carbon|^golden' "$LOGDIR/demo.log" 2>/dev/null | sed 's/^/  /' || echo "  (none: see $LOGDIR/demo.log)"
 echo "logs: $LOGDIR"
 if [[ "$FAILED" -ne 0 ]]; then
   echo "RESULT: FAILED (at least one step failed; see above)"

@@ -22,3 +22,11 @@ class Dropout(torch.nn.Dropout):
 
     def forward(self, input: Tensor) -> Tensor:
         return dropout(input, self.p, self.training, self.inplace, generator=self.generator)
+
+    @classmethod
+    def from_torch(cls, module: torch.nn.Dropout, generator: Optional[Generator] = None) -> "Dropout":
+        """A carbon.nn.Dropout with ``module``'s ``p`` and ``inplace`` (and
+        training mode), drawing from ``generator``."""
+        if not isinstance(module, torch.nn.Dropout):
+            raise TypeError(f"Dropout.from_torch expects a torch.nn.Dropout, got {type(module).__name__}")
+        return cls(module.p, module.inplace, generator=generator).train(module.training)
