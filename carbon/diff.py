@@ -528,19 +528,19 @@ def _text_report(r: DiffResult) -> str:
         return "\n".join(out)
     w(f"DIFFERENT. Ops matched: {r.matched} of {r.aligned} compared (before the first difference); "
       f"{r.same_outputs} of {r.aligned} compared ops have identical outputs.")
-    if r.first_input is not None:
-        d = r.first_input
+    def heading(title: str, d) -> None:
         w("")
-        w(f"First op whose inputs differ (outputs still identical): {d.where()}")
+        w(f"{title}: {d.where()}")
         if d.src:
             w(f"  source: {d.src}")
+
+    if r.first_input is not None:
+        d = r.first_input
+        heading("First op whose inputs differ (outputs still identical)", d)
         _describe_inputs(d, w)
     if r.first is not None:
         d = r.first
-        w("")
-        w(f"First divergence: {d.where()}")
-        if d.src:
-            w(f"  source: {d.src}")
+        heading("First divergence", d)
         if d.inputs_identical:
             w("  inputs: IDENTICAL in both runs -> this op itself produced different outputs from the same inputs")
         else:
