@@ -36,7 +36,13 @@ from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, C
 ROOT = os.path.dirname(os.path.abspath(__file__))
 # -fopenmp: at::parallel_for is inlined from ATen's OpenMP backend; without
 # the flag its pragma is ignored and carbon's CPU loops run on one thread.
-CXX_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math", "-Wall", "-fopenmp"]
+# -fno-math-errno: sqrt (and the like) need not set errno for a negative
+# argument. It changes no value -- the result is the IEEE square root (NaN
+# for x < 0) either way -- but without it gcc guards every inlined sqrtsd
+# with a branch to the libm call that sets errno, and a loop with that
+# branch does not vectorize. It allows no reassociation, no approximation
+# and no vector libm (glibc declares those only under -ffast-math).
+CXX_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math", "-fno-math-errno", "-Wall", "-fopenmp"]
 LINK_FLAGS = ["-fopenmp"]
 NVCC_FLAGS = [
     "-O3",

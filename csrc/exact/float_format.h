@@ -195,15 +195,54 @@ CARBON_HD double decode_normal(uint32_t bits, const FloatFormat& f) {
   return bits_to_double(sign | ((field + static_cast<uint64_t>(1023 - f.max_exp)) << 52) | (frac << (52 - frac_bits)));
 }
 
+// 1 when RN_f of the positive double with bits `mag` is a normal number of f
+// (not subnormal, zero, overflow, inf or NaN), else 0 -- decided from mag
+// alone, with one unsigned compare. Let h = 2^(52 - precision), half an ulp
+// of f in bits. round_normal_bits(mag) < overflow_bits exactly when
+// mag < overflow_bits - h: below that, mag + h - 1 + (last kept bit) stays
+// under the (aligned) overflow_bits; at overflow_bits - h the last kept bit
+// is 1 (f's largest significand is all ones), so that tie rounds up to
+// overflow, as does everything above. And mag < normal_min_bits wraps
+// mag - normal_min_bits around to a huge value.
+CARBON_HD uint32_t rounds_to_normal(uint64_t mag, const FloatFormat& f) {
+  const uint64_t half = 1ull << (52 - f.precision);
+  return static_cast<uint32_t>(mag - normal_min_bits(f) < overflow_bits(f) - half - normal_min_bits(f));
+}
+
+// The sign of x and the bits of the magnitude RN_f(|x|) (as a double's
+// bits) when that result is a normal number of f; *ok = 1 then, else 0
+// (subnormal or zero result, overflow, inf, NaN).
+CARBON_HD uint64_t round_normal_signed_bits(double x, const FloatFormat& f, uint32_t* ok) {
+  const uint64_t u = double_to_bits(x);
+  const uint64_t mag = u & ~kSignBit;
+  *ok = rounds_to_normal(mag, f);
+  return (u & kSignBit) | round_normal_bits(mag, f);
+}
+
 // encode(round_double(v, f), f) when that result is a normal number of f;
 // *ok = 1 then, else 0 (subnormal or zero result, overflow, inf, NaN).
 CARBON_HD uint32_t round_encode_normal(double v, const FloatFormat& f, uint32_t* ok) {
+  const uint64_t r = round_normal_signed_bits(v, f, ok);
+  const uint32_t sign = static_cast<uint32_t>(r >> 63) << (f.total_bits - 1);
+  return sign | encode_normal(r & ~kSignBit, f);
+}
+
+// The same pair for loops where exact zeros are common (optimizer states of
+// unused rows, zero gradients): zero is also accepted, keeping its sign.
+// round_normal_or_zero(x, f, &ok) == round_double(x, f) whenever ok == 1.
+CARBON_HD double round_normal_or_zero(double x, const FloatFormat& f, uint32_t* ok) {
+  uint32_t normal;
+  const uint64_t r = round_normal_signed_bits(x, f, &normal);  // rounds +-0 to +-0
+  *ok = normal | static_cast<uint32_t>((double_to_bits(x) & ~kSignBit) == 0);
+  return bits_to_double(r);
+}
+// encode(v, f) for v zero or a normal number of f (as round_normal_or_zero
+// returns with ok == 1).
+CARBON_HD uint32_t encode_normal_or_zero(double v, const FloatFormat& f) {
   const uint64_t u = double_to_bits(v);
   const uint64_t mag = u & ~kSignBit;
-  const uint64_t rounded = round_normal_bits(mag, f);
-  *ok = (mag >= normal_min_bits(f) && rounded < overflow_bits(f)) ? 1u : 0u;
   const uint32_t sign = static_cast<uint32_t>(u >> 63) << (f.total_bits - 1);
-  return sign | encode_normal(rounded, f);
+  return sign | (mag == 0 ? 0u : encode_normal(mag, f));
 }
 
 }  // namespace carbon

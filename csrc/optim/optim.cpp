@@ -9,6 +9,8 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "../dtypes.h"
@@ -60,160 +62,223 @@ void check_params(const char* op, at::TensorList params) {
   }
 }
 
+// fn(T{}, Format<...>{}) for p's element type and its format (the three
+// supported pairs only).
 template <typename Fn>
 void with_param_type(const at::Tensor& p, Fn&& fn) {
-  with_element_type(p.scalar_type(), [&](auto element) {
-    using T = decltype(element);
-    with_format(format_of(p.scalar_type()), [&](auto fmt) { fn(T{}, decltype(fmt){}); });
-  });
+  switch (p.scalar_type()) {
+    case at::kBFloat16:
+      return fn(c10::BFloat16{}, Format<FormatId::kBFloat16>{});
+    case at::kHalf:
+      return fn(c10::Half{}, Format<FormatId::kFloat16>{});
+    default:
+      return fn(float{}, Format<FormatId::kFloat32>{});
+  }
 }
 
-// float32 parameters take a fast path: a branch-free pass over a block with
-// NormalRounding into temporaries (meant to vectorize; gcc does not yet), then a commit that recomputes with
-// the exact rounding every element whose results left the normal range
-// (zeros, subnormals, overflow, NaN). Both compute the same formula, so the
-// bits are those of the exact path.
+// Runs fn(i, begin, end) over the elements of every tensor i (numels[i]) in
+// one parallel region rather than one per tensor: pieces of kPiece elements
+// (whole blocks) split evenly over the threads. Each element's update is
+// independent of the others, so the split never shows in the bits.
+constexpr int64_t kPiece = 16384;
+
+template <typename Fn>
+void for_pieces(const std::vector<int64_t>& numels, Fn&& fn) {
+  struct Piece {
+    size_t tensor;
+    int64_t begin, end;
+  };
+  std::vector<Piece> pieces;
+  int64_t total = 0;
+  for (size_t i = 0; i < numels.size(); ++i) {
+    for (int64_t b = 0; b < numels[i]; b += kPiece) pieces.push_back({i, b, std::min(b + kPiece, numels[i])});
+    total += numels[i];
+  }
+  auto run = [&](int64_t lo, int64_t hi) {
+    for (int64_t k = lo; k < hi; ++k) fn(pieces[k].tensor, pieces[k].begin, pieces[k].end);
+  };
+  const int64_t n = static_cast<int64_t>(pieces.size());
+  if (total < kGrain) return run(0, n);  // too little work for a parallel region
+  at::parallel_for(0, n, 1, run);
+}
+
+// ---- the steps on the CPU.
+//
+// Each block of kBlock elements first takes a branch-free pass (one loop
+// that vectorizes: every format, flag and constant is fixed for it) that
+// rounds with NormalRounding into small temporaries and tells whether every
+// result was zero or normal. Then the temporaries are copied out, or, for a
+// block where some result was not (subnormal, overflow, NaN), the whole
+// block is recomputed element by element with the exact rounding. Both passes
+// compute the same formula and agree on every zero or normal result, so the
+// bits are those of the exact path; the split into blocks and threads plays
+// no role (every element is independent).
 constexpr int64_t kBlock = 256;
 
-CARBON_HD uint32_t encode_normal_f32(double v) {
-  const uint64_t u = double_to_bits(v);
-  return static_cast<uint32_t>((u >> 63) << 31) | encode_normal(u & ~kSignBit, state_format());
-}
+// x86-64-v4 (AVX-512) where the CPU has it: 64-bit lanes compare into mask
+// registers and narrow to 32 bits in one instruction (vpmovqd); v3 (AVX2)
+// otherwise. The same IEEE operations in every clone, so the same bits.
+#define CARBON_OPTIM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
-__attribute__((target_clones("avx2", "default"))) void adam_block_f32(
-    const float* __restrict__ p, const float* __restrict__ g, const float* __restrict__ m,
-    const float* __restrict__ v, int64_t n, const AdamConstants& constants, uint32_t* __restrict__ pb,
-    uint32_t* __restrict__ mb, uint32_t* __restrict__ vb, uint8_t* __restrict__ ok) {
-  const AdamConstants c = constants;
-  const FloatFormat f = state_format();
-  for (int64_t i = 0; i < n; ++i) {
-    NormalRounding r;
-    const AdamResult res = adam_update(static_cast<double>(p[i]), static_cast<double>(g[i]),
-                                       static_cast<double>(m[i]), static_cast<double>(v[i]), c, f, r);
-    pb[i] = encode_normal_f32(res.p);
-    mb[i] = encode_normal_f32(res.m);
-    vb[i] = encode_normal_f32(res.v);
-    ok[i] = r.ok;
+template <typename F>
+using Bits = typename F::Bits;
+using F32 = Format<FormatId::kFloat32>;
+
+// Bits in F of v, which must be zero or a normal number of F (as
+// NormalRounding returns with ok == 1): float_format.h's integer encoding,
+// except for float32, where the conversion to float does it in one
+// instruction. That conversion is exact for such a v -- nothing is rounded,
+// and neither v nor the result is subnormal, so the CPU's flush-to-zero /
+// denormals-are-zero modes play no role: the same bits as encode(v, f).
+template <typename F>
+inline Bits<F> encode_exact(double v) {
+  if constexpr (std::is_same_v<F, F32>) {
+    const float x = static_cast<float>(v);
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    return bits;
+  } else {
+    return static_cast<Bits<F>>(encode_normal_or_zero(v, F::get()));
   }
 }
 
-void adam_cpu_f32(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
-                  const AdamConstants& c) {
-  constexpr FloatFormat f = Format<FormatId::kFloat32>::get();
-  float* pp = p.mutable_data_ptr<float>();
-  const float* gp = g.const_data_ptr<float>();
+template <typename T, typename F>
+CARBON_OPTIM_CLONES uint32_t adam_block(const T* __restrict__ p, const T* __restrict__ g, const float* __restrict__ m,
+                                        const float* __restrict__ v, int64_t n, const AdamConstants& constants,
+                                        Bits<F>* __restrict__ pb, uint32_t* __restrict__ mb,
+                                        uint32_t* __restrict__ vb) {
+  const AdamConstants c = constants;
+  constexpr FloatFormat f = F::get();
+  uint32_t all_ok = 1;
+  for (int64_t i = 0; i < n; ++i) {
+    NormalRounding r;
+    const AdamResult res = adam_update(element_value(p[i]), element_value(g[i]), element_value(m[i]),
+                                       element_value(v[i]), c, f, r);
+    pb[i] = encode_exact<F>(res.p);
+    mb[i] = encode_exact<F32>(res.m);
+    vb[i] = encode_exact<F32>(res.v);
+    all_ok &= r.ok;
+  }
+  return all_ok;
+}
+
+template <typename T, typename F>
+void adam_range(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v, int64_t begin,
+                int64_t end, const AdamConstants& c) {
+  constexpr FloatFormat f = F::get();
+  T* pp = p.mutable_data_ptr<T>();
+  const T* gp = g.const_data_ptr<T>();
   float* mp = m.mutable_data_ptr<float>();
   float* vp = v.mutable_data_ptr<float>();
-  at::parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
-    uint32_t pb[kBlock], mb[kBlock], vb[kBlock];
-    uint8_t ok[kBlock];
-    for (int64_t b = begin; b < end; b += kBlock) {
-      const int64_t len = std::min(kBlock, end - b);
-      adam_block_f32(pp + b, gp + b, mp + b, vp + b, len, c, pb, mb, vb, ok);
-      for (int64_t k = 0; k < len; ++k) {
-        const int64_t i = b + k;
-        if (ok[k]) {
-          reinterpret_cast<uint32_t*>(pp)[i] = pb[k];
-          reinterpret_cast<uint32_t*>(mp)[i] = mb[k];
-          reinterpret_cast<uint32_t*>(vp)[i] = vb[k];
-        } else {
-          const AdamResult r = adam_update(load(pp, i), load(gp, i), load(mp, i), load(vp, i), c, f);
-          store_value(mp, i, r.m, state_format());
-          store_value(vp, i, r.v, state_format());
-          store_value(pp, i, r.p, f);
-        }
-      }
+  Bits<F> pb[kBlock];
+  uint32_t mb[kBlock], vb[kBlock];
+  for (int64_t b = begin; b < end; b += kBlock) {
+    const int64_t len = std::min(kBlock, end - b);
+    if (adam_block<T, F>(pp + b, gp + b, mp + b, vp + b, len, c, pb, mb, vb)) {
+      std::memcpy(pp + b, pb, len * sizeof(T));
+      std::memcpy(mp + b, mb, len * sizeof(float));
+      std::memcpy(vp + b, vb, len * sizeof(float));
+      continue;
     }
-  });
-}
-
-void adam_cpu(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
-              const AdamConstants& c) {
-  if (p.scalar_type() == at::kFloat) return adam_cpu_f32(p, g, m, v, c);
-  with_param_type(p, [&](auto element, auto fmt) {
-    using T = decltype(element);
-    constexpr FloatFormat f = decltype(fmt)::get();
-    T* pp = p.mutable_data_ptr<T>();
-    const T* gp = g.const_data_ptr<T>();
-    float* mp = m.mutable_data_ptr<float>();
-    float* vp = v.mutable_data_ptr<float>();
-    at::parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const AdamResult r = adam_update(load(pp, i), load(gp, i), load(mp, i), load(vp, i), c, f);
-        store_value(mp, i, r.m, state_format());
-        store_value(vp, i, r.v, state_format());
-        store_value(pp, i, r.p, f);
-      }
-    });
-  });
-}
-
-__attribute__((target_clones("avx2", "default"))) void sgd_block_f32(
-    const float* __restrict__ p, const float* __restrict__ g, const float* __restrict__ b, int64_t n,
-    const SgdConstants& constants, uint32_t* __restrict__ pb, uint32_t* __restrict__ bb, uint8_t* __restrict__ ok) {
-  const SgdConstants c = constants;
-  const FloatFormat f = state_format();
-  for (int64_t i = 0; i < n; ++i) {
-    NormalRounding r;
-    const double b0 = (b && !c.first_step) ? static_cast<double>(b[i]) : 0.0;
-    const SgdResult res = sgd_update(static_cast<double>(p[i]), static_cast<double>(g[i]), b0, c, f, r);
-    pb[i] = encode_normal_f32(res.p);
-    bb[i] = encode_normal_f32(res.b);
-    ok[i] = r.ok;
+    for (int64_t i = b; i < b + len; ++i) {
+      const AdamResult r = adam_update(load(pp, i), load(gp, i), load(mp, i), load(vp, i), c, f);
+      store_value(mp, i, r.m, state_format());
+      store_value(vp, i, r.v, state_format());
+      store_value(pp, i, r.p, f);
+    }
   }
 }
 
-void sgd_cpu_f32(const at::Tensor& p, const at::Tensor& g, const at::Tensor* b, const SgdConstants& c) {
-  constexpr FloatFormat f = Format<FormatId::kFloat32>::get();
-  float* pp = p.mutable_data_ptr<float>();
-  const float* gp = g.const_data_ptr<float>();
-  float* bp = b ? b->mutable_data_ptr<float>() : nullptr;
-  at::parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
-    uint32_t pbits[kBlock], bbits[kBlock];
-    uint8_t ok[kBlock];
-    for (int64_t blk = begin; blk < end; blk += kBlock) {
-      const int64_t len = std::min(kBlock, end - blk);
-      sgd_block_f32(pp + blk, gp + blk, bp ? bp + blk : nullptr, len, c, pbits, bbits, ok);
-      for (int64_t k = 0; k < len; ++k) {
-        const int64_t i = blk + k;
-        if (ok[k]) {
-          reinterpret_cast<uint32_t*>(pp)[i] = pbits[k];
-          if (bp) reinterpret_cast<uint32_t*>(bp)[i] = bbits[k];
-        } else {
-          const double b0 = (bp && !c.first_step) ? load(bp, i) : 0.0;
-          const SgdResult r = sgd_update(load(pp, i), load(gp, i), b0, c, f);
-          if (bp) store_value(bp, i, r.b, state_format());
-          store_value(pp, i, r.p, f);
-        }
-      }
-    }
+void adam_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+              const AdamConstants& c) {
+  std::vector<int64_t> numels;
+  for (const at::Tensor& p : params) numels.push_back(p.numel());
+  for_pieces(numels, [&](size_t i, int64_t begin, int64_t end) {
+    with_param_type(params[i], [&](auto element, auto fmt) {
+      adam_range<decltype(element), decltype(fmt)>(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], begin, end, c);
+    });
   });
 }
 
-void sgd_cpu(const at::Tensor& p, const at::Tensor& g, const at::Tensor* b, const SgdConstants& c) {
-  if (p.scalar_type() == at::kFloat) return sgd_cpu_f32(p, g, b, c);
-  with_param_type(p, [&](auto element, auto fmt) {
-    using T = decltype(element);
-    constexpr FloatFormat f = decltype(fmt)::get();
-    T* pp = p.mutable_data_ptr<T>();
-    const T* gp = g.const_data_ptr<T>();
-    float* bp = b ? b->mutable_data_ptr<float>() : nullptr;
-    at::parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const double b0 = (bp && !c.first_step) ? load(bp, i) : 0.0;
-        const SgdResult r = sgd_update(load(pp, i), load(gp, i), b0, c, f);
-        if (bp) store_value(bp, i, r.b, state_format());
-        store_value(pp, i, r.p, f);
-      }
+// SgdConstants with its flags fixed at compile time (they hide the base's
+// runtime members), so sgd_update's branches disappear from the loops.
+template <bool kMomentum, bool kFirstStep, bool kNesterov>
+struct SgdFlags : SgdConstants {
+  static constexpr bool has_momentum = kMomentum, first_step = kFirstStep, nesterov = kNesterov;
+  explicit SgdFlags(const SgdConstants& c) : SgdConstants(c) {}
+};
+
+template <typename T, typename F, typename C>
+CARBON_OPTIM_CLONES uint32_t sgd_block(const T* __restrict__ p, const T* __restrict__ g, const float* __restrict__ b,
+                                       int64_t n, const C& constants, Bits<F>* __restrict__ pb,
+                                       uint32_t* __restrict__ bb) {
+  const C c = constants;
+  constexpr FloatFormat f = F::get();
+  uint32_t all_ok = 1;
+  for (int64_t i = 0; i < n; ++i) {
+    NormalRounding r;
+    double b0 = 0.0;
+    if constexpr (C::has_momentum && !C::first_step) b0 = element_value(b[i]);
+    const SgdResult res = sgd_update(element_value(p[i]), element_value(g[i]), b0, c, f, r);
+    pb[i] = encode_exact<F>(res.p);
+    if constexpr (C::has_momentum) bb[i] = encode_exact<F32>(res.b);
+    all_ok &= r.ok;
+  }
+  return all_ok;
+}
+
+template <typename T, typename F, typename C>
+void sgd_range(const at::Tensor& p, const at::Tensor& g, const at::Tensor* b, int64_t begin, int64_t end,
+               const C& c) {
+  constexpr FloatFormat f = F::get();
+  T* pp = p.mutable_data_ptr<T>();
+  const T* gp = g.const_data_ptr<T>();
+  float* bp = C::has_momentum ? b->mutable_data_ptr<float>() : nullptr;
+  Bits<F> pbits[kBlock];
+  uint32_t bbits[kBlock];
+  for (int64_t blk = begin; blk < end; blk += kBlock) {
+    const int64_t len = std::min(kBlock, end - blk);
+    if (sgd_block<T, F>(pp + blk, gp + blk, bp ? bp + blk : nullptr, len, c, pbits, bbits)) {
+      std::memcpy(pp + blk, pbits, len * sizeof(T));
+      if (bp) std::memcpy(bp + blk, bbits, len * sizeof(float));
+      continue;
+    }
+    for (int64_t i = blk; i < blk + len; ++i) {
+      const double b0 = (C::has_momentum && !C::first_step) ? load(bp, i) : 0.0;
+      const SgdResult r = sgd_update(load(pp, i), load(gp, i), b0, c, f);
+      if (bp) store_value(bp, i, r.b, state_format());
+      store_value(pp, i, r.p, f);
+    }
+  }
+}
+
+template <typename C>
+void sgd_cpu_flags(at::TensorList params, at::TensorList grads, at::TensorList buffers, const C& c) {
+  std::vector<int64_t> numels;
+  for (const at::Tensor& p : params) numels.push_back(p.numel());
+  for_pieces(numels, [&](size_t i, int64_t begin, int64_t end) {
+    const at::Tensor* b = C::has_momentum ? &buffers[i] : nullptr;
+    with_param_type(params[i], [&](auto element, auto fmt) {
+      sgd_range<decltype(element), decltype(fmt)>(params[i], grads[i], b, begin, end, c);
     });
   });
+}
+
+void sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList buffers, const SgdConstants& c) {
+  if (!c.has_momentum) return sgd_cpu_flags(params, grads, buffers, SgdFlags<false, false, false>(c));
+  if (c.first_step) {
+    if (c.nesterov) return sgd_cpu_flags(params, grads, buffers, SgdFlags<true, true, true>(c));
+    return sgd_cpu_flags(params, grads, buffers, SgdFlags<true, true, false>(c));
+  }
+  if (c.nesterov) return sgd_cpu_flags(params, grads, buffers, SgdFlags<true, false, true>(c));
+  return sgd_cpu_flags(params, grads, buffers, SgdFlags<true, false, false>(c));
 }
 
 // ---- sum of squares on the CPU: fixed chunks, eight chains per chunk.
 constexpr int64_t kChunk = 8192;
 
 template <typename T>
-double chunk_sum_of_squares(const T* x, int64_t n) {
+CARBON_OPTIM_CLONES double chunk_sum_of_squares(const T* x, int64_t n) {
   double s[kChains] = {};
   int64_t k = 0;
   for (; k + kChains <= n; k += kChains)
@@ -280,6 +345,63 @@ at::Tensor sum_squares_cpu(at::TensorList tensors, bool take_sqrt) {
   return out;
 }
 
+// ---- clip_scale_ on the CPU: g = RN_F(g * coef), in place.
+//
+// coef == 1 (the norm is within max_norm, the common case): g * 1 is g for
+// every value but NaN, and RN_F of a value of F is itself, so the only bits
+// that change are NaNs, which become F's one NaN. A scan finds them (no
+// write at all without them).
+template <typename F>
+CARBON_OPTIM_CLONES uint32_t count_nans(const Bits<F>* __restrict__ x, int64_t n) {
+  constexpr FloatFormat f = F::get();
+  const uint32_t magnitude = (f.total_bits == 32 ? 0xFFFFFFFFu : 0xFFFFu) >> 1;
+  const uint32_t inf = ((1u << (f.total_bits - f.precision)) - 1u) << (f.precision - 1);
+  uint32_t nans = 0;
+  for (int64_t i = 0; i < n; ++i) nans += static_cast<uint32_t>((x[i] & magnitude) > inf);
+  return nans;
+}
+
+// Otherwise the branch-free rounding of a block into temporaries, as in the
+// steps above; a block with a result that is not zero or normal is redone
+// with the exact rounding.
+template <typename T, typename F>
+CARBON_OPTIM_CLONES uint32_t clip_block(const T* __restrict__ x, int64_t n, double coef, Bits<F>* __restrict__ out) {
+  constexpr FloatFormat f = F::get();
+  uint32_t all_ok = 1;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t ok;
+    const double r = round_normal_or_zero(element_value(x[i]) * coef, f, &ok);
+    out[i] = encode_exact<F>(r);
+    all_ok &= ok;
+  }
+  return all_ok;
+}
+
+template <typename T, typename F>
+void clip_range(const at::Tensor& g, int64_t begin, int64_t end, double coef) {
+  constexpr FloatFormat f = F::get();
+  T* gp = g.mutable_data_ptr<T>();
+  Bits<F>* x = reinterpret_cast<Bits<F>*>(gp);
+  Bits<F> out[kBlock];
+  for (int64_t b = begin; b < end; b += kBlock) {
+    const int64_t len = std::min(kBlock, end - b);
+    if (coef == 1.0) {
+      if (count_nans<F>(x + b, len) == 0) continue;
+      for (int64_t i = b; i < b + len; ++i)
+        if (is_nan(decode(x[i], f))) x[i] = static_cast<Bits<F>>(f.nan_bits);
+      continue;
+    }
+    if (clip_block<T, F>(gp + b, len, coef, out)) {
+      std::memcpy(x + b, out, len * sizeof(Bits<F>));
+      continue;
+    }
+    for (int64_t i = b; i < b + len; ++i) {
+      const double scaled = load(gp, i) * coef;
+      store_value(gp, i, round_double(scaled, f), f);
+    }
+  }
+}
+
 }  // namespace
 
 void adam_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
@@ -301,18 +423,17 @@ void adam_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_
   const double lr_wd = lr * weight_decay;
   c.decay = 1.0 - lr_wd;
   c.bias_correction2_sqrt = bias_correction2_sqrt;
-  c.decoupled = decoupled;
-  c.maximize = maximize;
+  c.grad_sign = maximize ? kSignBit : 0;
+  c.decoupled_mask = decoupled ? ~uint64_t{0} : 0;
+  c.l2_mask = (!decoupled && weight_decay != 0.0) ? ~uint64_t{0} : 0;
+  if (params.empty()) return;
+  if (params[0].is_cpu()) return adam_cpu(params, grads, exp_avgs, exp_avg_sqs, c);
+#ifdef CARBON_WITH_CUDA
   for (size_t i = 0; i < params.size(); ++i) {
     if (params[i].numel() == 0) continue;
-    if (params[i].is_cpu()) {
-      adam_cpu(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], c);
-    } else {
-#ifdef CARBON_WITH_CUDA
-      adam_step_cuda(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], c);
-#endif
-    }
+    adam_step_cuda(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], c);
   }
+#endif
 }
 
 void sgd_step_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, double lr,
@@ -327,18 +448,16 @@ void sgd_step_(at::TensorList params, at::TensorList grads, at::TensorList momen
   } else {
     TORCH_CHECK_VALUE(momentum_buffers.empty(), "carbon.", op, ": momentum_buffers must be empty when momentum is 0");
   }
-  const SgdConstants c{lr, momentum, 1.0 - dampening, weight_decay, nesterov, maximize, first_step, has_momentum};
+  const SgdConstants c{lr, momentum, 1.0 - dampening, weight_decay, maximize ? kSignBit : 0, nesterov, first_step,
+                       has_momentum};
+  if (params.empty()) return;
+  if (params[0].is_cpu()) return sgd_cpu(params, grads, momentum_buffers, c);
+#ifdef CARBON_WITH_CUDA
   for (size_t i = 0; i < params.size(); ++i) {
     if (params[i].numel() == 0) continue;
-    const at::Tensor* b = has_momentum ? &momentum_buffers[i] : nullptr;
-    if (params[i].is_cpu()) {
-      sgd_cpu(params[i], grads[i], b, c);
-    } else {
-#ifdef CARBON_WITH_CUDA
-      sgd_step_cuda(params[i], grads[i], b, c);
-#endif
-    }
+    sgd_step_cuda(params[i], grads[i], has_momentum ? &momentum_buffers[i] : nullptr, c);
   }
+#endif
 }
 
 at::Tensor sum_squares(at::TensorList tensors, bool sqrt) {
@@ -377,19 +496,13 @@ void clip_scale_(at::TensorList grads, const at::Tensor& total_norm, double max_
   if (total_norm.is_cpu()) {
     const double total = load(total_norm.const_data_ptr<float>(), 0);
     const double coef = clip_coefficient(total, max_norm, eps);
-    for (const at::Tensor& g : grads) {
-      with_param_type(g, [&](auto element, auto fmt) {
-        using T = decltype(element);
-        constexpr FloatFormat f = decltype(fmt)::get();
-        T* gp = g.mutable_data_ptr<T>();
-        at::parallel_for(0, g.numel(), kGrain, [&](int64_t begin, int64_t end) {
-          for (int64_t i = begin; i < end; ++i) {
-            const double scaled = load(gp, i) * coef;
-            store_value(gp, i, round_double(scaled, f), f);
-          }
-        });
+    std::vector<int64_t> numels;
+    for (const at::Tensor& g : grads) numels.push_back(g.numel());
+    for_pieces(numels, [&](size_t i, int64_t begin, int64_t end) {
+      with_param_type(grads[i], [&](auto element, auto fmt) {
+        clip_range<decltype(element), decltype(fmt)>(grads[i], begin, end, coef);
       });
-    }
+    });
     return;
   }
 #ifdef CARBON_WITH_CUDA

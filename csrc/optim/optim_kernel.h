@@ -25,8 +25,19 @@ struct AdamConstants {
   double weight_decay;     // L2 (Adam): g' = g' + wd * p, only when wd != 0
   double decay;            // AdamW: p0 = p * (1 - lr * wd)
   double bias_correction2_sqrt;
-  bool decoupled, maximize;
+  // The flags as bit masks, which vector lanes can use where a bool
+  // condition stops gcc's vectorizer: kSignBit when maximizing (g' = -g is
+  // a flip of the sign bit), else 0; all ones for AdamW's decay of p (else
+  // 0); all ones for Adam's L2 term (not decoupled and wd != 0, else 0).
+  uint64_t grad_sign, decoupled_mask, l2_mask;
 };
+
+// a where mask is all ones, b where it is 0: a select on the bits, exact.
+CARBON_HD double select_bits(uint64_t mask, double a, double b) {
+  return bits_to_double((double_to_bits(a) & mask) | (double_to_bits(b) & ~mask));
+}
+// -x when sign is kSignBit, x when it is 0 (negation is a flip of the sign bit).
+CARBON_HD double flip_sign(double x, uint64_t sign) { return bits_to_double(double_to_bits(x) ^ sign); }
 
 struct AdamResult {
   double p, m, v;  // each exactly representable in its format (or inf / NaN)
@@ -37,31 +48,32 @@ struct ExactRounding {
   CARBON_HD double operator()(double x, const FloatFormat& f) { return round_double(x, f); }
 };
 
-// The same rounding for values in f's normal range only (branch-free, so
-// CPU loops over it vectorize); `ok` turns false when some value was outside
-// that range, and the caller then recomputes the element with ExactRounding.
+// The same rounding for results that are zero or normal in f only
+// (float_format.h's branch-free round_normal_or_zero, so CPU loops over it
+// vectorize); `ok` turns 0 when some value was outside that set, and the
+// caller then recomputes the element with ExactRounding. A uint32_t, not a
+// bool: it lives in a vector lane next to the doubles.
 struct NormalRounding {
-  bool ok = true;
+  uint32_t ok = 1;
   CARBON_HD double operator()(double x, const FloatFormat& f) {
-    const uint64_t u = double_to_bits(x);
-    const uint64_t mag = u & ~kSignBit;
-    const uint64_t rounded = round_normal_bits(mag, f);
-    ok = ok & (mag >= normal_min_bits(f)) & (rounded < overflow_bits(f));
-    return bits_to_double((u & kSignBit) | rounded);
+    uint32_t x_ok;
+    const double r = round_normal_or_zero(x, f, &x_ok);
+    ok &= x_ok;
+    return r;
   }
 };
 
 template <typename Round = ExactRounding>
 CARBON_HD AdamResult adam_update(double p, double g, double m, double v, const AdamConstants& c,
                                  const FloatFormat& f, Round&& round = Round{}) {
-  // Written with selects (no branches) so that CPU loops vectorize; the
-  // products not selected are discarded.
-  const double g_signed = c.maximize ? -g : g;
+  // Written with selects on bit masks (no branches) so that CPU loops
+  // vectorize; the products not selected are discarded.
+  const double g_signed = flip_sign(g, c.grad_sign);
   const double wp = c.weight_decay * p;
   const double g_l2 = g_signed + wp;
-  const double gp = (!c.decoupled && c.weight_decay != 0.0) ? g_l2 : g_signed;
+  const double gp = select_bits(c.l2_mask, g_l2, g_signed);
   const double p_decayed = p * c.decay;
-  const double p0 = c.decoupled ? p_decayed : p;
+  const double p0 = select_bits(c.decoupled_mask, p_decayed, p);
   const double m_a = c.beta1 * m;
   const double m_b = c.one_minus_beta1 * gp;
   const double m1 = round(m_a + m_b, state_format());
@@ -80,21 +92,24 @@ CARBON_HD AdamResult adam_update(double p, double g, double m, double v, const A
 // Host constants of one SGD step.
 struct SgdConstants {
   double lr, momentum, one_minus_dampening, weight_decay;
-  bool nesterov, maximize, first_step, has_momentum;
+  uint64_t grad_sign;  // kSignBit when maximizing, else 0 (as AdamConstants)
+  bool nesterov, first_step, has_momentum;
 };
 
 struct SgdResult {
   double p, b;
 };
 
-template <typename Round = ExactRounding>
-CARBON_HD SgdResult sgd_update(double p, double g, double b, const SgdConstants& c, const FloatFormat& f,
+// C is SgdConstants, or (CPU loops) a type derived from it whose flags are
+// static constexpr members, so that each combination is a loop without
+// branches. Every branch below depends on those flags only.
+template <typename C, typename Round = ExactRounding>
+CARBON_HD SgdResult sgd_update(double p, double g, double b, const C& c, const FloatFormat& f,
                                Round&& round = Round{}) {
-  double gp = c.maximize ? -g : g;
-  if (c.weight_decay != 0.0) {
-    const double wp = c.weight_decay * p;
-    gp = gp + wp;
-  }
+  const double g_signed = flip_sign(g, c.grad_sign);
+  const double wp = c.weight_decay * p;
+  const double g_l2 = g_signed + wp;
+  const double gp = c.weight_decay != 0.0 ? g_l2 : g_signed;  // a select: wp is discarded when wd == 0
   double d = gp;
   double b1 = b;
   if (c.has_momentum) {

@@ -44,6 +44,38 @@ __attribute__((target_clones("avx2", "default"))) void block_sums(const T* __res
   }
 }
 
+// Tier 1's decision for a block of columns, without branches (so the loop
+// vectorizes), restricted to intervals in f's normal range. It is
+// round_if_decided(s, factor * a) specialized to that range: the interval
+// [s - beta, s + beta], pushed one ulp outwards (next_down / next_up are
+// steps of one in the magnitude's bits), must lie on one side of 0 with both
+// ends rounding to the same normal number of f. Every other column (zeros,
+// subnormals, overflow, non-finite sums, undecided intervals) is flagged in
+// `pending` for scatter_finish. A decided column is RN_f(exact sum), as from
+// scatter_finish, so the tier that decides never shows in the bits.
+template <typename F>
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) uint32_t decide_block(
+    const double* __restrict__ s, const double* __restrict__ a, double factor, int64_t width,
+    typename F::Bits* __restrict__ out, uint8_t* __restrict__ pending) {
+  constexpr FloatFormat f = F::get();
+  uint32_t all_decided = 1;
+  for (int64_t c = 0; c < width; ++c) {
+    const double beta = factor * a[c];
+    const uint64_t lo = double_to_bits(s[c] - beta), hi = double_to_bits(s[c] + beta);
+    const uint64_t mag_lo = lo & ~kSignBit, mag_hi = hi & ~kSignBit;
+    const uint64_t inner = (mag_lo < mag_hi ? mag_lo : mag_hi) - 1;  // one ulp towards 0 (0 wraps: not normal)
+    const uint64_t outer = (mag_lo < mag_hi ? mag_hi : mag_lo) + 1;  // one ulp away from 0
+    const uint64_t r_inner = round_normal_bits(inner, f);
+    const uint32_t decided = static_cast<uint32_t>(((lo ^ hi) & kSignBit) == 0) & rounds_to_normal(inner, f) &
+                             rounds_to_normal(outer, f) & static_cast<uint32_t>(r_inner == round_normal_bits(outer, f));
+    const uint32_t sign = static_cast<uint32_t>(lo >> 63) << (f.total_bits - 1);
+    out[c] = static_cast<typename F::Bits>(sign | encode_normal(r_inner, f));
+    pending[c] = static_cast<uint8_t>(decided ^ 1u);
+    all_decided &= decided;
+  }
+  return all_decided;
+}
+
 template <typename T, typename F>
 void scatter_rows(const T* self, const T* source, const int64_t* order, const int64_t* offsets, int64_t outer,
                   int64_t N, int64_t S, int64_t inner, typename F::Bits* out) {
@@ -51,6 +83,7 @@ void scatter_rows(const T* self, const T* source, const int64_t* order, const in
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(inner, 1));
   at::parallel_for(0, outer * S, grain, [&](int64_t begin, int64_t end) {
     double s[kColumnBlock], a[kColumnBlock];
+    uint8_t pending[kColumnBlock];
     for (int64_t d = begin; d < end; ++d) {
       const int64_t o = d / S, j = d % S;
       const int64_t* seg = order + offsets[j];
@@ -63,7 +96,9 @@ void scatter_rows(const T* self, const T* source, const int64_t* order, const in
         const T* self_row = self ? self + d * inner + c0 : nullptr;
         const T* src = source + o * N * inner + c0;
         block_sums(self_row, src, seg, count, inner, width, s, a);
+        if (decide_block<F>(s, a, factor, width, dst + c0, pending)) continue;
         for (int64_t c = 0; c < width; ++c) {
+          if (!pending[c]) continue;
           const DestinationTerms<T> terms{self_row ? self_row + c : nullptr, src + c, seg, count, inner};
           dst[c0 + c] = static_cast<typename F::Bits>(encode(scatter_finish(terms, s[c], a[c], factor, f), f));
         }
