@@ -124,3 +124,13 @@ def test_single_tensor_argument_and_threads(restore_num_threads):
         p.grad = x.clone()
         results.append((int(as_bits(carbon.nn.utils.clip_grad_norm_(p, 1.0))), as_bits(p.grad).clone()))
     assert results[0][0] == results[1][0] and torch.equal(results[0][1], results[1][1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ordinary_values_take_the_fast_path_and_match_fractions(dtype):
+    # only normal-range values: every block of the CPU scaling loop is decided on its vectorized path
+    from data import generator, random_values
+
+    spread = 3 if dtype == torch.float16 else 12
+    grads = [random_values((1500,), dtype, generator(40 + i), spread=spread) for i in range(2)]
+    check_clip(grads, 1.0)
