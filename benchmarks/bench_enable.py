@@ -70,9 +70,7 @@ class GPT(nn.Module):
         return self.head(self.lnf(x))
 
 
-def make_step(cfg: dict, device: str, mode: str):
-    torch.manual_seed(0)
-    model = GPT(**cfg).to(device)
+def make_step(cfg: dict, device: str, mode: str, model: nn.Module):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     g = torch.Generator(device="cpu").manual_seed(1)
     idx = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["ctx"]), generator=g).to(device)
@@ -104,7 +102,10 @@ def run(device: str, size: str, budget: float) -> None:
     cfg = CONFIGS[size if device == "cuda" or size == "tiny" else "cpu"]
     modes = ["fp32", "tf32", "bf16 autocast", "carbon.enable"] if device == "cuda" else \
         ["fp32", "bf16 autocast", "carbon.enable"]
-    steps = [make_step(cfg, device, m) for m in modes]
+    torch.manual_seed(0)
+    with torch.device(device):  # built on the device (fast on a GPU); every mode trains the same model
+        model = GPT(**cfg)
+    steps = [make_step(cfg, device, m, model) for m in modes]
     times = time_interleaved(steps, device, budget, max_reps=20)
     medians = [statistics.median(t) for t in times]
     base = medians[0]
