@@ -384,7 +384,11 @@ void backward_rows(const NormArgs& a, const at::Tensor& dy_tensor, at::Tensor& d
 
 // ---------------------------------------------------------------- dweight, dbias
 
-constexpr int64_t kColumnBlock = 256;  // columns summed side by side
+// Columns summed side by side. The block width only partitions the columns
+// among tiles: each column's partial is still the sum over its chunk's rows
+// in row order, so the width changes no bit; wide blocks let a tile stream
+// whole rows of x and dy (1024: a 768-wide row is one contiguous read).
+constexpr int64_t kColumnBlock = 1024;
 constexpr int64_t kRowChunk = 512;     // rows per partial sum
 
 // decode_row then the xhat of each element in one pass (the same operations).
