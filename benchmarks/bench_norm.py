@@ -1,6 +1,6 @@
 """carbon.layer_norm / carbon.rms_norm against torch's, side by side.
 
-    python benchmarks/bench_norm.py [--device cpu|cuda|all] [--quick]
+    python benchmarks/bench_norm.py [--device cpu|cuda|all] [--quick] [--threads N]
 
 For each shape and dtype, one run times torch and carbon in interleaved
 rounds (benchmarks/_timing.py): forward, and forward + backward (gradients
@@ -84,7 +84,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
     parser.add_argument("--quick", action="store_true", help="two small cases, forward only")
     parser.add_argument("--budget", type=float, default=1.5, help="seconds of timing per case and op")
+    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave the default)")
     args = parser.parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     devices = ["cpu"] if args.device == "cpu" else (["cuda"] if args.device == "cuda" else ["cpu", "cuda"])
     devices = [d for d in devices if d == "cpu" or torch.cuda.is_available()]
     print(f"torch {torch.__version__}, carbon {carbon.__version__}, {torch.get_num_threads()} CPU threads, load {machine_load()}")

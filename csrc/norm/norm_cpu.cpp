@@ -80,6 +80,51 @@ CARBON_NORM_CLONES void decode_row(const T* x, int64_t n, double* out) {
   for (int64_t k = 0; k < n; ++k) out[k] = element_value(x[k]);
 }
 
+// decode_row then chain_sums in one pass: the same operations in the same
+// order (element k into chain k mod kChains, the tail into chain 0), so the
+// same fp64 sums and the same tier-1 decisions, with the row read once.
+template <typename T>
+CARBON_NORM_CLONES Sums decode_sums(const T* x, int64_t n, double* v) {
+  double s[kChains] = {}, a[kChains] = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains)
+    for (int l = 0; l < kChains; ++l) {
+      const double e = element_value(x[k + l]);
+      v[k + l] = e;
+      s[l] = s[l] + e;
+      a[l] = a[l] + abs_value(e);
+    }
+  for (; k < n; ++k) {
+    const double e = element_value(x[k]);
+    v[k] = e;
+    s[0] = s[0] + e;
+    a[0] = a[0] + abs_value(e);
+  }
+  return {fold_chains(s), fold_chains(a)};
+}
+
+// decode_row then chain_squares(v, 0.0, n) in one pass (same operations,
+// same order, so the same fp64 sum).
+template <typename T>
+CARBON_NORM_CLONES double decode_squares(const T* x, int64_t n, double* v) {
+  double s[kChains] = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains)
+    for (int l = 0; l < kChains; ++l) {
+      const double e = element_value(x[k + l]);
+      v[k + l] = e;
+      const double d = e - 0.0;
+      s[l] = s[l] + d * d;
+    }
+  for (; k < n; ++k) {
+    const double e = element_value(x[k]);
+    v[k] = e;
+    const double d = e - 0.0;
+    s[0] = s[0] + d * d;
+  }
+  return fold_chains(s);
+}
+
 // Exact tier of RN32(sum v / n).
 double exact_mean(const double* v, int64_t n) {
   int64_t limb[kLimbs];
@@ -185,16 +230,50 @@ bool forward_outputs(const double* v, int64_t n, double mu, double rs, const dou
            : forward_outputs_fast<F, false, false, false>(v, n, mu, rs, w, b, out);
 }
 
-// Backward, vectorized: xhat_k and g_k (both float32 values) into xh, g.
-template <bool kRms, bool kW>
-CARBON_NORM_CLONES bool backward_terms_fast(const double* v, const double* d,
-                                                                            int64_t n, double mu, double rs,
-                                                                            const double* w, double* xh, double* g) {
+// Backward, vectorized: decode x and dy, xhat_k and g_k (float32 values, the
+// operations of ln_xhat / rms_xhat and scaled_grad) into xh and g, with
+// chain_sums(g) (layer_norm only) and chain_dot(g, xh) in the same pass: each
+// sum adds element k into chain k mod kChains
+// (the tail into chain 0) in the same order, so the fp64 sums, hence the
+// tier-1 decisions, are the same bits. Returns false if some xhat or g needs
+// the general path (xh, g, gs, gd then unusable: the caller redoes the row).
+template <typename T, bool kRms, bool kW>
+CARBON_NORM_CLONES bool backward_row_fast(const T* x, const T* dy, int64_t n, double mu, double rs,
+                                          const double* w, double* xh, double* g, Sums* gs, Sums* gd) {
   uint64_t bad = 0;
-  for (int64_t k = 0; k < n; ++k) {
-    xh[k] = round_fast<F32>(kRms ? v[k] * rs : (v[k] - mu) * rs, bad);
-    g[k] = kW ? round_fast<F32>(d[k] * w[k], bad) : d[k];
+  double ss[kChains] = {}, sa[kChains] = {}, ds[kChains] = {}, da[kChains] = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains)
+    for (int l = 0; l < kChains; ++l) {
+      const double v = element_value(x[k + l]), d = element_value(dy[k + l]);
+      const double h = round_fast<F32>(kRms ? v * rs : (v - mu) * rs, bad);
+      const double q = kW ? round_fast<F32>(d * w[k + l], bad) : d;
+      xh[k + l] = h;
+      g[k + l] = q;
+      if (!kRms) {
+        ss[l] = ss[l] + q;
+        sa[l] = sa[l] + abs_value(q);
+      }
+      const double p = q * h;
+      ds[l] = ds[l] + p;
+      da[l] = da[l] + abs_value(p);
+    }
+  for (; k < n; ++k) {
+    const double v = element_value(x[k]), d = element_value(dy[k]);
+    const double h = round_fast<F32>(kRms ? v * rs : (v - mu) * rs, bad);
+    const double q = kW ? round_fast<F32>(d * w[k], bad) : d;
+    xh[k] = h;
+    g[k] = q;
+    if (!kRms) {
+      ss[0] = ss[0] + q;
+      sa[0] = sa[0] + abs_value(q);
+    }
+    const double p = q * h;
+    ds[0] = ds[0] + p;
+    da[0] = da[0] + abs_value(p);
   }
+  if (!kRms) *gs = {fold_chains(ss), fold_chains(sa)};
+  *gd = {fold_chains(ds), fold_chains(da)};
   return bad == 0;
 }
 
@@ -226,13 +305,12 @@ void forward_rows(const NormArgs& a, at::Tensor& y_tensor) {
   at::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
     std::vector<double> v(n);
     for (int64_t r = begin; r < end; ++r) {
-      decode_row(x + r * n, n, v.data());
       double mu = 0.0, var;
       if (a.rms) {
-        if (!mean_of_squares_fast(chain_squares(v.data(), 0.0, n), n, depth, 0, &var))
+        if (!mean_of_squares_fast(decode_squares(x + r * n, n, v.data()), n, depth, 0, &var))
           var = exact_mean_dot(v.data(), v.data(), n);
       } else {
-        const Sums s = chain_sums(v.data(), n);
+        const Sums s = decode_sums(x + r * n, n, v.data());
         if (!mean_fast(s.sum, s.abs_sum, n, depth, &mu)) mu = exact_mean(v.data(), n);
         if (!is_finite(mu))  // a row with an inf or a NaN
           var = canonical_nan();
@@ -270,24 +348,26 @@ void backward_rows(const NormArgs& a, const at::Tensor& dy_tensor, at::Tensor& d
     std::vector<double> xv(n), dv(n), xh(n), g(n);
     for (int64_t r = begin; r < end; ++r) {
       const double mu = a.rms ? 0.0 : load32(mean + r), rs = load32(rstd + r);
-      decode_row(x + r * n, n, xv.data());
-      decode_row(dy + r * n, n, dv.data());
-      const bool fast = a.rms ? (w ? backward_terms_fast<true, true>(xv.data(), dv.data(), n, mu, rs, w, xh.data(), g.data())
-                                   : backward_terms_fast<true, false>(xv.data(), dv.data(), n, mu, rs, w, xh.data(), g.data()))
-                              : (w ? backward_terms_fast<false, true>(xv.data(), dv.data(), n, mu, rs, w, xh.data(), g.data())
-                                   : backward_terms_fast<false, false>(xv.data(), dv.data(), n, mu, rs, w, xh.data(), g.data()));
-      if (!fast) {
+      const T* xr = x + r * n;
+      const T* dr = dy + r * n;
+      Sums s, p;
+      const bool fast =
+          a.rms ? (w ? backward_row_fast<T, true, true>(xr, dr, n, mu, rs, w, xh.data(), g.data(), &s, &p)
+                     : backward_row_fast<T, true, false>(xr, dr, n, mu, rs, w, xh.data(), g.data(), &s, &p))
+                : (w ? backward_row_fast<T, false, true>(xr, dr, n, mu, rs, w, xh.data(), g.data(), &s, &p)
+                     : backward_row_fast<T, false, false>(xr, dr, n, mu, rs, w, xh.data(), g.data(), &s, &p));
+      if (!fast) {  // the general path, then the sums as before
+        decode_row(xr, n, xv.data());
+        decode_row(dr, n, dv.data());
         for (int64_t k = 0; k < n; ++k) {
           xh[k] = a.rms ? rms_xhat(xv[k], rs) : ln_xhat(xv[k], mu, rs);
           g[k] = scaled_grad(dv[k], w ? w + k : nullptr);
         }
+        if (!a.rms) s = chain_sums(g.data(), n);
+        p = chain_dot(g.data(), xh.data(), n);
       }
       double A = 0.0, B;
-      if (!a.rms) {
-        const Sums s = chain_sums(g.data(), n);
-        if (!mean_fast(s.sum, s.abs_sum, n, depth, &A)) A = exact_mean(g.data(), n);
-      }
-      const Sums p = chain_dot(g.data(), xh.data(), n);
+      if (!a.rms && !mean_fast(s.sum, s.abs_sum, n, depth, &A)) A = exact_mean(g.data(), n);
       if (!mean_fast(p.sum, p.abs_sum, n, depth, &B)) B = exact_mean_dot(g.data(), xh.data(), n);
       auto* out = dx + r * n;
       if (a.rms ? backward_outputs_fast<F, true>(xh.data(), g.data(), n, A, B, rs, out)
@@ -304,32 +384,41 @@ void backward_rows(const NormArgs& a, const at::Tensor& dy_tensor, at::Tensor& d
 
 // ---------------------------------------------------------------- dweight, dbias
 
-constexpr int64_t kColumnBlock = 256;  // columns summed side by side
+// Columns summed side by side. The block width only partitions the columns
+// among tiles: each column's partial is still the sum over its chunk's rows
+// in row order, so the width changes no bit; wide blocks let a tile stream
+// whole rows of x and dy (1024: a 768-wide row is one contiguous read).
+constexpr int64_t kColumnBlock = 1024;
 constexpr int64_t kRowChunk = 512;     // rows per partial sum
 
-template <bool kRms>
-CARBON_NORM_CLONES bool tile_xhat_fast(const double* v, int64_t width, double mu,
-                                                                       double rs, double* xh) {
+// decode_row then the xhat of each element in one pass (the same operations).
+template <typename T, bool kRms>
+CARBON_NORM_CLONES bool tile_xhat_fast(const T* x, int64_t width, double mu, double rs, double* xh) {
   uint64_t bad = 0;
-  for (int64_t j = 0; j < width; ++j) xh[j] = round_fast<F32>(kRms ? v[j] * rs : (v[j] - mu) * rs, bad);
+  for (int64_t j = 0; j < width; ++j) {
+    const double v = element_value(x[j]);
+    xh[j] = round_fast<F32>(kRms ? v * rs : (v - mu) * rs, bad);
+  }
   return bad == 0;
 }
 
-// s[j] += d[j] * m[j] (m null: d[j]), a[j] += |same| (exact products).
-CARBON_NORM_CLONES void tile_accumulate(const double* __restrict__ d,
-                                                                        const double* __restrict__ m, int64_t width,
-                                                                        double* __restrict__ s,
-                                                                        double* __restrict__ a) {
-  if (m) {
-    for (int64_t j = 0; j < width; ++j) {
-      const double p = d[j] * m[j];
-      s[j] = s[j] + p;
-      a[j] = a[j] + abs_value(p);
+// decode_row of dy, then sw[j] += d[j] * xh[j], aw[j] += |same| (kW) and
+// sb[j] += d[j], ab[j] += |d[j]| (kB), in one pass: per column the same
+// additions in the same (row) order as before, so the same partial sums.
+template <typename T, bool kW, bool kB>
+CARBON_NORM_CLONES void tile_accumulate(const T* __restrict__ dy, const double* __restrict__ xh, int64_t width,
+                                        double* __restrict__ sw, double* __restrict__ aw, double* __restrict__ sb,
+                                        double* __restrict__ ab) {
+  for (int64_t j = 0; j < width; ++j) {
+    const double d = element_value(dy[j]);
+    if (kW) {
+      const double p = d * xh[j];
+      sw[j] = sw[j] + p;
+      aw[j] = aw[j] + abs_value(p);
     }
-  } else {
-    for (int64_t j = 0; j < width; ++j) {
-      s[j] = s[j] + d[j];
-      a[j] = a[j] + abs_value(d[j]);
+    if (kB) {
+      sb[j] = sb[j] + d;
+      ab[j] = ab[j] + abs_value(d);
     }
   }
 }
@@ -343,17 +432,22 @@ void column_tile(const NormArgs& a, const T* x, const T* dy, int64_t r0, int64_t
   const float* mean = a.rms ? nullptr : a.mean.const_data_ptr<float>();
   const float* rstd = a.rstd.const_data_ptr<float>();
   for (int64_t j = 0; j < width; ++j) sw[j] = aw[j] = sb[j] = ab[j] = 0.0;
-  double xv[kColumnBlock], dv[kColumnBlock], xh[kColumnBlock];
+  double xh[kColumnBlock];
   for (int64_t r = r0; r < r0 + count; ++r) {
-    decode_row(dy + r * n + j0, width, dv);
+    const T* dr = dy + r * n + j0;
     if (want_w) {
+      const T* xr = x + r * n + j0;
       const double mu = a.rms ? 0.0 : load32(mean + r), rs = load32(rstd + r);
-      decode_row(x + r * n + j0, width, xv);
-      if (!(a.rms ? tile_xhat_fast<true>(xv, width, mu, rs, xh) : tile_xhat_fast<false>(xv, width, mu, rs, xh)))
-        for (int64_t j = 0; j < width; ++j) xh[j] = a.rms ? rms_xhat(xv[j], rs) : ln_xhat(xv[j], mu, rs);
-      tile_accumulate(dv, xh, width, sw, aw);
+      if (!(a.rms ? tile_xhat_fast<T, true>(xr, width, mu, rs, xh) : tile_xhat_fast<T, false>(xr, width, mu, rs, xh)))
+        for (int64_t j = 0; j < width; ++j)
+          xh[j] = a.rms ? rms_xhat(element_value(xr[j]), rs) : ln_xhat(element_value(xr[j]), mu, rs);
+      if (want_b)
+        tile_accumulate<T, true, true>(dr, xh, width, sw, aw, sb, ab);
+      else
+        tile_accumulate<T, true, false>(dr, xh, width, sw, aw, sb, ab);
+    } else if (want_b) {
+      tile_accumulate<T, false, true>(dr, xh, width, sw, aw, sb, ab);
     }
-    if (want_b) tile_accumulate(dv, nullptr, width, sb, ab);
   }
 }
 
