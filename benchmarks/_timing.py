@@ -48,3 +48,12 @@ def machine_load() -> str:
         return "/".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         return "n/a"
+
+
+def print_report(lines: List[str], ratios: List[str]) -> int:
+    """Print a benchmark's table, then its RATIO lines (the summary device_check
+    greps); returns 0, the benchmark's exit status."""
+    print("\n".join(lines))
+    print()
+    print("\n".join(ratios))
+    return 0

@@ -28,7 +28,7 @@ except ImportError:  # run from a checkout without an install
     import carbon
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import machine_load, time_interleaved  # noqa: E402
+from _timing import machine_load, print_report, time_interleaved  # noqa: E402
 
 F = torch.nn.functional
 # name: (carbon fn, torch fn, fp64 reference on one float, input transform)
@@ -104,10 +104,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 if ok != total:
                     print(f"ERROR: carbon.{name} disagrees with the fp64 reference on {device} {case}")
                     return 2
-    print("\n".join(lines))
-    print()
-    print("\n".join(ratios))
-    return 0
+    return print_report(lines, ratios)
 
 
 if __name__ == "__main__":

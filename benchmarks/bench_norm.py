@@ -30,7 +30,7 @@ except ImportError:  # run from a checkout without an install
     import carbon
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import machine_load, time_interleaved  # noqa: E402
+from _timing import machine_load, print_report, time_interleaved  # noqa: E402
 
 Case = Tuple[int, int, torch.dtype]  # rows, n, dtype
 
@@ -107,10 +107,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                              f"{r['carbon'] / r['torch']:.2f}x {fb}| {r['gbps']:.1f} | {share} |")
                 ratios.append(f"RATIO {device} {r['op']} {r['case']} carbon/torch = {r['carbon'] / r['torch']:.2f}"
                               + (f" (copy share {100 * r['copy_share']:.0f}%, target >= 70%)" if "copy_share" in r else ""))
-    print("\n".join(lines))
-    print()
-    print("\n".join(ratios))
-    return 0
+    return print_report(lines, ratios)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ except ImportError:  # run from a checkout without an install
     import carbon
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import machine_load, time_interleaved  # noqa: E402
+from _timing import machine_load, print_report, time_interleaved  # noqa: E402
 
 from carbon.reference import correctly_rounded_reference, count_correctly_rounded  # noqa: E402
 
@@ -120,10 +120,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             if total and ok != total:
                 print(f"ERROR: carbon.sum not correctly rounded for {r['case']} on {device}")
                 return 2
-    print("\n".join(lines))
-    print()
-    print("\n".join(ratios))
-    return 0
+    return print_report(lines, ratios)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ except ImportError:  # run from a checkout without an install
     import carbon
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import machine_load, time_interleaved  # noqa: E402
+from _timing import machine_load, print_report, time_interleaved  # noqa: E402
 
 
 def zipf_tokens(n: int, vocab: int, g: torch.Generator) -> torch.Tensor:
@@ -72,10 +72,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 ratio = r["carbon"] / r["torch"]
                 lines.append(f"| {device} | {r['op']} | {r['case']} | {r['torch']:.3f} | {r['carbon']:.3f} | {ratio:.2f}x |")
                 ratios.append(f"RATIO {device} {r['op']} {r['case']} carbon/torch = {ratio:.2f} (target <= 1.5)")
-    print("\n".join(lines))
-    print()
-    print("\n".join(ratios))
-    return 0
+    return print_report(lines, ratios)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ except ImportError:  # run from a checkout without an install
     import carbon
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import machine_load, time_interleaved  # noqa: E402
+from _timing import machine_load, print_report, time_interleaved  # noqa: E402
 
 Case = Tuple[str, Tuple[int, ...], torch.dtype]  # op, shape, dtype
 
@@ -126,10 +126,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             lines.append(f"| {device} | {r['case']} | {r['torch_fwd']:.3f} | {r['carbon_fwd']:.3f} | {fwd:.2f}x "
                          f"| {r['torch_train']:.3f} | {r['carbon_train']:.3f} | {train:.2f}x |")
             ratios.append(f"RATIO {device} {r['case']} carbon/torch fwd = {fwd:.2f}, fwd+bwd = {train:.2f}")
-    print("\n".join(lines))
-    print()
-    print("\n".join(ratios))
-    return 0
+    return print_report(lines, ratios)
 
 
 if __name__ == "__main__":

@@ -237,7 +237,7 @@ def _bmm(a: dict) -> Tensor:
     return carbon_ops.bmm(x, y) if _float_mm("bmm", x, y) else PASS
 
 
-def _add_product(op: str, bias: Tensor, product: Callable[[], Tensor], fused: Callable[[], Tensor],
+def _add_product(bias: Tensor, product: Callable[[], Tensor], fused: Callable[[], Tensor],
                  beta: Any, alpha: Any) -> Tensor:
     if beta == 1 and alpha == 1:
         return fused()
@@ -254,7 +254,7 @@ def _biased_product(name: str, first: str, second: str, product: Callable, fused
         if not _float_mm(name, x, y):
             return PASS
         _need_carbon_dtype(name, bias)
-        return _add_product(name, bias, lambda: product(x, y), lambda: fused(bias, x, y), a["beta"], a["alpha"])
+        return _add_product(bias, lambda: product(x, y), lambda: fused(bias, x, y), a["beta"], a["alpha"])
     return handler
 
 

@@ -27,7 +27,7 @@ that error is re-raised as a :class:`CollectiveError` naming the rank.
 from __future__ import annotations
 
 import enum
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist

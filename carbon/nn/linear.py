@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from carbon.nn._twin import shared_twin
 from carbon.ops import linear
 
 
@@ -21,13 +22,4 @@ class Linear(torch.nn.Linear):
     def from_torch(cls, module: torch.nn.Linear) -> "Linear":
         """A carbon.nn.Linear that *shares* ``module``'s parameters (no copy,
         so an optimizer built on them keeps working)."""
-        if not isinstance(module, torch.nn.Linear):
-            raise TypeError(f"Linear.from_torch expects a torch.nn.Linear, got {type(module).__name__}")
-        twin = cls.__new__(cls)
-        torch.nn.Module.__init__(twin)
-        twin.in_features = module.in_features
-        twin.out_features = module.out_features
-        twin.register_parameter("weight", module.weight)
-        twin.register_parameter("bias", module.bias)
-        twin.train(module.training)
-        return twin
+        return shared_twin(cls, module, torch.nn.Linear, ("in_features", "out_features"), ("weight", "bias"))

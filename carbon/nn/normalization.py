@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from carbon.nn._twin import shared_twin
 from carbon.norm import layer_norm, rms_norm
 
 
@@ -19,17 +20,8 @@ class LayerNorm(torch.nn.LayerNorm):
     @classmethod
     def from_torch(cls, module: torch.nn.LayerNorm) -> "LayerNorm":
         """A carbon.nn.LayerNorm that *shares* ``module``'s parameters."""
-        if not isinstance(module, torch.nn.LayerNorm):
-            raise TypeError(f"LayerNorm.from_torch expects a torch.nn.LayerNorm, got {type(module).__name__}")
-        twin = cls.__new__(cls)
-        torch.nn.Module.__init__(twin)
-        twin.normalized_shape = module.normalized_shape
-        twin.eps = module.eps
-        twin.elementwise_affine = module.elementwise_affine
-        twin.register_parameter("weight", module.weight)
-        twin.register_parameter("bias", module.bias)
-        twin.train(module.training)
-        return twin
+        return shared_twin(cls, module, torch.nn.LayerNorm, ("normalized_shape", "eps", "elementwise_affine"),
+                           ("weight", "bias"))
 
 
 class RMSNorm(torch.nn.RMSNorm):
@@ -43,13 +35,5 @@ class RMSNorm(torch.nn.RMSNorm):
     @classmethod
     def from_torch(cls, module: torch.nn.RMSNorm) -> "RMSNorm":
         """A carbon.nn.RMSNorm that *shares* ``module``'s parameters."""
-        if not isinstance(module, torch.nn.RMSNorm):
-            raise TypeError(f"RMSNorm.from_torch expects a torch.nn.RMSNorm, got {type(module).__name__}")
-        twin = cls.__new__(cls)
-        torch.nn.Module.__init__(twin)
-        twin.normalized_shape = module.normalized_shape
-        twin.eps = module.eps
-        twin.elementwise_affine = module.elementwise_affine
-        twin.register_parameter("weight", module.weight)
-        twin.train(module.training)
-        return twin
+        return shared_twin(cls, module, torch.nn.RMSNorm, ("normalized_shape", "eps", "elementwise_affine"),
+                           ("weight",))

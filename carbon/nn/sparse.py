@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from carbon.nn._twin import shared_twin
 from carbon.scatter import embedding
 
 
@@ -33,14 +34,7 @@ class Embedding(torch.nn.Embedding):
     @classmethod
     def from_torch(cls, module: torch.nn.Embedding) -> "Embedding":
         """A carbon.nn.Embedding that *shares* ``module``'s weight (no copy)."""
-        if not isinstance(module, torch.nn.Embedding):
-            raise TypeError(f"Embedding.from_torch expects a torch.nn.Embedding, got {type(module).__name__}")
-        twin = cls.__new__(cls)
-        torch.nn.Module.__init__(twin)
-        for name in ("num_embeddings", "embedding_dim", "padding_idx", "max_norm", "norm_type",
-                     "scale_grad_by_freq", "sparse"):
-            setattr(twin, name, getattr(module, name))
+        twin = shared_twin(cls, module, torch.nn.Embedding, ("num_embeddings", "embedding_dim", "padding_idx",
+                           "max_norm", "norm_type", "scale_grad_by_freq", "sparse"), ("weight",))
         twin._check_options()
-        twin.register_parameter("weight", module.weight)
-        twin.train(module.training)
         return twin

@@ -61,6 +61,14 @@ def _check_unsupported(cls: str, options: Dict[str, Any], implementation_flags: 
                              f"per parameter group; leave {key}=None)")
 
 
+def _closure_loss(closure: Optional[Callable[[], float]]) -> Optional[float]:
+    """torch.optim's step(closure): re-evaluate the loss with gradients on."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 def _name_of(optimizer: Any) -> Tuple[str, bool]:
     """(name for messages, whether it is one of carbon's own classes)."""
     own = getattr(optimizer, "_name", None)
@@ -121,10 +129,7 @@ class Adam(_KeepFloat32States, torch.optim.Adam):
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         name, own = _name_of(self)
         for group in self.param_groups:
             _check_unsupported(name, group, own)
@@ -189,10 +194,7 @@ class SGD(_KeepFloat32States, torch.optim.SGD):
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         name, own = _name_of(self)
         for group in self.param_groups:
             _check_unsupported(name, group, own)
