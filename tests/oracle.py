@@ -445,31 +445,31 @@ def _special_bits(s: RowSum, f: Format) -> Optional[int]:
     return None
 
 
-def row_sum_bits(values: Sequence[float], dtype: torch.dtype) -> int:
-    """Unsigned bits of RN_dtype(exact sum of values), with the rules of the contract."""
+def row_quotient_bits(values: Sequence[float], divisor: int, dtype: torch.dtype) -> int:
+    """Unsigned bits of RN_dtype(exact sum of values / divisor): ONE rounding of
+    the exact quotient, with the rules of the contract. divisor 0 -> NaN;
+    inf / divisor = inf; an exact zero sum -> the sum's zero (-0 only if every
+    term is -0)."""
     f = fmt_of(dtype)
+    if divisor == 0:
+        return f.nan_bits
     s = row_sum(values)
     special = _special_bits(s, f)
     if special is not None:
         return special
     if s.total == 0:
         return f.sign_bit if (s.n > 0 and s.all_neg_zero) else 0
-    return _round_rational(abs(s.total), 1 << SCALE, s.total < 0, f)
+    return _round_rational(abs(s.total), divisor << SCALE, s.total < 0, f)
+
+
+def row_sum_bits(values: Sequence[float], dtype: torch.dtype) -> int:
+    """Unsigned bits of RN_dtype(exact sum of values)."""
+    return row_quotient_bits(values, 1, dtype)
 
 
 def row_mean_bits(values: Sequence[float], dtype: torch.dtype) -> int:
-    """Unsigned bits of RN_dtype(exact sum / n): ONE rounding of the exact
-    quotient. n = 0 -> NaN; inf / n = inf; an exact zero sum -> the sum's zero."""
-    f = fmt_of(dtype)
-    s = row_sum(values)
-    if s.n == 0:
-        return f.nan_bits
-    special = _special_bits(s, f)
-    if special is not None:
-        return special
-    if s.total == 0:
-        return f.sign_bit if s.all_neg_zero else 0
-    return _round_rational(abs(s.total), s.n << SCALE, s.total < 0, f)
+    """Unsigned bits of RN_dtype(exact sum / n); n = 0 -> NaN."""
+    return row_quotient_bits(values, len(values), dtype)
 
 
 def _reduce_bits(x: torch.Tensor, dim, keepdim: bool, dtype: Optional[torch.dtype], row_fn) -> torch.Tensor:

@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from oracle import (
-    SCALE, _round_rational, _signed, _special_bits, bits_to_float, exact_sum_bits, fmt_of, round_bits,
-    row_mean_bits, row_sum, row_sum_bits,
+    SCALE, _round_rational, _signed, bits_to_float, exact_sum_bits, fmt_of, round_bits,
+    row_mean_bits, row_quotient_bits, row_sum, row_sum_bits,
 )
 
 F32 = torch.float32
@@ -262,18 +262,6 @@ def row_losses(input: torch.Tensor, target: torch.Tensor, ignore_index: int = -1
     return losses
 
 
-def _mean_of_count_bits(values: List[float], count: int, dtype: torch.dtype) -> int:
-    """RN_dtype(exact sum / count): one rounding; NaN for count 0."""
-    f = fmt_of(dtype)
-    if count == 0:
-        return f.nan_bits
-    s = row_sum(values)
-    special = _special_bits(s, f)
-    if special is not None:
-        return special
-    if s.total == 0:
-        return f.sign_bit if (s.n > 0 and s.all_neg_zero) else 0
-    return _round_rational(abs(s.total), count << SCALE, s.total < 0, f)
 
 
 def cross_entropy_bits(input: torch.Tensor, target: torch.Tensor, reduction: str = "mean",
@@ -288,7 +276,7 @@ def cross_entropy_bits(input: torch.Tensor, target: torch.Tensor, reduction: str
     if reduction == "sum":
         return torch.tensor(_signed(row_sum_bits(losses, dtype), f), dtype=f.bits_dtype)
     count = sum(1 for t in target.reshape(-1).tolist() if t != ignore_index)
-    return torch.tensor(_signed(_mean_of_count_bits(losses, count, dtype), f), dtype=f.bits_dtype)
+    return torch.tensor(_signed(row_quotient_bits(losses, count, dtype), f), dtype=f.bits_dtype)
 
 
 def cross_entropy_grad_bits(input: torch.Tensor, target: torch.Tensor, grad: torch.Tensor, reduction: str = "mean",

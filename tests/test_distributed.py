@@ -1,5 +1,5 @@
 """carbon.distributed (docs/distributed.md): exact all-reduce, reduce-scatter
-and the DDP hook over gloo with 3 ranks, against Fraction arithmetic and a
+and the DDP hook over gloo with 3 ranks, against the exact integer oracle and a
 single-process exact reference; carbon.data.DeterministicSampler against the
 Philox reference. One spawn (tests/distributed_worker.py) runs all rank-side
 scenarios."""
@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-from fractions import Fraction
 
 import pytest
 import torch
@@ -19,7 +18,7 @@ from torch.utils.data.distributed import DistributedSampler
 from carbon.data import DeterministicSampler
 from tests import distributed_worker as worker
 from tests import philox_reference
-from tests.oracle import fmt_of, round_bits
+from tests.oracle import fmt_of, row_quotient_bits
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 
@@ -49,16 +48,10 @@ def _signed(b: int, dtype: torch.dtype) -> int:
 
 
 def _oracle(values_per_rank, dtype, mean: bool):
-    """Bits of RN(sum) or RN(sum / W) per column, from Fractions."""
-    cols = zip(*[v.tolist() for v in values_per_rank])
-    out = []
-    for col in cols:
-        total = sum(Fraction(v) for v in col)
-        if total == 0 and all(v == 0 and str(v).startswith("-") for v in col):
-            out.append(_signed(fmt_of(dtype).sign_bit, dtype))  # -0 + -0 + -0 = -0
-            continue
-        out.append(_signed(round_bits(total / len(col) if mean else total, dtype), dtype))
-    return out
+    """Bits of RN(sum) or RN(sum / W) per column, by the integer oracle."""
+    world = len(values_per_rank)
+    return [_signed(row_quotient_bits(list(col), world if mean else 1, dtype), dtype)
+            for col in zip(*[v.tolist() for v in values_per_rank])]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
