@@ -42,6 +42,8 @@ FUNCTIONS: Dict[str, Tuple[Callable, Callable, Callable]] = {
     "gelu_tanh": (lambda x: carbon.gelu(x, approximate="tanh"), lambda x: F.gelu(x, approximate="tanh"),
                   lambda v: v / (1 + math.exp(-2 * math.sqrt(2 / math.pi) * (v + 0.044715 * v**3)))),
     "silu": (carbon.silu, F.silu, lambda v: v / (1 + math.exp(-v))),
+    "sin": (carbon.sin, torch.sin, math.sin),
+    "cos": (carbon.cos, torch.cos, math.cos),
 }
 CPU_SIZES: List[Tuple[int, ...]] = [(1 << 16,), (1 << 22,), (4096, 3072)]
 CUDA_SIZES: List[Tuple[int, ...]] = [(4096, 3072), (1 << 26,)]

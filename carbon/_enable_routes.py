@@ -159,12 +159,21 @@ def _lerp(a: dict) -> Tensor:
 def _pow(a: dict) -> Any:
     """Integer exponents as products in a fixed order (binary exponentiation
     from the lowest bit, each product rounded: carbon.optim.power's order);
-    0.5 as sqrt; a negative exponent as 1 / x^|n|."""
+    0.5 as sqrt; a negative exponent as 1 / x^|n|. Other number exponents,
+    and a number base with a tensor exponent (e.g. rotary embeddings'
+    base ** (arange / dim)): carbon's pow, RN(exp(p log x)) from binary64 cores."""
     x, e = a["self"], a["exponent"]
     if isinstance(x, Tensor) and not x.is_floating_point() and not _floating(e):
         return PASS
-    if isinstance(e, Tensor) or not isinstance(x, Tensor):
-        raise NotCovered("pow with a tensor exponent: carbon has no correctly rounded pow")
+    if isinstance(e, Tensor) and not isinstance(x, Tensor):
+        if not e.is_floating_point():
+            raise NotCovered("pow of a number to an integer tensor exponent")
+        _need_carbon_dtype("pow", e)
+        return carbon_ops.pow_scalar_tensor(float(x), e)
+    if isinstance(e, Tensor):
+        raise NotCovered("pow with a tensor base and a tensor exponent")
+    if not x.is_floating_point():  # an integer tensor to a float power: torch's result dtype, converted first
+        x = aten._to_copy(x, dtype=torch.get_default_dtype())
     if e == 0.5:
         return aten.sqrt(x)
     if float(e).is_integer() and abs(e) <= 64:
@@ -178,7 +187,8 @@ def _pow(a: dict) -> Any:
                 base = aten.mul(base, base)
         result = aten.ones_like(x) if result is None else aten.clone(result)
         return true_divide(aten.ones_like(x), result) if e < 0 else result
-    raise NotCovered(f"pow with exponent {e}: carbon covers integer exponents up to 64 and 0.5 exactly")
+    _need_carbon_dtype("pow", x)
+    return carbon_ops.pow_tensor_scalar(x, float(e))
 
 
 def _mse_loss(a: dict) -> Tensor:
@@ -647,6 +657,7 @@ ROUTES: Dict[str, Callable] = {
     "exp": _unary("exp", carbon_ops.exp), "log": _unary("log", carbon_ops.log),
     "tanh": _unary("tanh", carbon_ops.tanh), "sigmoid": _unary("sigmoid", carbon_ops.sigmoid),
     "erf": _unary("erf", carbon_ops.erf), "silu": _unary("silu", carbon_ops.silu),
+    "sin": _unary("sin", carbon_ops.sin), "cos": _unary("cos", carbon_ops.cos),
     "gelu": _gelu, "gelu_backward": _gelu_backward, "silu_backward": _silu_backward,
     "tanh_backward": _tanh_backward, "sigmoid_backward": _sigmoid_backward,
     # single IEEE operations, spelled out so that no device fuses them

@@ -245,11 +245,11 @@ def _attention_logits_fake(scores: Tensor, scale: float, mask: Optional[Tensor] 
             )
     return torch.empty_like(scores, memory_format=torch.contiguous_format)
 # ---------------------------------------------------------------------------
-# Elementwise math (exp, log, tanh, sigmoid, erf, gelu, silu, their backward).
+# Elementwise math (exp, log, tanh, sigmoid, erf, gelu, silu, sin, cos, their backward).
 # Same checks as csrc/elementwise/elementwise.cpp. Self-contained section.
 # ---------------------------------------------------------------------------
 
-ELEMENTWISE_FUNCTIONS = ("exp", "log", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "silu")
+ELEMENTWISE_FUNCTIONS = ("exp", "log", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "silu", "sin", "cos")
 
 
 def _elementwise_fake(op: str, x: Tensor) -> Tensor:
@@ -258,11 +258,23 @@ def _elementwise_fake(op: str, x: Tensor) -> Tensor:
 
 
 def _register_elementwise_fakes() -> None:
-    for name in ("exp", "log", "tanh", "sigmoid", "erf", "silu"):
+    for name in ("exp", "log", "tanh", "sigmoid", "erf", "silu", "sin", "cos"):
         torch.library.register_fake(f"carbon::{name}")(lambda x, _name=name: _elementwise_fake(_name, x))
 
 
 _register_elementwise_fakes()
+
+
+@torch.library.register_fake("carbon::pow_tensor_scalar")
+def _pow_tensor_scalar_fake(x: Tensor, exponent: float) -> Tensor:
+    _check_dtype("pow_tensor_scalar", "x", x)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("carbon::pow_scalar_tensor")
+def _pow_scalar_tensor_fake(base: float, exponent: Tensor) -> Tensor:
+    _check_dtype("pow_scalar_tensor", "exponent", exponent)
+    return torch.empty_like(exponent, memory_format=torch.contiguous_format)
 
 
 @torch.library.register_fake("carbon::gelu")
@@ -276,7 +288,7 @@ def _gelu_fake(x: Tensor, approximate: str = "none") -> Tensor:
 def _elementwise_backward_fake(grad: Tensor, x: Tensor, fn: str) -> Tensor:
     op = "elementwise_backward"
     if fn not in ELEMENTWISE_FUNCTIONS:
-        raise ValueError(f"carbon.{op}: unknown function '{fn}'; expected exp, log, tanh, sigmoid, erf, gelu, gelu_tanh or silu")
+        raise ValueError(f"carbon.{op}: unknown function '{fn}'; expected exp, log, tanh, sigmoid, erf, gelu, gelu_tanh, silu, sin or cos")
     _check_dtype(op, "x", x)
     _check_dtype(op, "grad", grad)
     if grad.dtype != x.dtype:

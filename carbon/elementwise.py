@@ -1,4 +1,4 @@
-"""Carbon's elementwise math: exp, log, tanh, sigmoid, erf, gelu, silu.
+"""Carbon's elementwise math: exp, log, tanh, sigmoid, erf, gelu, silu, sin, cos.
 
 Each returns, elementwise and in the input's dtype (float32, bfloat16 or
 float16), ONE rounding (to nearest, ties to even) of an fp64 evaluation of
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu"]
+__all__ = ["exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu", "sin", "cos"]
 
 
 def exp(x: Tensor) -> Tensor:
@@ -55,3 +55,17 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
 def silu(x: Tensor) -> Tensor:
     """SiLU (swish) x * sigmoid(x), elementwise. silu(-inf) = -0."""
     return torch.ops.carbon.silu(x)
+
+
+def sin(x: Tensor) -> Tensor:
+    """Sine, elementwise (odd: keeps the sign of zero; NaN at +-inf). The
+    argument is reduced modulo pi/2 exactly (with 128 bits of 2/pi), so the
+    result is as accurate for x = 1e30 as for x = 1 (torch's float32 sin is
+    not, and differs between CPU and GPU)."""
+    return torch.ops.carbon.sin(x)
+
+
+def cos(x: Tensor) -> Tensor:
+    """Cosine, elementwise (even; NaN at +-inf), with sin's exact argument
+    reduction."""
+    return torch.ops.carbon.cos(x)

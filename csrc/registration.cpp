@@ -6,8 +6,9 @@
 
 #include "attention/attention.h"
 #include "convert/round_to.h"
-// ---- elementwise math (exp, log, tanh, sigmoid, erf, gelu, silu) ----
+// ---- elementwise math (exp, log, tanh, sigmoid, erf, gelu, silu, sin, cos) ----
 #include "elementwise/elementwise.h"
+#include "elementwise/pow.h"
 // ---- end elementwise math ----
 #include "matmul/matmul.h"
 #include "norm/norm.h"
@@ -56,6 +57,10 @@ TORCH_LIBRARY(carbon, m) {
   m.def("erf(Tensor x) -> Tensor");
   m.def("gelu(Tensor x, str approximate='none') -> Tensor");
   m.def("silu(Tensor x) -> Tensor");
+  m.def("sin(Tensor x) -> Tensor");
+  m.def("cos(Tensor x) -> Tensor");
+  m.def("pow_tensor_scalar(Tensor x, float exponent) -> Tensor");
+  m.def("pow_scalar_tensor(float base, Tensor exponent) -> Tensor");
   m.def("elementwise_backward(Tensor grad, Tensor x, str fn) -> Tensor");
   // ---- end elementwise math ----
 
@@ -133,6 +138,10 @@ void bind_kernels(torch::Library& m) {
   m.impl("erf", &carbon::erf_op);
   m.impl("gelu", &carbon::gelu_op);
   m.impl("silu", &carbon::silu_op);
+  m.impl("sin", &carbon::sin_op);
+  m.impl("cos", &carbon::cos_op);
+  m.impl("pow_tensor_scalar", &carbon::pow_tensor_scalar);
+  m.impl("pow_scalar_tensor", &carbon::pow_scalar_tensor);
   m.impl("elementwise_backward", &carbon::elementwise_backward);
   // ---- end elementwise math ----
   // ---- normalization

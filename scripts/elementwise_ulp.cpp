@@ -7,6 +7,7 @@
 // cancellation. Built and run by scripts/elementwise_ulp.py.
 //
 //   elementwise_ulp [--functions a,b,...] [--stride k]
+//   elementwise_ulp --sincos-reduction   (smallest reduced argument of sin/cos)
 //
 // Per function it prints: the max error in ulps of float32 (as a real number,
 // measured against the long double reference), the input where it occurs, the
@@ -67,13 +68,23 @@ const LD kC = 2 * sqrtl(2 / kPiL);
 const LD kA = 0.044715L;
 
 Ref reference(int id, float xf) {
-  enum { EXP, LOG, TANH, SIG, ERF, GELU, GELUT, SILU, EXPG, LOGG, TANHG, SIGG, ERFG, GELUG, GELUTG, SILUG };
+  enum { EXP, LOG, TANH, SIG, ERF, GELU, GELUT, SILU, EXPG, LOGG, TANHG, SIGG, ERFG, GELUG, GELUTG, SILUG, SIN, COS, SING, COSG };
   const LD x = xf;
   if (id == EXP) return exact(expl(x));
   if (id == LOG) return exact(logl(x));
   if (id == TANH) return exact(tanhl(x));
   if (id == SIG) return sigmoidL(x);
   if (id == ERF) return exact(erfl(x));
+  // glibc's sinl / cosl reduce the argument exactly (Payne-Hanek), so their
+  // relative error stays ~1 ulp of long double also next to multiples of pi.
+  if (id == SIN || id == COSG) {
+    if (std::isinf(xf)) return {NAN, 0};
+    return exact(id == SIN ? sinl(x) : -sinl(x));
+  }
+  if (id == COS || id == SING) {
+    if (std::isinf(xf)) return {NAN, 0};
+    return exact(cosl(x));
+  }
   // gelu, gelu_tanh, silu for 0 < |x| < 2^-60: x/2 + c x^2 + ..., c > 0, where
   // the x^2 term is below long double's resolution but decides the rounding
   // when x/2 is a midpoint: x/2 (1 + 2^-62) lies on the same side of every
@@ -147,12 +158,17 @@ double core(int id, double x) {
     case 12: return erf_grad_core(x);
     case 13: return gelu_grad_core(x);
     case 14: return gelu_tanh_grad_core(x);
-    default: return silu_grad_core(x);
+    case 15: return silu_grad_core(x);
+    case 16: return sin_core(x);
+    case 17: return cos_core(x);
+    case 18: return sin_grad_core(x);
+    default: return cos_grad_core(x);
   }
 }
 const char* kNames[] = {"exp",      "log",      "tanh",      "sigmoid",      "erf",      "gelu",      "gelu_tanh",      "silu",
-                        "exp_grad", "log_grad", "tanh_grad", "sigmoid_grad", "erf_grad", "gelu_grad", "gelu_tanh_grad", "silu_grad"};
-constexpr int kCount = 16;
+                        "exp_grad", "log_grad", "tanh_grad", "sigmoid_grad", "erf_grad", "gelu_grad", "gelu_tanh_grad", "silu_grad",
+                        "sin",      "cos",      "sin_grad",  "cos_grad"};
+constexpr int kCount = 20;
 
 float carbon_float(int id, float x) {
   constexpr FloatFormat f32 = Format<FormatId::kFloat32>::get();
@@ -237,6 +253,33 @@ void check_one(int id, uint32_t bits, Stats& s) {
   }
 }
 
+// The smallest |f| of sin/cos's reduction x 2/pi = q + f over all positive
+// finite float32 x > pi/4 (the bound in elementwise_math.h relies on it).
+int sincos_reduction_min() {
+  double best = 1.0;
+  uint32_t best_bits = 0;
+  const uint32_t first = 0x3f490fdbu;  // RN32(pi/4) > pi/4
+#pragma omp parallel
+  {
+    double mine = 1.0;
+    uint32_t mine_bits = 0;
+#pragma omp for schedule(dynamic, 65536)
+    for (int64_t b = first; b < 0x7f800000; ++b) {
+      float x;
+      const uint32_t bits = static_cast<uint32_t>(b);
+      std::memcpy(&x, &bits, 4);
+      const double g = carbon::math::reduce_quarter_turns_large(x).g;
+      if (g < mine) mine = g, mine_bits = bits;
+    }
+#pragma omp critical
+    if (mine < best) best = mine, best_bits = mine_bits;
+  }
+  float w;
+  std::memcpy(&w, &best_bits, 4);
+  std::printf("min |f| = 2^%.2f at x = %.9g (0x%08x)\n", std::log2(best), static_cast<double>(w), best_bits);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -244,6 +287,7 @@ int main(int argc, char** argv) {
   uint64_t stride = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--sincos-reduction") return sincos_reduction_min();
     if (a == "--stride" && i + 1 < argc) {
       stride = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--functions" && i + 1 < argc) {
@@ -268,7 +312,7 @@ int main(int argc, char** argv) {
     }
   }
   if (ids.empty())
-    for (int k = 0; k < 8; ++k) ids.push_back(k);
+    for (int k : {0, 1, 2, 3, 4, 5, 6, 7, 16, 17}) ids.push_back(k);
   if (stride < 1) stride = 1;
   std::printf("%-15s %12s %-34s %10s %10s %8s %10s %8s\n", "function", "max_ulp", "at x", "not_CR", "undecid.",
               "spec_bad", "checked", "seconds");

@@ -8,8 +8,9 @@ for each function, every float32 bit pattern (or every K-th) goes through the
 kernels' code and is compared with a long double reference. Prints per
 function the max error in ulps, where it occurs, how many results are not
 the correctly rounded value, and how many the reference cannot decide.
-Functions: exp log tanh sigmoid erf gelu gelu_tanh silu (default), and with
---grads (or by name) their derivatives exp_grad ... silu_grad.
+Functions: exp log tanh sigmoid erf gelu gelu_tanh silu sin cos (default), and
+with --grads (or by name) their derivatives exp_grad ... cos_grad.
+--sincos-reduction instead measures the smallest reduced argument of sin/cos.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE = os.path.join(ROOT, "scripts", "elementwise_ulp.cpp")
 HEADERS = [os.path.join(ROOT, "csrc", "elementwise", "elementwise_math.h"),
            os.path.join(ROOT, "csrc", "exact", "float_format.h"), os.path.join(ROOT, "csrc", "exact", "portable.h")]
-FORWARD = ["exp", "log", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "silu"]
+FORWARD = ["exp", "log", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "silu", "sin", "cos"]
 GRADS = [f + "_grad" for f in FORWARD]
 
 
@@ -54,7 +55,11 @@ def main(argv=None) -> int:
     ap.add_argument("--functions", default=None, help="comma-separated list (default: the 8 forward functions)")
     ap.add_argument("--grads", action="store_true", help="also check the 8 derivatives")
     ap.add_argument("--stride", type=int, default=1, help="check every K-th bit pattern (default 1: all 2^32)")
+    ap.add_argument("--sincos-reduction", action="store_true",
+                    help="print the smallest |f| of sin/cos's reduction x 2/pi = q + f over all float32 x > pi/4")
     args = ap.parse_args(argv)
+    if args.sincos_reduction:
+        return subprocess.run([build(), "--sincos-reduction"]).returncode
     names = args.functions.split(",") if args.functions else FORWARD + (GRADS if args.grads else [])
     binary = build()
     sys.stdout.flush()

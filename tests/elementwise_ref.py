@@ -23,7 +23,7 @@ from oracle import fmt_of, round_bits
 mp.mp.prec = 256
 REL = Fraction(1, 2**41)  # tolerance around midpoints: 2^-41 relative (2^-17 float32 ulp)
 
-FORWARD = ("exp", "log", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "silu")
+FORWARD = ("exp", "log", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "silu", "sin", "cos")
 A = mp.mpf("0.044715")
 C = mp.sqrt(2 / mp.pi)
 
@@ -64,6 +64,12 @@ def value(name: str, x: float):
         return X / (1 + mp.exp(-2 * C * (X + A * X**3)))
     if name == "silu":
         return X * _sigmoid(X)
+    # mpmath reduces large arguments at a working precision grown by their
+    # magnitude, so sin(1e38) is as accurate as sin(1).
+    if name == "sin":
+        return mp.sin(X)
+    if name == "cos":
+        return mp.cos(X)
     raise ValueError(name)
 
 
@@ -102,6 +108,12 @@ def derivative(name: str, x: float):
         s, one_minus_s = _sigmoid(X), _sigmoid(-X)
         p, t = s, X * s * one_minus_s
         return p + t, abs(p) + abs(t)
+    if name == "sin":
+        v = mp.cos(X)
+        return v, abs(v)
+    if name == "cos":
+        v = -mp.sin(X)
+        return v, abs(v)
     raise ValueError(name)
 
 
@@ -109,10 +121,12 @@ def derivative(name: str, x: float):
 _LIMITS = {
     "exp": (math.inf, 0.0), "log": (math.inf, math.nan), "tanh": (1.0, -1.0), "sigmoid": (1.0, 0.0),
     "erf": (1.0, -1.0), "gelu": (math.inf, -0.0), "gelu_tanh": (math.inf, -0.0), "silu": (math.inf, -0.0),
+    "sin": (math.nan, math.nan), "cos": (math.nan, math.nan),
 }
 _GRAD_LIMITS = {
     "exp": (math.inf, 0.0), "log": (0.0, math.nan), "tanh": (0.0, 0.0), "sigmoid": (0.0, 0.0),
     "erf": (0.0, 0.0), "gelu": (1.0, 0.0), "gelu_tanh": (1.0, 0.0), "silu": (1.0, 0.0),
+    "sin": (math.nan, math.nan), "cos": (math.nan, math.nan),
 }
 
 
@@ -150,7 +164,7 @@ def expected_bits(name: str, x: float, dtype: torch.dtype, rel: Fraction = REL) 
         return {fmt_of(dtype).nan_bits}
     if math.isinf(x):
         return {round_bits(_LIMITS[name][0 if x > 0 else 1], dtype)}
-    if x == 0 and name in ("tanh", "erf", "gelu", "gelu_tanh", "silu"):
+    if x == 0 and name in ("tanh", "erf", "gelu", "gelu_tanh", "silu", "sin"):
         return {round_bits(x, dtype)}  # odd or x*(...): keeps the sign of zero
     v = value(name, x)
     if isinstance(v, float):

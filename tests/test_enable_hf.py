@@ -48,3 +48,41 @@ def test_gpt2_logits_do_not_depend_on_the_batch():
         batch = model(input_ids=ids).logits
         alone = model(input_ids=ids[5:6]).logits
     assert torch.equal(as_bits(batch[5:6]), as_bits(alone))
+
+
+# ---- Llama: rotary embeddings (sin, cos, pow), RMSNorm, SiLU ---------------------------------------------------
+
+def _llama_config():
+    return transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+                                    bos_token_id=0, eos_token_id=0, pad_token_id=0)
+
+
+def _train_llama(threads: int, steps: int = 2):
+    torch.set_num_threads(threads)
+    with carbon.enabled(seed=0):  # strict: every op of the model is covered
+        model = transformers.LlamaForCausalLM(_llama_config())
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for _ in range(steps):
+            ids = torch.randint(0, 97, (4, 24))
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return {k: as_bits(v) for k, v in model.state_dict().items() if v.is_floating_point()}
+
+
+def test_llama_trains_to_the_same_bits_at_one_and_two_threads(restore_num_threads):
+    one, two = _train_llama(1), _train_llama(2)
+    assert one.keys() == two.keys()
+    for name in one:
+        assert torch.equal(one[name], two[name]), name
+
+
+def test_llama_logits_do_not_depend_on_the_batch():
+    with carbon.enabled(seed=1):
+        model = transformers.LlamaForCausalLM(_llama_config()).eval()
+    ids = torch.randint(0, 97, (6, 24), generator=torch.Generator().manual_seed(0))
+    with carbon.enabled(), torch.no_grad():
+        batch = model(input_ids=ids).logits
+        alone = model(input_ids=ids[4:5]).logits
+    assert torch.equal(as_bits(batch[4:5]), as_bits(alone))

@@ -59,6 +59,8 @@ const char* op_name(math::Fn fn) {
     case math::Fn::kGelu: return "gelu";
     case math::Fn::kGeluTanh: return "gelu";
     case math::Fn::kSilu: return "silu";
+    case math::Fn::kSin: return "sin";
+    case math::Fn::kCos: return "cos";
   }
   return "?";
 }
@@ -112,6 +114,8 @@ at::Tensor tanh_op(const at::Tensor& x) { return run(math::Fn::kTanh, x); }
 at::Tensor sigmoid_op(const at::Tensor& x) { return run(math::Fn::kSigmoid, x); }
 at::Tensor erf_op(const at::Tensor& x) { return run(math::Fn::kErf, x); }
 at::Tensor silu_op(const at::Tensor& x) { return run(math::Fn::kSilu, x); }
+at::Tensor sin_op(const at::Tensor& x) { return run(math::Fn::kSin, x); }
+at::Tensor cos_op(const at::Tensor& x) { return run(math::Fn::kCos, x); }
 
 at::Tensor gelu_op(const at::Tensor& x, c10::string_view approximate) {
   TORCH_CHECK_VALUE(approximate == "none" || approximate == "tanh",
@@ -123,13 +127,14 @@ at::Tensor elementwise_backward(const at::Tensor& grad, const at::Tensor& x, c10
   static const std::pair<const char*, math::Fn> kNames[] = {
       {"exp", math::Fn::kExp},         {"log", math::Fn::kLog},   {"tanh", math::Fn::kTanh},
       {"sigmoid", math::Fn::kSigmoid}, {"erf", math::Fn::kErf},   {"gelu", math::Fn::kGelu},
-      {"gelu_tanh", math::Fn::kGeluTanh}, {"silu", math::Fn::kSilu},
+      {"gelu_tanh", math::Fn::kGeluTanh}, {"silu", math::Fn::kSilu}, {"sin", math::Fn::kSin},
+      {"cos", math::Fn::kCos},
   };
   const math::Fn* found = nullptr;
   for (const auto& entry : kNames)
     if (fn_name == entry.first) found = &entry.second;
   TORCH_CHECK_VALUE(found != nullptr, "carbon.elementwise_backward: unknown function '", std::string(fn_name),
-                    "'; expected exp, log, tanh, sigmoid, erf, gelu, gelu_tanh or silu");
+                    "'; expected exp, log, tanh, sigmoid, erf, gelu, gelu_tanh, silu, sin or cos");
   const char* op = "elementwise_backward";
   check_supported_dtype(op, "x", x);
   check_supported_dtype(op, "grad", grad);

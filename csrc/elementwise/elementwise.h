@@ -1,5 +1,5 @@
 // Host-side interface of the elementwise math ops: exp, log, tanh, sigmoid,
-// erf, gelu (erf form or tanh approximation), silu and their backward.
+// erf, gelu (erf form or tanh approximation), silu, sin, cos and their backward.
 // out = RN_F(f_core(x)) and grad_x = RN_F(g * f'_core(x)) in x's format F,
 // with the shared host/device cores of elementwise_math.h.
 #pragma once
@@ -21,8 +21,10 @@ at::Tensor sigmoid_op(const at::Tensor& x);
 at::Tensor erf_op(const at::Tensor& x);
 at::Tensor gelu_op(const at::Tensor& x, c10::string_view approximate);
 at::Tensor silu_op(const at::Tensor& x);
+at::Tensor sin_op(const at::Tensor& x);
+at::Tensor cos_op(const at::Tensor& x);
 // grad_x of function `fn` ("exp", "log", "tanh", "sigmoid", "erf", "gelu",
-// "gelu_tanh", "silu") at x for the incoming gradient `grad` (same shape and dtype).
+// "gelu_tanh", "silu", "sin", "cos") at x for the incoming gradient `grad` (same shape and dtype).
 at::Tensor elementwise_backward(const at::Tensor& grad, const at::Tensor& x, c10::string_view fn);
 
 // Device kernels over contiguous tensors of one dtype and size. grad is
@@ -45,6 +47,8 @@ void with_fn(math::Fn f, Body&& body) {
     case Fn::kGelu: return body(std::integral_constant<Fn, Fn::kGelu>{});
     case Fn::kGeluTanh: return body(std::integral_constant<Fn, Fn::kGeluTanh>{});
     case Fn::kSilu: return body(std::integral_constant<Fn, Fn::kSilu>{});
+    case Fn::kSin: return body(std::integral_constant<Fn, Fn::kSin>{});
+    case Fn::kCos: return body(std::integral_constant<Fn, Fn::kCos>{});
   }
 }
 

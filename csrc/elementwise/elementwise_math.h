@@ -481,10 +481,108 @@ CARBON_HD double cos2pi_core(double u) {
   return (q == 1 || q == 2) ? -v : v;
 }
 
+// ---- sin and cos of a float32 value ----------------------------------------
+// x * 2/pi = q + f (mod 4), q integer, f in [-1/2, 1/2]; then
+// sin x = sin(pi/2 f), cos(pi/2 f), -sin(pi/2 f), -cos(pi/2 f) for q = 0..3
+// (mod 4), and cos x = sin(x + pi/2) uses q + 1. The polynomials above see
+// g = |f| <= 1/2.
+//
+// Reduction (Payne-Hanek, in integers, for |x| > pi/4; x must be a float32
+// value, so x = m 2^e with m < 2^24 and e <= 104). Let C = 2/pi = sum_i b_i 2^-i.
+// Bits b_i with i <= e - 2 contribute m 2^(e-i), a multiple of 4: they drop
+// out mod 4. The 128 bits b_(e-1) .. b_(e+126) form the integer W, and
+// m W 2^-126 = x C (mod 4) up to the dropped tail m 2^e sum_(i > e+126) b_i
+// 2^-i < 2^24 2^-126 = 2^-102 (absolute). q is bits 126..127 of P = m W and
+// f's 126 fraction bits are the bits below. Over all float32 x > pi/4,
+// |f| >= 2^-29.86 (`scripts/elementwise_ulp.py --sincos-reduction` measures it; x = 16367173 *
+// 2^72 is the closest to a multiple of pi/2), so f has relative error
+// < 2^-102 / 2^-29.86 + 2 u < 2^-51.9 (two conversions and one addition, all
+// of positive terms). For |x| <= pi/4: q = 0 and f = x * 2/pi in binary64
+// (relative error < 1.01 u; x * kTwoOverPiLo is below 2^-54 x).
+// sin(pi/2 g) and cos(pi/2 g) have relative error < 2^-48.6 (above), and
+// their argument's relative error < 2^-51.9 moves them by at most that times
+// |g d/dg log sin(pi/2 g)| <= 1 (sin) or |g (pi/2) tan(pi/2 g)| <= 0.79
+// (cos, g <= 1/2): in all < 2^-48 relative. IEEE ops and integers only.
+struct QuarterTurns {
+  int q;     // x * 2/pi rounded to the nearest integer, mod 4
+  double g;  // |f|, f = x * 2/pi - q in [-1/2, 1/2]
+  bool f_negative;
+};
+
+CARBON_HD uint64_t two_over_pi_word(int k) {
+  // floor(2/pi * 2^256) in 4 words (high first), after a zero word for the
+  // window start e - 1 < 1 (x below 2^25).
+  constexpr uint64_t kWords[5] = {0, 0xa2f9836e4e441529ull, 0xfc2757d1f534ddc0ull, 0xdb6295993c439041ull,
+                                  0xfe5163abdebbc561ull};
+  return kWords[k];
+}
+
+// |x| > pi/4, a float32 value (as a double): the integer reduction above.
+CARBON_HD QuarterTurns reduce_quarter_turns_large(double ax) {
+  const uint64_t bits = double_to_bits(ax);
+  const int e = static_cast<int>((bits >> 52) & 0x7FF) - 1023 - 23;  // ax = m 2^e
+  const uint64_t m = ((bits & kFracMask) | (uint64_t(1) << 52)) >> 29;  // 24 bits: ax is a float32 value
+  // The window starts at bit e - 1 of C, at index e - 1 + 63 of the padded words.
+  const int o = e + 62;  // 38 .. 166
+  const int k = o >> 6, b = o & 63;
+  const uint64_t w0 = two_over_pi_word(k), w1 = two_over_pi_word(k + 1), w2 = two_over_pi_word(k + 2);
+  const uint64_t hi = b == 0 ? w0 : (w0 << b) | (w1 >> (64 - b));
+  const uint64_t mid = b == 0 ? w1 : (w1 << b) | (w2 >> (64 - b));
+  // P = m (hi 2^64 + mid): bits 0..127 are all that matter mod 4 * 2^126.
+  const uint64_t ma = m * (mid >> 32), mb = m * (mid & 0xFFFFFFFFull);  // each < 2^56
+  const uint64_t p0 = (ma << 32) + mb;
+  const uint64_t carry = p0 < mb ? 1 : 0;
+  const uint64_t p1 = m * hi + (ma >> 32) + carry;  // mod 2^64
+  int q = static_cast<int>(p1 >> 62);
+  uint64_t f1 = p1 & ((uint64_t(1) << 62) - 1), f0 = p0;  // f = (f1 2^64 + f0) 2^-126
+  const bool negative = (f1 >> 61) != 0;                   // f >= 1/2: round q up, f -= 1
+  if (negative) {
+    q = (q + 1) & 3;
+    // 2^126 - f, in two words.
+    f1 = (uint64_t(1) << 62) - f1 - (f0 != 0 ? 1 : 0);
+    f0 = 0 - f0;
+  }
+  const double g = static_cast<double>(f1) * 0x1p-62 + static_cast<double>(f0) * 0x1p-126;
+  return {q, g, negative};
+}
+
+CARBON_HD QuarterTurns reduce_quarter_turns(double ax) {
+  constexpr double kQuarterPi = 0x1.921fb54442d18p-1;  // below pi/4
+  constexpr double kTwoOverPiHi = 0x1.45f306dc9c883p-1, kTwoOverPiLo = -0x1.6b01ec5417056p-55;
+  if (ax <= kQuarterPi) return {0, fma(ax, kTwoOverPiHi, ax * kTwoOverPiLo), false};
+  return reduce_quarter_turns_large(ax);
+}
+
+// sin(pi/2 (q + f)) from the reduction; shift = 1 gives cos.
+CARBON_HD double quarter_turn_sin(QuarterTurns r, int shift) {
+  const int q = (r.q + shift) & 3;
+  const bool use_cos = (q & 1) != 0;
+  double v = use_cos ? cos_half_pi(r.g) : sin_half_pi(r.g);
+  // sin(pi/2 f) is odd in f, cos(pi/2 f) even; q = 2, 3 negate.
+  const bool negate = (q >= 2) != (!use_cos && r.f_negative);
+  return negate ? -v : v;
+}
+
+// sin x for a float32 value x: odd (sin(-0) = -0); NaN for +-inf and NaN.
+CARBON_HD double sin_core(double x) {
+  if (!is_finite(x)) return quiet_nan();
+  const double v = quarter_turn_sin(reduce_quarter_turns(abs_value(x)), 0);
+  return sign_bit(x) ? -v : v;
+}
+
+// cos x for a float32 value x: even; NaN for +-inf and NaN.
+CARBON_HD double cos_core(double x) {
+  if (!is_finite(x)) return quiet_nan();
+  return quarter_turn_sin(reduce_quarter_turns(abs_value(x)), 1);
+}
+
+CARBON_HD double sin_grad_core(double x) { return cos_core(x); }
+CARBON_HD double cos_grad_core(double x) { return -sin_core(x); }
+
 // ---- dispatch ------------------------------------------------------------------
 // The functions as compile-time tags, so kernels specialize per function.
-enum class Fn { kExp, kLog, kTanh, kSigmoid, kErf, kGelu, kGeluTanh, kSilu };
-constexpr int kNumFns = 8;
+enum class Fn { kExp, kLog, kTanh, kSigmoid, kErf, kGelu, kGeluTanh, kSilu, kSin, kCos };
+constexpr int kNumFns = 10;
 
 template <Fn kFn>
 CARBON_HD double forward_core(double x) {
@@ -496,6 +594,8 @@ CARBON_HD double forward_core(double x) {
   if constexpr (kFn == Fn::kGelu) return gelu_core(x);
   if constexpr (kFn == Fn::kGeluTanh) return gelu_tanh_core(x);
   if constexpr (kFn == Fn::kSilu) return silu_core(x);
+  if constexpr (kFn == Fn::kSin) return sin_core(x);
+  if constexpr (kFn == Fn::kCos) return cos_core(x);
 }
 
 template <Fn kFn>
@@ -508,6 +608,8 @@ CARBON_HD double grad_core(double x) {
   if constexpr (kFn == Fn::kGelu) return gelu_grad_core(x);
   if constexpr (kFn == Fn::kGeluTanh) return gelu_tanh_grad_core(x);
   if constexpr (kFn == Fn::kSilu) return silu_grad_core(x);
+  if constexpr (kFn == Fn::kSin) return sin_grad_core(x);
+  if constexpr (kFn == Fn::kCos) return cos_grad_core(x);
 }
 
 

@@ -1,0 +1,21 @@
+// Host-side interface of carbon's pow ops: x^p (tensor base, number exponent)
+// and b^y (number base, tensor exponent), out = RN_F(pow_core) in the
+// tensor's format F (pow_math.h). Used by carbon.enable for torch.pow with a
+// non-integer exponent (integer exponents there are exact products).
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace carbon {
+
+at::Tensor pow_tensor_scalar(const at::Tensor& x, double exponent);
+at::Tensor pow_scalar_tensor(double base, const at::Tensor& exponent);
+
+// Device kernels over contiguous tensors: out[i] = RN(x[i]^p) when the tensor
+// holds the bases (tensor_is_base), else RN(p^x[i]) with p the base.
+void pow_cpu(const at::Tensor& x, double scalar, bool tensor_is_base, at::Tensor& out);
+#ifdef CARBON_WITH_CUDA
+void pow_cuda(const at::Tensor& x, double scalar, bool tensor_is_base, at::Tensor& out);
+#endif
+
+}  // namespace carbon

@@ -1,0 +1,41 @@
+// CUDA kernel of the pow ops: a grid-stride loop over the same per-element
+// code as the CPU (pow_math.h), so the same bits. No host synchronization.
+#include <c10/cuda/CUDAGuard.h>
+
+#include "../cuda_launch.cuh"
+#include "../dtypes.h"
+#include "pow.h"
+#include "pow_math.h"
+
+namespace carbon {
+namespace {
+
+template <typename F>
+__global__ void pow_kernel(const typename F::Bits* __restrict__ x, int64_t n, double scalar, bool tensor_is_base,
+                           typename F::Bits* __restrict__ out) {
+  constexpr FloatFormat f = F::get();
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const double v = decode(x[i], f);
+    const double r = tensor_is_base ? math::pow_core(v, scalar) : math::pow_core(scalar, v);
+    out[i] = static_cast<typename F::Bits>(encode(round_double(r, f), f));
+  }
+}
+
+}  // namespace
+
+void pow_cuda(const at::Tensor& x, double scalar, bool tensor_is_base, at::Tensor& out) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int threads = 256;
+  const int blocks = blocks_for(x.numel(), threads);
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  with_format(format_of(x.scalar_type()), [&](auto fmt) {
+    using F = decltype(fmt);
+    using Bits = typename F::Bits;
+    pow_kernel<F><<<blocks, threads, 0, stream>>>(static_cast<const Bits*>(x.const_data_ptr()), x.numel(), scalar,
+                                                  tensor_is_base, static_cast<Bits*>(out.mutable_data_ptr()));
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace carbon
