@@ -74,3 +74,16 @@ def test_non_contiguous_and_no_sync():
             torch.ops.carbon.elementwise_backward(x, x, name)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_pow_ops_gpu_equals_cpu(dtype):
+    g = torch.Generator().manual_seed(11)
+    x = torch.cat([torch.randn(4096, generator=g, dtype=torch.float64).exp() ** 8,
+                   torch.tensor([0.0, -0.0, 1.0, -1.0, -2.0, float("inf"), float("-inf"), float("nan")],
+                                dtype=torch.float64)]).to(dtype)
+    for p in (1.5, -0.5, 3.0, -100.25, float("inf")):
+        same_bits(torch.ops.carbon.pow_tensor_scalar(x.cuda(), p), torch.ops.carbon.pow_tensor_scalar(x, p), f"x^{p}")
+    for base in (10000.0, 0.5, 2.0):
+        same_bits(torch.ops.carbon.pow_scalar_tensor(base, x.cuda()), torch.ops.carbon.pow_scalar_tensor(base, x),
+                  f"{base}^y")
