@@ -310,6 +310,26 @@ def test_sin_and_cos_are_correctly_rounded_and_their_gradients_single_roundings(
     assert_bits_equal(xr.grad, want)
 
 
+def test_torch_compile_under_enable_keeps_carbons_bits():
+    """dynamo does not trace under a dispatch mode: a compiled module runs its
+    frames eagerly through carbon's routes (same bits as eager carbon, which
+    differ from plain torch here), and fullgraph=True refuses (docs/enable.md)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.LayerNorm(128), nn.Linear(128, 64))
+    x = _randn(32, 64, seed=5)
+    plain = m(x)
+    with carbon.enabled():
+        eager = m(x)
+        torch._dynamo.reset()
+        compiled = torch.compile(m, backend="aot_eager")(x)
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match="dispatch mode"):
+            torch.compile(m, backend="aot_eager", fullgraph=True)(x)
+    torch._dynamo.reset()
+    assert not torch.equal(as_bits(plain), as_bits(eager))
+    assert torch.equal(as_bits(compiled), as_bits(eager))
+
+
 # ---- strictness and restoring torch ---------------------------------------------------------------------------------
 
 def test_strict_refuses_an_uncovered_op_by_name():
