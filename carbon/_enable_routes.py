@@ -350,6 +350,45 @@ def _foreach_norm(a: dict) -> List[Tensor]:
             for t in a["self"]]
 
 
+def _var_mean(a: dict):
+    """(var, mean) over ``dim`` as carbon.var_mean_rows defines them (float32
+    input): mean = RN32(exact mean), var = RN32(exact sum (x - mean)^2 / (n - c))."""
+    x = a["self"]
+    _need_carbon_dtype("var", x)
+    if x.dtype != torch.float32:
+        raise NotCovered(f"var / std of {x.dtype}: carbon rounds the statistics to float32 only")
+    correction = a.get("correction")
+    if correction is None:
+        correction = 1 if a.get("unbiased", True) else 0
+    if not float(correction).is_integer():
+        raise NotCovered(f"var / std with correction={correction}: carbon supports integer corrections")
+    dim, keepdim = a.get("dim"), a.get("keepdim", False)
+    ndim = max(x.dim(), 1)
+    dims = list(range(ndim)) if dim is None or len(dim) == 0 else sorted({d % ndim for d in dim})
+    xs = x.reshape([1]) if x.dim() == 0 else x
+    kept = [d for d in range(ndim) if d not in dims]
+    rows = aten.permute(xs, kept + dims).reshape([math.prod(xs.shape[d] for d in kept), math.prod(xs.shape[d] for d in dims)])
+    var, mean = carbon_ops.var_mean_rows(rows, int(correction))
+    if keepdim:
+        shape = [1 if d in dims else xs.shape[d] for d in range(ndim)] if x.dim() > 0 else []
+    else:
+        shape = [xs.shape[d] for d in kept] if x.dim() > 0 else []
+    return var.reshape(shape), mean.reshape(shape)
+
+
+def _var(a: dict) -> Tensor:
+    return _var_mean(a)[0]
+
+
+def _std(a: dict) -> Tensor:
+    return aten.sqrt(_var_mean(a)[0])
+
+
+def _std_mean(a: dict):
+    var, mean = _var_mean(a)
+    return aten.sqrt(var), mean
+
+
 # ---- normalization, softmax, losses ------------------------------------------------------------------------------
 
 def _layer_norm(a: dict):
@@ -653,6 +692,7 @@ ROUTES: Dict[str, Callable] = {
     "_log_softmax_backward_data": _softmax_backward(carbon_ops.log_softmax_backward),
     "nll_loss_forward": _nll_loss_forward, "nll_loss_backward": _nll_loss_backward,
     "mse_loss": _mse_loss, "mse_loss_backward": _mse_loss_backward,
+    "var": _var, "std": _std, "var_mean": _var_mean, "std_mean": _std_mean,
     # elementwise
     "exp": _unary("exp", carbon_ops.exp), "log": _unary("log", carbon_ops.log),
     "tanh": _unary("tanh", carbon_ops.tanh), "sigmoid": _unary("sigmoid", carbon_ops.sigmoid),

@@ -277,6 +277,17 @@ def _pow_scalar_tensor_fake(base: float, exponent: Tensor) -> Tensor:
     return torch.empty_like(exponent, memory_format=torch.contiguous_format)
 
 
+@torch.library.register_fake("carbon::var_mean_rows")
+def _var_mean_rows_fake(x: Tensor, correction: int = 1) -> tuple:
+    _check_dtype("var_mean_rows", "x", x)
+    if x.dim() != 2:
+        raise ValueError(f"carbon.var_mean_rows: x must be 2-D [rows, n], got {x.dim()} dimensions")
+    if correction < 0:
+        raise ValueError(f"carbon.var_mean_rows: correction must be >= 0, got {correction}")
+    out = x.new_empty((x.shape[0],), dtype=torch.float32)
+    return out, out.clone()
+
+
 @torch.library.register_fake("carbon::gelu")
 def _gelu_fake(x: Tensor, approximate: str = "none") -> Tensor:
     if approximate not in ("none", "tanh"):
