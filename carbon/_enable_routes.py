@@ -443,29 +443,31 @@ def _nll_loss_forward(a: dict):
     _need_carbon_dtype("nll_loss_forward", lsm)
     if weight is not None:
         raise NotCovered("nll_loss with class weights")
-    if reduction == 1:
-        raise NotCovered("nll_loss with reduction='mean' on log-probabilities: use F.cross_entropy on the logits "
-                         "(covered), or reduction='sum'")
     rows = lsm.unsqueeze(0) if lsm.dim() == 1 else lsm
     t = target.reshape(-1) if lsm.dim() == 1 else target
     keep = aten.ne(t, ignore)
     picked = aten.gather(rows, 1, aten.where(keep, t, 0).unsqueeze(1)).squeeze(1)
     losses = aten.where(keep, aten.neg(picked), 0.0).to(lsm.dtype)
-    total_weight = aten.sum(keep).to(lsm.dtype)
+    count = aten.sum(keep)  # an int64 tensor on the device: exact, no host sync
+    total_weight = count.to(lsm.dtype)
     if reduction == 0:
         return (losses.reshape(()) if lsm.dim() == 1 else losses), aten.zeros((), dtype=lsm.dtype, device=lsm.device)
+    if reduction == 1:  # RN(exact sum / count), one rounding (NaN when every row is ignored)
+        return carbon_ops.sum_divided(losses, count), total_weight
     return carbon_ops.sum(losses, None, False, None), total_weight
 
 
 def _nll_loss_backward(a: dict) -> Tensor:
     g, lsm, target, weight, reduction, ignore = (a["grad_output"], a["self"], a["target"], a["weight"],
                                                  a["reduction"], a["ignore_index"])
-    if weight is not None or reduction == 1:
-        raise NotCovered("nll_loss_backward with class weights or reduction='mean'")
+    if weight is not None:
+        raise NotCovered("nll_loss_backward with class weights")
     rows = lsm.unsqueeze(0) if lsm.dim() == 1 else lsm
     t = target.reshape(-1) if lsm.dim() == 1 else target
     keep = aten.ne(t, ignore)
     gl = g.reshape(-1) if reduction == 0 else g.expand(t.shape)
+    if reduction == 1:  # RN(-g / count): one IEEE division (count, a float32 integer, is exact below 2^24)
+        gl = true_divide(gl, a["total_weight"])
     vals = aten.where(keep, aten.neg(gl), 0.0).to(lsm.dtype)
     out = aten.zeros_like(rows).scatter(1, aten.where(keep, t, 0).unsqueeze(1), vals.unsqueeze(1))
     return out.reshape(lsm.shape)

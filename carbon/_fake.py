@@ -277,6 +277,17 @@ def _pow_scalar_tensor_fake(base: float, exponent: Tensor) -> Tensor:
     return torch.empty_like(exponent, memory_format=torch.contiguous_format)
 
 
+@torch.library.register_fake("carbon::sum_divided")
+def _sum_divided_fake(x: Tensor, divisor: Tensor) -> Tensor:
+    _check_dtype("sum_divided", "x", x)
+    if divisor.dtype != torch.int64 or divisor.dim() != 0:
+        raise TypeError(f"carbon.sum_divided: divisor must be a 0-dim int64 tensor, got {divisor.dtype} with "
+                        f"{divisor.dim()} dimensions")
+    if divisor.device != x.device:
+        raise ValueError(f"carbon.sum_divided: expected x and divisor on one device, got {x.device} and {divisor.device}")
+    return x.new_empty(())
+
+
 @torch.library.register_fake("carbon::var_mean_rows")
 def _var_mean_rows_fake(x: Tensor, correction: int = 1) -> tuple:
     _check_dtype("var_mean_rows", "x", x)

@@ -20,6 +20,7 @@
 #include "optim/optim.h"
 // ---- end optimizers ----
 #include "reduce/reduce.h"
+#include "reduce/sum_divided.h"
 // ---- indexed accumulation (csrc/scatter/) ----
 #include "scatter/scatter.h"
 // ---- end indexed accumulation ----
@@ -39,6 +40,7 @@ TORCH_LIBRARY(carbon, m) {
   m.def("sum(Tensor x, int[]? dim=None, bool keepdim=False, ScalarType? dtype=None) -> Tensor");
   m.def("mean(Tensor x, int[]? dim=None, bool keepdim=False, ScalarType? dtype=None) -> Tensor");
   m.def("round_to(Tensor x, ScalarType dtype, int divisor=1) -> Tensor");
+  m.def("sum_divided(Tensor x, Tensor divisor) -> Tensor");
   // softmax family (csrc/softmax/)
   m.def("softmax(Tensor x, int dim, ScalarType? dtype=None) -> Tensor");
   m.def("log_softmax(Tensor x, int dim, ScalarType? dtype=None) -> Tensor");
@@ -125,6 +127,7 @@ void bind_kernels(torch::Library& m) {
   m.impl("sum", &carbon::sum);
   m.impl("mean", &carbon::mean);
   m.impl("round_to", &carbon::round_to);
+  m.impl("sum_divided", &carbon::sum_divided);
   m.impl("softmax", &carbon::softmax);
   m.impl("log_softmax", &carbon::log_softmax);
   m.impl("softmax_backward", &carbon::softmax_backward);

@@ -330,6 +330,26 @@ def test_torch_compile_under_enable_keeps_carbons_bits():
     assert torch.equal(as_bits(compiled), as_bits(eager))
 
 
+def test_nll_loss_mean_on_log_probabilities_is_one_rounding_of_the_exact_mean():
+    """F.nll_loss(log_softmax(x), t) with ignored rows: RN32(exact sum of
+    -lsm[i, t_i] / count), count taken on the device; backward -RN32(g / count)."""
+    x = _randn(9, 7, seed=8, scale=3.0).requires_grad_(True)
+    t = torch.tensor([0, 3, -100, 6, 2, -100, 1, 1, 5])
+    with carbon.enabled():
+        lsm = F.log_softmax(x, dim=-1)
+        loss = F.nll_loss(lsm, t)
+        lsm.retain_grad()
+        loss.backward()
+    keep = [i for i in range(9) if t[i] != -100]
+    picked = [Fraction(-lsm[i, t[i]].item()) for i in keep]
+    assert as_bits(loss).item() & 0xFFFFFFFF == round_bits(sum(picked) / len(keep), torch.float32)
+    step = -rn32(Fraction(1, len(keep)))
+    want = [[step if (i in keep and j == t[i]) else Fraction(0) for j in range(7)] for i in range(9)]
+    assert_bits_equal(lsm.grad, _bits([v for row in want for v in row], torch.float32).reshape(9, 7))
+    with carbon.enabled():
+        assert torch.isnan(F.nll_loss(lsm.detach(), torch.full((9,), -100)))
+
+
 # ---- strictness and restoring torch ---------------------------------------------------------------------------------
 
 def test_strict_refuses_an_uncovered_op_by_name():
