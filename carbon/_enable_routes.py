@@ -307,6 +307,24 @@ _sum = _reduce("sum", carbon_ops.sum)
 _mean = _reduce("mean", carbon_ops.mean)
 
 
+def _cumsum(a: dict) -> Any:
+    """Every prefix sum exact and rounded once (cumsum_rows over ``dim``)."""
+    x, dim, dtype = a["self"], a["dim"], a.get("dtype")
+    if not x.is_floating_point() and (dtype is None or not dtype.is_floating_point):
+        return PASS  # integer prefix sums are exact
+    if dtype is not None and dtype not in _CARBON_DTYPES:
+        raise NotCovered(f"cumsum to {dtype}")
+    _need_carbon_dtype("cumsum", x)
+    if not x.is_floating_point():
+        x = aten._to_copy(x, dtype=dtype)
+    out_dtype = dtype or x.dtype
+    if x.dim() == 0 or x.numel() == 0:
+        return carbon_ops.cumsum_rows(x.reshape([1, x.numel()]), out_dtype).reshape(x.shape)
+    moved = aten.movedim(x, dim % x.dim(), -1)
+    out = carbon_ops.cumsum_rows(moved.reshape([-1, moved.shape[-1]]), out_dtype)
+    return aten.movedim(out.reshape(moved.shape), -1, dim % x.dim())
+
+
 def _vector_norm(a: dict) -> Tensor:
     x, ord_, dim, keepdim, dtype = a["self"], a["ord"], a["dim"], a["keepdim"], a.get("dtype")
     _need_carbon_dtype("linalg_vector_norm", x)
@@ -694,7 +712,7 @@ ROUTES: Dict[str, Callable] = {
     "_log_softmax_backward_data": _softmax_backward(carbon_ops.log_softmax_backward),
     "nll_loss_forward": _nll_loss_forward, "nll_loss_backward": _nll_loss_backward,
     "mse_loss": _mse_loss, "mse_loss_backward": _mse_loss_backward,
-    "var": _var, "std": _std, "var_mean": _var_mean, "std_mean": _std_mean,
+    "cumsum": _cumsum, "var": _var, "std": _std, "var_mean": _var_mean, "std_mean": _std_mean,
     # elementwise
     "exp": _unary("exp", carbon_ops.exp), "log": _unary("log", carbon_ops.log),
     "tanh": _unary("tanh", carbon_ops.tanh), "sigmoid": _unary("sigmoid", carbon_ops.sigmoid),

@@ -277,6 +277,17 @@ def _pow_scalar_tensor_fake(base: float, exponent: Tensor) -> Tensor:
     return torch.empty_like(exponent, memory_format=torch.contiguous_format)
 
 
+@torch.library.register_fake("carbon::cumsum_rows")
+def _cumsum_rows_fake(x: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
+    _check_dtype("cumsum_rows", "x", x)
+    if x.dim() != 2:
+        raise ValueError(f"carbon.cumsum_rows: x must be 2-D [rows, n], got {x.dim()} dimensions")
+    out_dtype = dtype or x.dtype
+    if out_dtype not in SUPPORTED:
+        raise TypeError(f"carbon.cumsum_rows: output dtype {out_dtype} is not supported; use float32, bfloat16 or float16")
+    return x.new_empty(x.shape, dtype=out_dtype)
+
+
 @torch.library.register_fake("carbon::sum_divided")
 def _sum_divided_fake(x: Tensor, divisor: Tensor) -> Tensor:
     _check_dtype("sum_divided", "x", x)

@@ -19,6 +19,7 @@
 // ---- optimizers (csrc/optim/) ----
 #include "optim/optim.h"
 // ---- end optimizers ----
+#include "reduce/cumsum.h"
 #include "reduce/reduce.h"
 #include "reduce/sum_divided.h"
 // ---- indexed accumulation (csrc/scatter/) ----
@@ -41,6 +42,7 @@ TORCH_LIBRARY(carbon, m) {
   m.def("mean(Tensor x, int[]? dim=None, bool keepdim=False, ScalarType? dtype=None) -> Tensor");
   m.def("round_to(Tensor x, ScalarType dtype, int divisor=1) -> Tensor");
   m.def("sum_divided(Tensor x, Tensor divisor) -> Tensor");
+  m.def("cumsum_rows(Tensor x, ScalarType? dtype=None) -> Tensor");
   // softmax family (csrc/softmax/)
   m.def("softmax(Tensor x, int dim, ScalarType? dtype=None) -> Tensor");
   m.def("log_softmax(Tensor x, int dim, ScalarType? dtype=None) -> Tensor");
@@ -128,6 +130,7 @@ void bind_kernels(torch::Library& m) {
   m.impl("mean", &carbon::mean);
   m.impl("round_to", &carbon::round_to);
   m.impl("sum_divided", &carbon::sum_divided);
+  m.impl("cumsum_rows", &carbon::cumsum_rows);
   m.impl("softmax", &carbon::softmax);
   m.impl("log_softmax", &carbon::log_softmax);
   m.impl("softmax_backward", &carbon::softmax_backward);

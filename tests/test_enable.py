@@ -355,8 +355,8 @@ def test_nll_loss_mean_on_log_probabilities_is_one_rounding_of_the_exact_mean():
 def test_strict_refuses_an_uncovered_op_by_name():
     x = _randn(10)
     with carbon.enabled():
-        with pytest.raises(carbon.NotExactError, match=r"aten\.cumsum"):
-            torch.cumsum(x, 0)
+        with pytest.raises(carbon.NotExactError, match=r"aten\.cumprod"):
+            torch.cumprod(x, 0)
         with pytest.raises(carbon.NotExactError, match=r"aten\.log1p"):
             torch.log1p(x)
         # integer arithmetic is exact: allowed
@@ -366,12 +366,12 @@ def test_strict_refuses_an_uncovered_op_by_name():
 def test_non_strict_warns_once_per_op_and_runs_torch():
     x = _randn(10)
     with carbon.enabled(strict=False):
-        with pytest.warns(RuntimeWarning, match=r"aten\.cumsum"):
-            first = torch.cumsum(x, 0)
+        with pytest.warns(RuntimeWarning, match=r"aten\.cumprod"):
+            first = torch.cumprod(x, 0)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            torch.cumsum(x, 0)  # no second warning
-    assert torch.equal(first, torch.cumsum(x, 0))
+            torch.cumprod(x, 0)  # no second warning
+    assert torch.equal(first, torch.cumprod(x, 0))
 
 
 def test_float64_is_refused_in_strict_mode():
