@@ -483,8 +483,11 @@ def _embedding_backward_fake(grad: Tensor, indices: Tensor, num_weights: int, pa
                          f"shape {tuple(indices.shape)}")
     return grad.new_empty((num_weights, grad.shape[-1]))
 # ---------------------------------------------------------------------------
-# Random (uniform, normal, trunc_normal, bernoulli, dropout). Same checks as
-# csrc/random/random.cpp. Self-contained section.
+# Random (uniform, normal, trunc_normal, bernoulli, dropout), each in two
+# forms: (seed, offset) as ints, or .state, a tensor int64 [seed, offset]
+# (carbon.Generator's draws). Same checks as csrc/random/random.cpp, except
+# that a state tensor's offset is a value the fake cannot see.
+# Self-contained section.
 # ---------------------------------------------------------------------------
 
 
@@ -498,39 +501,85 @@ def _random_factory_fake(op: str, size: Sequence[int], offset: int, dtype: torch
     return torch.empty(size, dtype=dtype, device=device)
 
 
+def _check_state(op: str, state: Tensor, device: torch.device) -> int:
+    """The .state forms' checks of the state tensor (as random.cpp's
+    tensor_state); returns an offset for the int checks (0: not known here)."""
+    if state.dtype != torch.int64:
+        raise TypeError(f"carbon.{op}: state must be an int64 tensor [seed, offset], got {state.dtype}")
+    if tuple(state.shape) != (2,):
+        raise ValueError(f"carbon.{op}: state must be an int64 tensor [seed, offset] of shape (2,), got shape "
+                         f"{list(state.shape)}")
+    if state.device.type != "cpu" and torch.device(device).type != "cpu" and state.device != torch.device(device):
+        raise RuntimeError(f"carbon.{op}: the state is on {state.device} but the draw on {device}")
+    return 0
+
+
 def _check_finite(op: str, **values: float) -> None:
     for name, v in values.items():
         if not math.isfinite(v):
             raise ValueError(f"carbon.{op}: {name} must be finite, got {v}")
 
 
-@torch.library.register_fake("carbon::uniform")
-def _uniform_fake(size: Sequence[int], seed: int, offset: int, low: float, high: float, dtype: torch.dtype,
-                  device: torch.device) -> Tensor:
+def _uniform_checks(low: float, high: float) -> None:
     _check_finite("uniform", low=low, high=high)
     if not low <= high:
         raise ValueError(f"carbon.uniform: low must be <= high, got low={low} and high={high}")
-    return _random_factory_fake("uniform", size, offset, dtype, device)
 
 
-@torch.library.register_fake("carbon::normal")
-def _normal_fake(size: Sequence[int], seed: int, offset: int, mean: float, std: float, dtype: torch.dtype,
-                 device: torch.device) -> Tensor:
+def _normal_checks(mean: float, std: float) -> None:
     _check_finite("normal", mean=mean, std=std)
     if std < 0:
         raise ValueError(f"carbon.normal: std must be >= 0, got {std}")
-    return _random_factory_fake("normal", size, offset, dtype, device)
 
 
-@torch.library.register_fake("carbon::trunc_normal")
-def _trunc_normal_fake(size: Sequence[int], seed: int, offset: int, mean: float, std: float, a: float, b: float,
-                       dtype: torch.dtype, device: torch.device) -> Tensor:
+def _trunc_normal_checks(mean: float, std: float, a: float, b: float) -> None:
     _check_finite("trunc_normal", mean=mean, std=std, a=a, b=b)
     if std < 0:
         raise ValueError(f"carbon.trunc_normal: std must be >= 0, got {std}")
     if not a <= b:
         raise ValueError(f"carbon.trunc_normal: a must be <= b, got a={a} and b={b}")
+
+
+@torch.library.register_fake("carbon::uniform")
+def _uniform_fake(size: Sequence[int], seed: int, offset: int, low: float, high: float, dtype: torch.dtype,
+                  device: torch.device) -> Tensor:
+    _uniform_checks(low, high)
+    return _random_factory_fake("uniform", size, offset, dtype, device)
+
+
+@torch.library.register_fake("carbon::uniform.state")
+def _uniform_state_fake(size: Sequence[int], state: Tensor, low: float, high: float, dtype: torch.dtype,
+                        device: torch.device) -> Tensor:
+    _uniform_checks(low, high)
+    return _random_factory_fake("uniform", size, _check_state("uniform", state, device), dtype, device)
+
+
+@torch.library.register_fake("carbon::normal")
+def _normal_fake(size: Sequence[int], seed: int, offset: int, mean: float, std: float, dtype: torch.dtype,
+                 device: torch.device) -> Tensor:
+    _normal_checks(mean, std)
+    return _random_factory_fake("normal", size, offset, dtype, device)
+
+
+@torch.library.register_fake("carbon::normal.state")
+def _normal_state_fake(size: Sequence[int], state: Tensor, mean: float, std: float, dtype: torch.dtype,
+                       device: torch.device) -> Tensor:
+    _normal_checks(mean, std)
+    return _random_factory_fake("normal", size, _check_state("normal", state, device), dtype, device)
+
+
+@torch.library.register_fake("carbon::trunc_normal")
+def _trunc_normal_fake(size: Sequence[int], seed: int, offset: int, mean: float, std: float, a: float, b: float,
+                       dtype: torch.dtype, device: torch.device) -> Tensor:
+    _trunc_normal_checks(mean, std, a, b)
     return _random_factory_fake("trunc_normal", size, offset, dtype, device)
+
+
+@torch.library.register_fake("carbon::trunc_normal.state")
+def _trunc_normal_state_fake(size: Sequence[int], state: Tensor, mean: float, std: float, a: float, b: float,
+                             dtype: torch.dtype, device: torch.device) -> Tensor:
+    _trunc_normal_checks(mean, std, a, b)
+    return _random_factory_fake("trunc_normal", size, _check_state("trunc_normal", state, device), dtype, device)
 
 
 def _random_tensor_fake(op: str, x: Tensor, p: Optional[float], offset: int) -> Tensor:
@@ -547,9 +596,19 @@ def _bernoulli_fake(probs: Tensor, seed: int, offset: int, p: Optional[float] = 
     return _random_tensor_fake("bernoulli", probs, p, offset)
 
 
+@torch.library.register_fake("carbon::bernoulli.state")
+def _bernoulli_state_fake(probs: Tensor, state: Tensor, p: Optional[float] = None) -> Tensor:
+    return _random_tensor_fake("bernoulli", probs, p, _check_state("bernoulli", state, probs.device))
+
+
 @torch.library.register_fake("carbon::dropout")
 def _dropout_fake(x: Tensor, p: float, seed: int, offset: int) -> Tensor:
     return _random_tensor_fake("dropout", x, p, offset)
+
+
+@torch.library.register_fake("carbon::dropout.state")
+def _dropout_state_fake(x: Tensor, p: float, state: Tensor) -> Tensor:
+    return _random_tensor_fake("dropout", x, p, _check_state("dropout", state, x.device))
 
 
 # ---- optimizers, gradient clipping (csrc/optim/; contract §12) ----
