@@ -87,16 +87,16 @@ random::Params with_state(random::Params params, const random::DrawState& state)
 }
 
 // uniform, normal, trunc_normal: a new tensor of `size`, `dtype`, `device`.
-// `state` reads the draw's state (after the other checks).
+// `state(device)` reads the draw's state for the output's device (`device`
+// with its index resolved: "cuda" is the current CUDA device).
 template <typename ReadState>
 at::Tensor factory(const char* op, at::IntArrayRef size, at::ScalarType dtype, at::Device device,
                    const random::Params& params, ReadState&& state) {
   checked_out_dtype(op, dtype);
   check_device(op, device);
-  const random::Params full = with_state(params, state());
   for (const int64_t s : size) TORCH_CHECK_VALUE(s >= 0, "carbon.", op, ": negative size ", size);
   at::Tensor out = at::empty(size, at::TensorOptions().dtype(dtype).device(device));
-  fill(full, at::Tensor(), out);
+  fill(with_state(params, state(out.device())), at::Tensor(), out);
   return out;
 }
 
@@ -185,37 +185,37 @@ void random_cpu(const Params& params, const at::Tensor& in, at::Tensor& out) {
 at::Tensor uniform_op(at::IntArrayRef size, int64_t seed, int64_t offset, double low, double high,
                       at::ScalarType dtype, at::Device device) {
   return factory("uniform", size, dtype, device, uniform_params(low, high),
-                 [&] { return int_state("uniform", seed, offset); });
+                 [&](at::Device) { return int_state("uniform", seed, offset); });
 }
 
 at::Tensor uniform_state_op(at::IntArrayRef size, const at::Tensor& state, double low, double high,
                             at::ScalarType dtype, at::Device device) {
   return factory("uniform", size, dtype, device, uniform_params(low, high),
-                 [&] { return tensor_state("uniform", state, device); });
+                 [&](at::Device out_device) { return tensor_state("uniform", state, out_device); });
 }
 
 at::Tensor normal_op(at::IntArrayRef size, int64_t seed, int64_t offset, double mean, double std,
                      at::ScalarType dtype, at::Device device) {
   return factory("normal", size, dtype, device, normal_params(mean, std),
-                 [&] { return int_state("normal", seed, offset); });
+                 [&](at::Device) { return int_state("normal", seed, offset); });
 }
 
 at::Tensor normal_state_op(at::IntArrayRef size, const at::Tensor& state, double mean, double std,
                            at::ScalarType dtype, at::Device device) {
   return factory("normal", size, dtype, device, normal_params(mean, std),
-                 [&] { return tensor_state("normal", state, device); });
+                 [&](at::Device out_device) { return tensor_state("normal", state, out_device); });
 }
 
 at::Tensor trunc_normal_op(at::IntArrayRef size, int64_t seed, int64_t offset, double mean, double std, double a,
                            double b, at::ScalarType dtype, at::Device device) {
   return factory("trunc_normal", size, dtype, device, trunc_normal_params(mean, std, a, b),
-                 [&] { return int_state("trunc_normal", seed, offset); });
+                 [&](at::Device) { return int_state("trunc_normal", seed, offset); });
 }
 
 at::Tensor trunc_normal_state_op(at::IntArrayRef size, const at::Tensor& state, double mean, double std, double a,
                                  double b, at::ScalarType dtype, at::Device device) {
   return factory("trunc_normal", size, dtype, device, trunc_normal_params(mean, std, a, b),
-                 [&] { return tensor_state("trunc_normal", state, device); });
+                 [&](at::Device out_device) { return tensor_state("trunc_normal", state, out_device); });
 }
 
 at::Tensor bernoulli_op(const at::Tensor& probs, int64_t seed, int64_t offset, std::optional<double> p) {
