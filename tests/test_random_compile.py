@@ -268,3 +268,23 @@ def test_cuda_compiled_draws_compile_once_and_match_eager():
     assert outputs == eager
     cpu_outputs = run_sequence(None, "cpu")[0]
     assert [o[:5] for o in eager] == [o[:5] for o in cpu_outputs]  # the draws: the same bits as on the CPU
+
+
+def test_compiled_attention_dropout_draws_from_the_default_generator():
+    # carbon.scaled_dot_product_attention's dropout draws from the module-level
+    # default generator: a global the compiled graph reads and advances
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 5, 4, generator=g) for _ in range(3))
+
+    def attend(q, k, v):
+        return carbon.scaled_dot_product_attention(q, k, v, dropout_p=0.3)
+
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(attend, backend=counter, fullgraph=True)
+    carbon.manual_seed(11)
+    got = [bits(compiled(q, k, v)) for _ in range(CALLS)]
+    assert carbon.default_generator.offset == CALLS
+    carbon.manual_seed(11)
+    assert got == [bits(attend(q, k, v)) for _ in range(CALLS)]
+    assert counter.frame_count == 1
