@@ -107,7 +107,8 @@ def test_eager_sequence_is_the_reference(eager_cpu):
     for k, (u, _, _, b, y, *_) in enumerate(outputs):
         base = 5 * k
         assert u == uniform_bits(SEED, base, 5)
-        assert [1 if v else 0 for v in b] == [int(ref.uniform01(w) < Fraction(1, 2)) for w in ref.words(SEED, base + 3, 9)]
+        half = [int(ref.uniform01(w) < Fraction(1, 2)) for w in ref.words(SEED, base + 3, 9)]
+        assert [1 if v else 0 for v in b] == half
         assert y == dropout_bits(h, 0.25, SEED, base + 4)
     assert len({tuple(o[0]) for o in outputs}) == CALLS  # every call draws anew
 
