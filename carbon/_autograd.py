@@ -326,7 +326,8 @@ torch.library.register_autograd("carbon::embedding", _embedding_backward, setup_
 # Dropout (docs/contract.md §10): dx_i = keep_i ? RN(g_i / (1 - p)) : +0 with
 # the keep-mask regenerated from the saved (seed, offset) -- the same op applied
 # to the gradient, so no mask is stored (and dropout's backward is again
-# differentiable the same way).
+# differentiable the same way). The .state form saves the draw's state tensor
+# (a copy the generator never advances: Generator.next_state).
 
 
 def _setup_dropout(ctx: Any, inputs: tuple, output: Tensor) -> None:
@@ -337,4 +338,15 @@ def _dropout_backward(ctx: Any, grad: Tensor) -> tuple:
     return torch.ops.carbon.dropout(grad, ctx.p, ctx.seed, ctx.offset), None, None, None
 
 
+def _setup_dropout_state(ctx: Any, inputs: tuple, output: Tensor) -> None:
+    _, ctx.p, state = inputs
+    ctx.save_for_backward(state)
+
+
+def _dropout_state_backward(ctx: Any, grad: Tensor) -> tuple:
+    (state,) = ctx.saved_tensors
+    return torch.ops.carbon.dropout.state(grad, ctx.p, state), None, None
+
+
 torch.library.register_autograd("carbon::dropout", _dropout_backward, setup_context=_setup_dropout)
+torch.library.register_autograd("carbon::dropout.state", _dropout_state_backward, setup_context=_setup_dropout_state)

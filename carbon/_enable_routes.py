@@ -43,10 +43,11 @@ class NotCovered(Exception):
     (e.g. float64, an unsupported reduction); the message says which."""
 
 
-def _draw() -> tuple:
-    """(seed, offset) of the next draw of carbon.default_generator, the
-    generator every routed random op uses (carbon.enable seeds it)."""
-    return carbon.random.default_generator.next_draw()
+def _draw() -> Tensor:
+    """The state tensor [seed, offset] of the next draw of
+    carbon.default_generator, the generator every routed random op uses
+    (carbon.enable seeds it); for the ops' .state overloads."""
+    return carbon.random.default_generator.next_state()
 
 
 def _floating(t: Any) -> bool:
@@ -557,13 +558,11 @@ def _factory(a: dict) -> tuple:
 
 
 def _uniform_values(size: List[int], low: float, high: float, dtype: torch.dtype, device: torch.device) -> Tensor:
-    s, o = _draw()
-    return carbon_ops.uniform(list(size), s, o, float(low), float(high), dtype, device)
+    return carbon_ops.uniform.state(list(size), _draw(), float(low), float(high), dtype, device)
 
 
 def _normal_values(size: List[int], mean: float, std: float, dtype: torch.dtype, device: torch.device) -> Tensor:
-    s, o = _draw()
-    return carbon_ops.normal(list(size), s, o, float(mean), float(std), dtype, device)
+    return carbon_ops.normal.state(list(size), _draw(), float(mean), float(std), dtype, device)
 
 
 def _need_random_dtype(op: str, dtype: torch.dtype) -> None:
@@ -606,8 +605,7 @@ def _randint(a: dict) -> Tensor:
 def _randperm(a: dict) -> Tensor:
     n = a["n"]
     device = torch.device(a.get("device") or "cpu")
-    s, o = _draw()
-    keys = carbon_ops.uniform([n], s, o, 0.0, 1.0, torch.float32, device)
+    keys = carbon_ops.uniform.state([n], _draw(), 0.0, 1.0, torch.float32, device)
     # ties are broken by index (stable sort): the same order on every device
     return aten.sort.stable(keys, stable=True)[1].to(a.get("dtype") or torch.int64)
 
@@ -640,14 +638,14 @@ def _random_(a: dict) -> Tensor:
 
 def _bernoulli(a: dict) -> Tensor:
     x, p = a["self"], a.get("p")
-    s, o = _draw()
+    state = _draw()
     if isinstance(p, Tensor):
         probs = p.to(torch.float32).expand(x.shape).contiguous()
-        return carbon_ops.bernoulli(probs, s, o, None).to(x.dtype)
+        return carbon_ops.bernoulli.state(probs, state, None).to(x.dtype)
     probs = x if p is None else aten.empty_like(x, dtype=torch.float32)
     if probs.dtype not in _CARBON_DTYPES:
         probs = probs.to(torch.float32)
-    return carbon_ops.bernoulli(probs, s, o, None if p is None else float(p)).to(x.dtype)
+    return carbon_ops.bernoulli.state(probs, state, None if p is None else float(p)).to(x.dtype)
 
 
 def _native_dropout(a: dict):

@@ -528,19 +528,35 @@ def _embedding_backward_fake(grad: Tensor, indices: Tensor, num_weights: int, pa
                          f"shape {tuple(indices.shape)}")
     return grad.new_empty((num_weights, grad.shape[-1]))
 # ---------------------------------------------------------------------------
-# Random (uniform, normal, trunc_normal, bernoulli, dropout). Same checks as
-# csrc/random/random.cpp. Self-contained section.
+# Random (uniform, normal, trunc_normal, bernoulli, dropout), each in two
+# forms: (seed, offset) as ints, or .state, a tensor int64 [seed, offset]
+# (carbon.Generator's draws). Same checks as csrc/random/random.cpp, except
+# that a state tensor's offset is a value the fake cannot see (offset None).
+# Self-contained section.
 # ---------------------------------------------------------------------------
 
 
-def _random_factory_fake(op: str, size: Sequence[int], offset: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+def _random_factory_fake(op: str, size: Sequence[int], offset: Optional[int], dtype: torch.dtype,
+                         device: torch.device) -> Tensor:
     if dtype not in SUPPORTED:
         raise TypeError(f"carbon.{op}: output dtype {dtype} is not supported; use float32, bfloat16 or float16")
-    if offset < 0:
+    if offset is not None and offset < 0:
         raise ValueError(f"carbon.{op}: offset must be >= 0, got {offset}")
     if any(s < 0 for s in size):
         raise ValueError(f"carbon.{op}: negative size {list(size)}")
     return torch.empty(size, dtype=dtype, device=device)
+
+
+def _check_state(op: str, state: Tensor, device: torch.device) -> None:
+    """The .state forms' checks of the state tensor (as random.cpp's tensor_state)."""
+    if state.dtype != torch.int64:
+        raise TypeError(f"carbon.{op}: state must be an int64 tensor [seed, offset], got {state.dtype}")
+    if tuple(state.shape) != (2,):
+        raise ValueError(f"carbon.{op}: state must be an int64 tensor [seed, offset] of shape (2,), got shape "
+                         f"{list(state.shape)}")
+    draw = torch.device(device)
+    if state.device.type == draw.type == "cuda" and draw.index is not None and state.device.index != draw.index:
+        raise RuntimeError(f"carbon.{op}: the state is on {state.device} but the draw on {device}")
 
 
 def _check_finite(op: str, **values: float) -> None:
@@ -549,38 +565,74 @@ def _check_finite(op: str, **values: float) -> None:
             raise ValueError(f"carbon.{op}: {name} must be finite, got {v}")
 
 
-@torch.library.register_fake("carbon::uniform")
-def _uniform_fake(size: Sequence[int], seed: int, offset: int, low: float, high: float, dtype: torch.dtype,
-                  device: torch.device) -> Tensor:
+def _uniform_checks(low: float, high: float) -> None:
     _check_finite("uniform", low=low, high=high)
     if not low <= high:
         raise ValueError(f"carbon.uniform: low must be <= high, got low={low} and high={high}")
-    return _random_factory_fake("uniform", size, offset, dtype, device)
 
 
-@torch.library.register_fake("carbon::normal")
-def _normal_fake(size: Sequence[int], seed: int, offset: int, mean: float, std: float, dtype: torch.dtype,
-                 device: torch.device) -> Tensor:
+def _normal_checks(mean: float, std: float) -> None:
     _check_finite("normal", mean=mean, std=std)
     if std < 0:
         raise ValueError(f"carbon.normal: std must be >= 0, got {std}")
-    return _random_factory_fake("normal", size, offset, dtype, device)
 
 
-@torch.library.register_fake("carbon::trunc_normal")
-def _trunc_normal_fake(size: Sequence[int], seed: int, offset: int, mean: float, std: float, a: float, b: float,
-                       dtype: torch.dtype, device: torch.device) -> Tensor:
+def _trunc_normal_checks(mean: float, std: float, a: float, b: float) -> None:
     _check_finite("trunc_normal", mean=mean, std=std, a=a, b=b)
     if std < 0:
         raise ValueError(f"carbon.trunc_normal: std must be >= 0, got {std}")
     if not a <= b:
         raise ValueError(f"carbon.trunc_normal: a must be <= b, got a={a} and b={b}")
+
+
+@torch.library.register_fake("carbon::uniform")
+def _uniform_fake(size: Sequence[int], seed: int, offset: int, low: float, high: float, dtype: torch.dtype,
+                  device: torch.device) -> Tensor:
+    _uniform_checks(low, high)
+    return _random_factory_fake("uniform", size, offset, dtype, device)
+
+
+@torch.library.register_fake("carbon::uniform.state")
+def _uniform_state_fake(size: Sequence[int], state: Tensor, low: float, high: float, dtype: torch.dtype,
+                        device: torch.device) -> Tensor:
+    _uniform_checks(low, high)
+    _check_state("uniform", state, device)
+    return _random_factory_fake("uniform", size, None, dtype, device)
+
+
+@torch.library.register_fake("carbon::normal")
+def _normal_fake(size: Sequence[int], seed: int, offset: int, mean: float, std: float, dtype: torch.dtype,
+                 device: torch.device) -> Tensor:
+    _normal_checks(mean, std)
+    return _random_factory_fake("normal", size, offset, dtype, device)
+
+
+@torch.library.register_fake("carbon::normal.state")
+def _normal_state_fake(size: Sequence[int], state: Tensor, mean: float, std: float, dtype: torch.dtype,
+                       device: torch.device) -> Tensor:
+    _normal_checks(mean, std)
+    _check_state("normal", state, device)
+    return _random_factory_fake("normal", size, None, dtype, device)
+
+
+@torch.library.register_fake("carbon::trunc_normal")
+def _trunc_normal_fake(size: Sequence[int], seed: int, offset: int, mean: float, std: float, a: float, b: float,
+                       dtype: torch.dtype, device: torch.device) -> Tensor:
+    _trunc_normal_checks(mean, std, a, b)
     return _random_factory_fake("trunc_normal", size, offset, dtype, device)
 
 
-def _random_tensor_fake(op: str, x: Tensor, p: Optional[float], offset: int) -> Tensor:
+@torch.library.register_fake("carbon::trunc_normal.state")
+def _trunc_normal_state_fake(size: Sequence[int], state: Tensor, mean: float, std: float, a: float, b: float,
+                             dtype: torch.dtype, device: torch.device) -> Tensor:
+    _trunc_normal_checks(mean, std, a, b)
+    _check_state("trunc_normal", state, device)
+    return _random_factory_fake("trunc_normal", size, None, dtype, device)
+
+
+def _random_tensor_fake(op: str, x: Tensor, p: Optional[float], offset: Optional[int]) -> Tensor:
     _check_dtype(op, "probs" if op == "bernoulli" else "x", x)
-    if offset < 0:
+    if offset is not None and offset < 0:
         raise ValueError(f"carbon.{op}: offset must be >= 0, got {offset}")
     if p is not None and not 0.0 <= p <= 1.0:
         raise ValueError(f"carbon.{op}: p must be in [0, 1], got {p}")
@@ -592,9 +644,21 @@ def _bernoulli_fake(probs: Tensor, seed: int, offset: int, p: Optional[float] = 
     return _random_tensor_fake("bernoulli", probs, p, offset)
 
 
+@torch.library.register_fake("carbon::bernoulli.state")
+def _bernoulli_state_fake(probs: Tensor, state: Tensor, p: Optional[float] = None) -> Tensor:
+    _check_state("bernoulli", state, probs.device)
+    return _random_tensor_fake("bernoulli", probs, p, None)
+
+
 @torch.library.register_fake("carbon::dropout")
 def _dropout_fake(x: Tensor, p: float, seed: int, offset: int) -> Tensor:
     return _random_tensor_fake("dropout", x, p, offset)
+
+
+@torch.library.register_fake("carbon::dropout.state")
+def _dropout_state_fake(x: Tensor, p: float, state: Tensor) -> Tensor:
+    _check_state("dropout", state, x.device)
+    return _random_tensor_fake("dropout", x, p, None)
 
 
 # ---- optimizers, gradient clipping (csrc/optim/; contract §12) ----

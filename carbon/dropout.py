@@ -4,14 +4,17 @@ carbon's counter-based generator (docs/contract.md §10):
     keep_i = (u_i >= p),  u_i = (w_i >> 8) 2^-24 from Philox4x32-10 at (seed, offset, i)
     y_i    = RN(x_i / (1 - p)) if keep_i else +0         (binary64 division, one rounding)
 
-The backward regenerates the same mask from the saved (seed, offset):
-dx_i = RN(g_i / (1 - p)) if keep_i else +0. Same bits on every device.
+The backward regenerates the same mask from the saved state (seed, offset):
+dx_i = RN(g_i / (1 - p)) if keep_i else +0. Same bits on every device. The
+draw's state is a tensor (Generator.next_state), so a compiled forward that
+drops out neither recompiles nor reads the state on the host.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
+import torch
 from torch import Tensor
 
 from carbon.random import Generator, _generator
@@ -31,8 +34,6 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
         raise ValueError(f"carbon.dropout: p must be in [0, 1], got {p}")
     if not training:
         return input
-    seed, offset = _generator(generator).next_draw()
-    import torch
-
-    out = torch.ops.carbon.dropout(input, p, seed, offset)
+    state = _generator(generator).next_state()
+    out = torch.ops.carbon.dropout.state(input, p, state)
     return input.copy_(out) if inplace else out

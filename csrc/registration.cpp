@@ -96,6 +96,16 @@ TORCH_LIBRARY(carbon, m) {
         "ScalarType dtype, Device device) -> Tensor");
   m.def("bernoulli(Tensor probs, int seed, int offset, float? p=None) -> Tensor");
   m.def("dropout(Tensor x, float p, int seed, int offset) -> Tensor");
+  // The .state overloads take (seed, offset) as a tensor, int64 [seed, offset]
+  // in host memory or on the draw's device (carbon.Generator's draws): under
+  // torch.compile a graph input rather than constants, in a CUDA graph read
+  // by the kernel at each replay.
+  m.def("uniform.state(int[] size, Tensor state, float low, float high, ScalarType dtype, Device device) -> Tensor");
+  m.def("normal.state(int[] size, Tensor state, float mean, float std, ScalarType dtype, Device device) -> Tensor");
+  m.def("trunc_normal.state(int[] size, Tensor state, float mean, float std, float a, float b, "
+        "ScalarType dtype, Device device) -> Tensor");
+  m.def("bernoulli.state(Tensor probs, Tensor state, float? p=None) -> Tensor");
+  m.def("dropout.state(Tensor x, float p, Tensor state) -> Tensor");
   // ---- end random ----
   // ---- optimizers, gradient clipping (csrc/optim/; contract §12) ----
   m.def("adam_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
@@ -114,6 +124,11 @@ TORCH_LIBRARY_IMPL(carbon, CompositeExplicitAutograd, m) {
   m.impl("uniform", &carbon::uniform_op);
   m.impl("normal", &carbon::normal_op);
   m.impl("trunc_normal", &carbon::trunc_normal_op);
+  // the state tensor may be in host memory for a draw on a CUDA device, so
+  // these, too, go by `device`
+  m.impl("uniform.state", &carbon::uniform_state_op);
+  m.impl("normal.state", &carbon::normal_state_op);
+  m.impl("trunc_normal.state", &carbon::trunc_normal_state_op);
 }
 // ---- end random ----
 
@@ -168,6 +183,8 @@ void bind_kernels(torch::Library& m) {
   // ---- random ----
   m.impl("bernoulli", &carbon::bernoulli_op);
   m.impl("dropout", &carbon::dropout_op);
+  m.impl("bernoulli.state", &carbon::bernoulli_state_op);
+  m.impl("dropout.state", &carbon::dropout_state_op);
   // ---- end random ----
   // ---- optimizers, gradient clipping ----
   m.impl("adam_step_", &carbon::adam_step_);

@@ -359,11 +359,20 @@ def test_errors():
 
 
 def test_opcheck():
+    # each op has two overloads: (seed, offset) as ints, and .state (a tensor)
     x = torch.randn(5, 6, requires_grad=True)
-    torch.library.opcheck(torch.ops.carbon.dropout, (x, 0.3, 12, 3))
-    torch.library.opcheck(torch.ops.carbon.bernoulli, (torch.rand(4, 5), 12, 3, None))
-    torch.library.opcheck(torch.ops.carbon.uniform, ([4, 5], 12, 3, -1.0, 1.0, torch.float32, torch.device("cpu")))
-    torch.library.opcheck(torch.ops.carbon.normal, ([4, 5], 12, 3, 0.0, 1.0, torch.bfloat16, torch.device("cpu")))
+    cpu = torch.device("cpu")
+    ops = torch.ops.carbon
+    torch.library.opcheck(ops.dropout.default, (x, 0.3, 12, 3))
+    torch.library.opcheck(ops.bernoulli.default, (torch.rand(4, 5), 12, 3, None))
+    torch.library.opcheck(ops.uniform.default, ([4, 5], 12, 3, -1.0, 1.0, torch.float32, cpu))
+    torch.library.opcheck(ops.normal.default, ([4, 5], 12, 3, 0.0, 1.0, torch.bfloat16, cpu))
+    state = torch.tensor([12, 3])
+    torch.library.opcheck(ops.dropout.state, (x, 0.3, state))
+    torch.library.opcheck(ops.bernoulli.state, (torch.rand(4, 5), state, 0.25))
+    torch.library.opcheck(ops.uniform.state, ([4, 5], state, -1.0, 1.0, torch.float32, cpu))
+    torch.library.opcheck(ops.normal.state, ([4, 5], state, 0.0, 1.0, torch.bfloat16, cpu))
+    torch.library.opcheck(ops.trunc_normal.state, ([4, 5], state, 0.0, 1.0, -0.5, 1.0, torch.float16, cpu))
 
 
 def test_compile_dropout():

@@ -1,7 +1,10 @@
 // CUDA kernels of Carbon's random ops: a grid-stride loop over the same
 // per-block code as the CPU (philox.h), so the same bits. Launched on the
-// current stream; the seed and offset arrive as kernel arguments (no host
-// synchronization, no device-side generator state).
+// current stream. The seed and offset arrive as kernel arguments, or (a
+// generator's state tensor on the device) as the address of the int64 pair
+// [seed, offset], read by every thread when the kernel runs: the host never
+// waits for the device, and a CUDA graph replay reads the state of its time.
+#include <ATen/cuda/CUDAGraphsUtils.cuh>
 #include <c10/cuda/CUDAGuard.h>
 
 #include "../cuda_launch.cuh"
@@ -15,15 +18,24 @@ namespace {
 template <Kind kKind, typename F>
 __global__ void random_kernel(Params params, int64_t items, int64_t n, const typename F::Bits* __restrict__ in,
                               typename F::Bits* __restrict__ out) {
+  const int64_t* device_state = params.state.device_state;
+  const uint64_t seed = device_state != nullptr ? static_cast<uint64_t>(device_state[0]) : params.state.seed;
+  const uint64_t offset = device_state != nullptr ? static_cast<uint64_t>(device_state[1]) : params.state.offset;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; item < items; item += stride)
-    random_item<kKind, F>(params, static_cast<uint64_t>(item), n, in, out);
+    random_item<kKind, F>(params, seed, offset, static_cast<uint64_t>(item), n, in, out);
 }
 
 }  // namespace
 
 void random_cuda(const Params& params, const at::Tensor& in, at::Tensor& out) {
   const c10::cuda::CUDAGuard guard(out.device());
+  // A state read on the host would be frozen into the graph while the
+  // generator's offset moves on at each replay: every replay would draw the
+  // same values.
+  TORCH_CHECK(!params.state.from_host_tensor || at::cuda::currentStreamCaptureStatus() == at::cuda::CaptureStatus::None,
+              "carbon: a draw captured in a CUDA graph needs its generator's state on the device "
+              "(carbon.Generator(device=\"cuda\")); this one's state is in host memory");
   const int threads = 256;
   const int64_t n = out.numel();
   const int64_t items = work_items(params.kind, n);
