@@ -610,6 +610,41 @@ def _randperm(a: dict) -> Tensor:
     return aten.sort.stable(keys, stable=True)[1].to(a.get("dtype") or torch.int64)
 
 
+def _multinomial(a: dict) -> Tensor:
+    """Sampling as an exponential race (docs/enable.md): per category i one
+    uniform draw u_i (k 2^-24), e_i = -LOG(1 - u_i) (carbon's log; 1 - u_i is
+    exact), key_i = RN32(e_i / w_i) (+inf for w_i = 0); the categories in order
+    of increasing key, ties by index. Without replacement the first
+    num_samples of one race (distributed as sequential sampling without
+    replacement); with replacement one race per sample."""
+    w, k, replacement = a["self"], a["num_samples"], a.get("replacement", False)
+    if a.get("generator") is not None:
+        raise NotCovered("multinomial with a torch.Generator: carbon draws from carbon.default_generator "
+                         "(seeded by carbon.enable's seed or torch.manual_seed)")
+    _need_carbon_dtype("multinomial", w)
+    if w.dim() not in (1, 2):
+        raise ValueError(f"multinomial: prob_dist must be 1 or 2 dim, got {w.dim()}")
+    rows = (w.unsqueeze(0) if w.dim() == 1 else w).to(torch.float32)  # exact widening
+    n = rows.shape[1]
+    if not replacement and k > n:
+        raise RuntimeError("multinomial: cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    if w.device.type == "cpu" and rows.numel() > 0:  # torch's checks; on CUDA they would need a host sync
+        if bool(aten.any(aten.logical_or(aten.lt(rows, 0), aten.logical_not(aten.isfinite(rows))))):
+            raise RuntimeError("multinomial: probability tensor contains either `inf`, `nan` or element < 0")
+        if bool(aten.any(aten.eq(aten.amax(rows, [1]), 0))):
+            raise RuntimeError("multinomial: invalid multinomial distribution (sum of probabilities <= 0)")
+    races = k if replacement else 1
+    u = carbon_ops.uniform.state([rows.shape[0], races, n], _draw(), 0.0, 1.0, torch.float32, w.device)
+    e = aten.neg(carbon_ops.log(aten.rsub(u, 1.0)))
+    weights = rows.unsqueeze(1)
+    keys = aten.where(aten.eq(weights, 0), math.inf, aten.div(e, weights))
+    if replacement:
+        idx = aten.argmin(keys, -1)  # the first of equal minima: ties by index
+    else:
+        idx = aten.sort.stable(keys, stable=True, dim=-1)[1][:, 0, :k]
+    return idx if w.dim() == 2 else idx.squeeze(0)
+
+
 def _uniform_(a: dict) -> Tensor:
     x = a["self"]
     _need_random_dtype("uniform_", x.dtype)
@@ -726,7 +761,7 @@ ROUTES: Dict[str, Callable] = {
     "embedding_dense_backward": _embedding_backward,
     # randomness (carbon.Generator)
     "rand": _rand, "randn": _randn, "randint": _randint, "randperm": _randperm, "uniform": _uniform_,
-    "normal": _normal_, "random": _random_, "bernoulli": _bernoulli,
+    "normal": _normal_, "random": _random_, "bernoulli": _bernoulli, "multinomial": _multinomial,
     "native_dropout": _native_dropout, "native_dropout_backward": _native_dropout_backward,
     # foreach (torch.optim's multi-tensor paths, grad scaling)
     **{f"_foreach_{b}": _foreach(b) for b in ("add", "sub", "mul", "div", "addcmul", "addcdiv", "lerp", "sqrt", "pow",

@@ -179,6 +179,55 @@ def test_randint_and_randperm_are_derived_from_uniform_draws():
     assert perm.tolist() == sorted(range(20), key=lambda i: (keys[i], i))
 
 
+def _race_keys(seed: int, offset: int, weights, races: int):
+    """The exponential race of docs/enable.md from the independent Philox
+    reference: key = RN32(-RN32(log(1 - u)) / w), +inf for w = 0."""
+    from tests.elementwise_ref import expected_bits
+
+    n = len(weights[0])
+    words = philox_reference.words(seed, offset, len(weights) * races * n)
+    keys = []
+    for r, row in enumerate(weights):
+        per_race = []
+        for s in range(races):
+            ks = []
+            for i, w in enumerate(row):
+                u = philox_reference.uniform01(words[(r * races + s) * n + i])
+                (log_bits,) = expected_bits("log", float(1 - u), torch.float32)  # decidable for these inputs
+                e = -Fraction(bits_to_float(log_bits, torch.float32))
+                ks.append(math.inf if w == 0 else Fraction(bits_to_float(round_bits(e / Fraction(w), torch.float32),
+                                                                          torch.float32)))
+            per_race.append(ks)
+        keys.append(per_race)
+    return keys
+
+
+def test_multinomial_is_an_exponential_race_on_carbon_draws():
+    w = [[0.1, 0.0, 0.5, 0.25, 1.0, 0.05, 2.0, 0.3], [1.0] * 8]
+    with carbon.enabled(seed=11):
+        without = torch.multinomial(torch.tensor(w), 5)
+        with_repl = torch.multinomial(torch.tensor(w), 3, replacement=True)
+        single = torch.multinomial(torch.tensor(w[0]), 2)
+    keys = _race_keys(11, 0, w, 1)
+    for r in range(2):
+        assert without[r].tolist() == sorted(range(8), key=lambda i: (keys[r][0][i], i))[:5]
+    keys = _race_keys(11, 1, w, 3)
+    for r in range(2):
+        assert with_repl[r].tolist() == [min(range(8), key=lambda i: (keys[r][s][i], i)) for s in range(3)]
+    assert 1 not in without[0].tolist() and 1 not in with_repl[0].tolist()  # zero weight: never drawn
+    assert single.shape == (2,)
+    with carbon.enabled(), pytest.raises(RuntimeError, match="probability tensor"):
+        torch.multinomial(torch.tensor([0.5, -0.1]), 1)
+
+
+def test_multinomial_frequencies_follow_the_weights():
+    w = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    with carbon.enabled(seed=3):
+        draws = torch.multinomial(w.expand(4000, 4), 1).reshape(-1)
+    freq = torch.bincount(draws, minlength=4).double() / 4000
+    assert torch.allclose(freq, (w / w.sum()).double(), atol=0.03), freq
+
+
 def test_initialization_is_the_same_for_the_same_seed_and_changes_with_it():
     def build(seed):
         with carbon.enabled(seed=seed):
