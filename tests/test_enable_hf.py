@@ -86,3 +86,27 @@ def test_llama_logits_do_not_depend_on_the_batch():
         batch = model(input_ids=ids).logits
         alone = model(input_ids=ids[4:5]).logits
     assert torch.equal(as_bits(batch[4:5]), as_bits(alone))
+
+
+# ---- generation with sampling (RL rollouts): softmax, top-k, top-p (cumsum), multinomial ----------------------
+
+def _generate(device: str = "cpu"):
+    with carbon.enabled(seed=0):
+        model = transformers.GPT2LMHeadModel(_config()).eval().to(device)
+        ids = torch.randint(1, 97, (3, 5)).to(device)
+        return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=20, top_p=0.9,
+                              temperature=0.8, max_new_tokens=10, pad_token_id=0).cpu()
+
+
+def test_gpt2_sampling_runs_under_strict_enable_and_is_thread_invariant(restore_num_threads):
+    torch.set_num_threads(1)
+    one = _generate()
+    torch.set_num_threads(2)
+    assert torch.equal(one, _generate())
+    assert one.shape == (3, 15)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpt2_sampling_on_cuda_equals_the_cpu():
+    assert torch.equal(_generate("cuda"), _generate("cpu"))
