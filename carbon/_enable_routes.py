@@ -514,6 +514,32 @@ def _gelu_backward(a: dict) -> Tensor:
     return carbon_ops.elementwise_backward(a["grad_output"], a["self"], fn)
 
 
+def _softplus(a: dict) -> Tensor:
+    """beta = 1: x where x > threshold (torch's rule), else carbon's softplus."""
+    x, beta, threshold = a["self"], a.get("beta", 1), a.get("threshold", 20)
+    _need_carbon_dtype("softplus", x)
+    if beta != 1:
+        raise NotCovered(f"softplus with beta={beta}: carbon covers beta=1")
+    return aten.where(aten.gt(x, threshold), x, carbon_ops.softplus(x))
+
+
+def _softplus_backward(a: dict) -> Tensor:
+    g, x, beta, threshold = a["grad_output"], a["self"], a.get("beta", 1), a.get("threshold", 20)
+    if beta != 1:
+        raise NotCovered(f"softplus_backward with beta={beta}: carbon covers beta=1")
+    return aten.where(aten.gt(x, threshold), g, carbon_ops.elementwise_backward(g, x, "softplus"))
+
+
+def _log_sigmoid_forward(a: dict):
+    x = a["self"]
+    _need_carbon_dtype("log_sigmoid", x)
+    return carbon_ops.log_sigmoid(x), aten.empty([0], dtype=x.dtype, device=x.device)
+
+
+def _log_sigmoid_backward(a: dict) -> Tensor:
+    return carbon_ops.elementwise_backward(a["grad_output"], a["self"], "log_sigmoid")
+
+
 def _silu_backward(a: dict) -> Tensor:
     return carbon_ops.elementwise_backward(a["grad_output"], a["self"], "silu")
 
@@ -751,6 +777,8 @@ ROUTES: Dict[str, Callable] = {
     "tanh": _unary("tanh", carbon_ops.tanh), "sigmoid": _unary("sigmoid", carbon_ops.sigmoid),
     "erf": _unary("erf", carbon_ops.erf), "silu": _unary("silu", carbon_ops.silu),
     "sin": _unary("sin", carbon_ops.sin), "cos": _unary("cos", carbon_ops.cos),
+    "log1p": _unary("log1p", carbon_ops.log1p), "softplus": _softplus, "softplus_backward": _softplus_backward,
+    "log_sigmoid_forward": _log_sigmoid_forward, "log_sigmoid_backward": _log_sigmoid_backward,
     "gelu": _gelu, "gelu_backward": _gelu_backward, "silu_backward": _silu_backward,
     "tanh_backward": _tanh_backward, "sigmoid_backward": _sigmoid_backward,
     # single IEEE operations, spelled out so that no device fuses them

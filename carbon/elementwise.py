@@ -1,4 +1,5 @@
-"""Carbon's elementwise math: exp, log, tanh, sigmoid, erf, gelu, silu, sin, cos.
+"""Carbon's elementwise math: exp, log, tanh, sigmoid, erf, gelu, silu, sin, cos, log1p,
+softplus, log_sigmoid.
 
 Each returns, elementwise and in the input's dtype (float32, bfloat16 or
 float16), ONE rounding (to nearest, ties to even) of an fp64 evaluation of
@@ -15,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu", "sin", "cos"]
+__all__ = ["exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu", "sin", "cos", "log1p", "softplus", "log_sigmoid"]
 
 
 def exp(x: Tensor) -> Tensor:
@@ -69,3 +70,23 @@ def cos(x: Tensor) -> Tensor:
     """Cosine, elementwise (even; NaN at +-inf), with sin's exact argument
     reduction."""
     return torch.ops.carbon.cos(x)
+
+
+def log1p(x: Tensor) -> Tensor:
+    """log(1 + x), elementwise, accurate for small x (keeps the sign of zero;
+    -inf at -1, NaN below)."""
+    return torch.ops.carbon.log1p(x)
+
+
+def softplus(x: Tensor) -> Tensor:
+    """log(1 + e^x), elementwise, for every x (no threshold: for large x the
+    result rounds to x by itself). ``torch.nn.functional.softplus`` with
+    beta=1 under ``carbon.enable`` adds torch's threshold (x above it is
+    returned as it is)."""
+    return torch.ops.carbon.softplus(x)
+
+
+def log_sigmoid(x: Tensor) -> Tensor:
+    """log(sigmoid(x)) = -softplus(-x), elementwise, without cancellation
+    (the loss of DPO and of pairwise reward models)."""
+    return torch.ops.carbon.log_sigmoid(x)

@@ -6,7 +6,7 @@
 
 #include "attention/attention.h"
 #include "convert/round_to.h"
-// ---- elementwise math (exp, log, tanh, sigmoid, erf, gelu, silu, sin, cos) ----
+// ---- elementwise math (exp, log, tanh, sigmoid, erf, gelu, silu, sin, cos, log1p, softplus, log_sigmoid) ----
 #include "elementwise/elementwise.h"
 #include "elementwise/pow.h"
 // ---- end elementwise math ----
@@ -64,6 +64,9 @@ TORCH_LIBRARY(carbon, m) {
   m.def("silu(Tensor x) -> Tensor");
   m.def("sin(Tensor x) -> Tensor");
   m.def("cos(Tensor x) -> Tensor");
+  m.def("log1p(Tensor x) -> Tensor");
+  m.def("softplus(Tensor x) -> Tensor");
+  m.def("log_sigmoid(Tensor x) -> Tensor");
   m.def("pow_tensor_scalar(Tensor x, float exponent) -> Tensor");
   m.def("pow_scalar_tensor(float base, Tensor exponent) -> Tensor");
   m.def("elementwise_backward(Tensor grad, Tensor x, str fn) -> Tensor");
@@ -163,6 +166,9 @@ void bind_kernels(torch::Library& m) {
   m.impl("silu", &carbon::silu_op);
   m.impl("sin", &carbon::sin_op);
   m.impl("cos", &carbon::cos_op);
+  m.impl("log1p", &carbon::log1p_op);
+  m.impl("softplus", &carbon::softplus_op);
+  m.impl("log_sigmoid", &carbon::log_sigmoid_op);
   m.impl("pow_tensor_scalar", &carbon::pow_tensor_scalar);
   m.impl("pow_scalar_tensor", &carbon::pow_scalar_tensor);
   m.impl("elementwise_backward", &carbon::elementwise_backward);

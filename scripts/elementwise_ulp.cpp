@@ -68,7 +68,8 @@ const LD kC = 2 * sqrtl(2 / kPiL);
 const LD kA = 0.044715L;
 
 Ref reference(int id, float xf) {
-  enum { EXP, LOG, TANH, SIG, ERF, GELU, GELUT, SILU, EXPG, LOGG, TANHG, SIGG, ERFG, GELUG, GELUTG, SILUG, SIN, COS, SING, COSG };
+  enum { EXP, LOG, TANH, SIG, ERF, GELU, GELUT, SILU, EXPG, LOGG, TANHG, SIGG, ERFG, GELUG, GELUTG, SILUG, SIN, COS, SING, COSG,
+         LOG1P, SOFTPLUS, LOGSIG, LOG1PG, SOFTPLUSG, LOGSIGG };
   const LD x = xf;
   if (id == EXP) return exact(expl(x));
   if (id == LOG) return exact(logl(x));
@@ -85,6 +86,17 @@ Ref reference(int id, float xf) {
     if (std::isinf(xf)) return {NAN, 0};
     return exact(cosl(x));
   }
+  if (id == LOG1P) return x < -1 ? Ref{NAN, 0} : exact(log1pl(x));
+  // softplus = x + log1p(e^-x) for x >= 0, log1p(e^x) below (positive terms)
+  if (id == SOFTPLUS || id == LOGSIG) {
+    const LD y = id == SOFTPLUS ? x : -x;
+    if (std::isinf(xf)) return {id == SOFTPLUS ? (y > 0 ? y : 0.0L) : (y > 0 ? -y : -0.0L), 0};
+    const LD v = y >= 0 ? y + log1pl(expl(-y)) : log1pl(expl(y));
+    return exact(id == SOFTPLUS ? v : -v);
+  }
+  if (id == LOG1PG) return x < -1 ? Ref{NAN, 0} : exact(1 / (1 + x), 0x1p-63L);
+  if (id == SOFTPLUSG) return sigmoidL(x);
+  if (id == LOGSIGG) return sigmoidL(-x);
   // gelu, gelu_tanh, silu for 0 < |x| < 2^-60: x/2 + c x^2 + ..., c > 0, where
   // the x^2 term is below long double's resolution but decides the rounding
   // when x/2 is a midpoint: x/2 (1 + 2^-62) lies on the same side of every
@@ -162,13 +174,20 @@ double core(int id, double x) {
     case 16: return sin_core(x);
     case 17: return cos_core(x);
     case 18: return sin_grad_core(x);
-    default: return cos_grad_core(x);
+    case 19: return cos_grad_core(x);
+    case 20: return log1p_core(x);
+    case 21: return softplus_core(x);
+    case 22: return log_sigmoid_core(x);
+    case 23: return log1p_grad_core(x);
+    case 24: return softplus_grad_core(x);
+    default: return log_sigmoid_grad_core(x);
   }
 }
 const char* kNames[] = {"exp",      "log",      "tanh",      "sigmoid",      "erf",      "gelu",      "gelu_tanh",      "silu",
                         "exp_grad", "log_grad", "tanh_grad", "sigmoid_grad", "erf_grad", "gelu_grad", "gelu_tanh_grad", "silu_grad",
-                        "sin",      "cos",      "sin_grad",  "cos_grad"};
-constexpr int kCount = 20;
+                        "sin",      "cos",      "sin_grad",  "cos_grad",
+                        "log1p",    "softplus", "log_sigmoid", "log1p_grad", "softplus_grad", "log_sigmoid_grad"};
+constexpr int kCount = 26;
 
 float carbon_float(int id, float x) {
   constexpr FloatFormat f32 = Format<FormatId::kFloat32>::get();
@@ -312,7 +331,7 @@ int main(int argc, char** argv) {
     }
   }
   if (ids.empty())
-    for (int k : {0, 1, 2, 3, 4, 5, 6, 7, 16, 17}) ids.push_back(k);
+    for (int k : {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 20, 21, 22}) ids.push_back(k);
   if (stride < 1) stride = 1;
   std::printf("%-15s %12s %-34s %10s %10s %8s %10s %8s\n", "function", "max_ulp", "at x", "not_CR", "undecid.",
               "spec_bad", "checked", "seconds");

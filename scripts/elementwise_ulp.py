@@ -8,8 +8,8 @@ for each function, every float32 bit pattern (or every K-th) goes through the
 kernels' code and is compared with a long double reference. Prints per
 function the max error in ulps, where it occurs, how many results are not
 the correctly rounded value, and how many the reference cannot decide.
-Functions: exp log tanh sigmoid erf gelu gelu_tanh silu sin cos (default), and
-with --grads (or by name) their derivatives exp_grad ... cos_grad.
+Functions: exp log tanh sigmoid erf gelu gelu_tanh silu sin cos log1p softplus
+log_sigmoid (default), and with --grads (or by name) their derivatives exp_grad ... cos_grad.
 --sincos-reduction instead measures the smallest reduced argument of sin/cos.
 """
 
@@ -24,7 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE = os.path.join(ROOT, "scripts", "elementwise_ulp.cpp")
 HEADERS = [os.path.join(ROOT, "csrc", "elementwise", "elementwise_math.h"),
            os.path.join(ROOT, "csrc", "exact", "float_format.h"), os.path.join(ROOT, "csrc", "exact", "portable.h")]
-FORWARD = ["exp", "log", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "silu", "sin", "cos"]
+FORWARD = ["exp", "log", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "silu", "sin", "cos", "log1p", "softplus",
+           "log_sigmoid"]
 GRADS = [f + "_grad" for f in FORWARD]
 
 

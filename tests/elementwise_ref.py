@@ -23,7 +23,8 @@ from oracle import fmt_of, round_bits
 mp.mp.prec = 256
 REL = Fraction(1, 2**41)  # tolerance around midpoints: 2^-41 relative (2^-17 float32 ulp)
 
-FORWARD = ("exp", "log", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "silu", "sin", "cos")
+FORWARD = ("exp", "log", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "silu", "sin", "cos", "log1p", "softplus",
+           "log_sigmoid")
 A = mp.mpf("0.044715")
 C = mp.sqrt(2 / mp.pi)
 
@@ -70,6 +71,16 @@ def value(name: str, x: float):
         return mp.sin(X)
     if name == "cos":
         return mp.cos(X)
+    if name == "log1p":
+        if x < -1:
+            return math.nan
+        if x == -1:
+            return -math.inf
+        return mp.log1p(X)
+    if name == "softplus":
+        return mp.log1p(mp.exp(X))
+    if name == "log_sigmoid":
+        return -mp.log1p(mp.exp(-X))
     raise ValueError(name)
 
 
@@ -114,6 +125,19 @@ def derivative(name: str, x: float):
     if name == "cos":
         v = -mp.sin(X)
         return v, abs(v)
+    if name == "log1p":
+        if x < -1:
+            return math.nan, 0
+        if x == -1:
+            return math.inf, 0
+        v = 1 / (1 + X)
+        return v, abs(v)
+    if name == "softplus":
+        v = _sigmoid(X)
+        return v, v
+    if name == "log_sigmoid":
+        v = _sigmoid(-X)
+        return v, v
     raise ValueError(name)
 
 
@@ -121,12 +145,14 @@ def derivative(name: str, x: float):
 _LIMITS = {
     "exp": (math.inf, 0.0), "log": (math.inf, math.nan), "tanh": (1.0, -1.0), "sigmoid": (1.0, 0.0),
     "erf": (1.0, -1.0), "gelu": (math.inf, -0.0), "gelu_tanh": (math.inf, -0.0), "silu": (math.inf, -0.0),
-    "sin": (math.nan, math.nan), "cos": (math.nan, math.nan),
+    "sin": (math.nan, math.nan), "cos": (math.nan, math.nan), "log1p": (math.inf, math.nan),
+    "softplus": (math.inf, 0.0), "log_sigmoid": (-0.0, -math.inf),
 }
 _GRAD_LIMITS = {
     "exp": (math.inf, 0.0), "log": (0.0, math.nan), "tanh": (0.0, 0.0), "sigmoid": (0.0, 0.0),
     "erf": (0.0, 0.0), "gelu": (1.0, 0.0), "gelu_tanh": (1.0, 0.0), "silu": (1.0, 0.0),
-    "sin": (math.nan, math.nan), "cos": (math.nan, math.nan),
+    "sin": (math.nan, math.nan), "cos": (math.nan, math.nan), "log1p": (0.0, math.nan),
+    "softplus": (1.0, 0.0), "log_sigmoid": (0.0, 1.0),
 }
 
 
@@ -164,7 +190,7 @@ def expected_bits(name: str, x: float, dtype: torch.dtype, rel: Fraction = REL) 
         return {fmt_of(dtype).nan_bits}
     if math.isinf(x):
         return {round_bits(_LIMITS[name][0 if x > 0 else 1], dtype)}
-    if x == 0 and name in ("tanh", "erf", "gelu", "gelu_tanh", "silu", "sin"):
+    if x == 0 and name in ("tanh", "erf", "gelu", "gelu_tanh", "silu", "sin", "log1p"):
         return {round_bits(x, dtype)}  # odd or x*(...): keeps the sign of zero
     v = value(name, x)
     if isinstance(v, float):

@@ -61,6 +61,9 @@ const char* op_name(math::Fn fn) {
     case math::Fn::kSilu: return "silu";
     case math::Fn::kSin: return "sin";
     case math::Fn::kCos: return "cos";
+    case math::Fn::kLog1p: return "log1p";
+    case math::Fn::kSoftplus: return "softplus";
+    case math::Fn::kLogSigmoid: return "log_sigmoid";
   }
   return "?";
 }
@@ -116,6 +119,9 @@ at::Tensor erf_op(const at::Tensor& x) { return run(math::Fn::kErf, x); }
 at::Tensor silu_op(const at::Tensor& x) { return run(math::Fn::kSilu, x); }
 at::Tensor sin_op(const at::Tensor& x) { return run(math::Fn::kSin, x); }
 at::Tensor cos_op(const at::Tensor& x) { return run(math::Fn::kCos, x); }
+at::Tensor log1p_op(const at::Tensor& x) { return run(math::Fn::kLog1p, x); }
+at::Tensor softplus_op(const at::Tensor& x) { return run(math::Fn::kSoftplus, x); }
+at::Tensor log_sigmoid_op(const at::Tensor& x) { return run(math::Fn::kLogSigmoid, x); }
 
 at::Tensor gelu_op(const at::Tensor& x, c10::string_view approximate) {
   TORCH_CHECK_VALUE(approximate == "none" || approximate == "tanh",
@@ -128,13 +134,14 @@ at::Tensor elementwise_backward(const at::Tensor& grad, const at::Tensor& x, c10
       {"exp", math::Fn::kExp},         {"log", math::Fn::kLog},   {"tanh", math::Fn::kTanh},
       {"sigmoid", math::Fn::kSigmoid}, {"erf", math::Fn::kErf},   {"gelu", math::Fn::kGelu},
       {"gelu_tanh", math::Fn::kGeluTanh}, {"silu", math::Fn::kSilu}, {"sin", math::Fn::kSin},
-      {"cos", math::Fn::kCos},
+      {"cos", math::Fn::kCos},         {"log1p", math::Fn::kLog1p}, {"softplus", math::Fn::kSoftplus},
+      {"log_sigmoid", math::Fn::kLogSigmoid},
   };
   const math::Fn* found = nullptr;
   for (const auto& entry : kNames)
     if (fn_name == entry.first) found = &entry.second;
   TORCH_CHECK_VALUE(found != nullptr, "carbon.elementwise_backward: unknown function '", std::string(fn_name),
-                    "'; expected exp, log, tanh, sigmoid, erf, gelu, gelu_tanh, silu, sin or cos");
+                    "'; expected exp, log, tanh, sigmoid, erf, gelu, gelu_tanh, silu, sin, cos, log1p, softplus or log_sigmoid");
   const char* op = "elementwise_backward";
   check_supported_dtype(op, "x", x);
   check_supported_dtype(op, "grad", grad);

@@ -579,10 +579,53 @@ CARBON_HD double cos_core(double x) {
 CARBON_HD double sin_grad_core(double x) { return cos_core(x); }
 CARBON_HD double cos_grad_core(double x) { return -sin_core(x); }
 
+// ---- log1p, softplus, log-sigmoid -------------------------------------------
+// log1p(y): for |y| <= 1/4, 2 atanh(s) with s = y / (2 + y) (two roundings:
+// relative error of s < 2.01u), |s| <= 1/7, z = s^2 <= 0.0205, inside
+// log_core's series bound (z <= 0.0294): < 2^-50. Otherwise log_core(1 + y):
+// 1 + y rounds by at most u (1 + y), which moves the log by at most
+// u (1 + y) / ((1 + y) |log(1 + y)|) <= u / log(4/3) < 3.5u: < 2^-49.8 in all.
+// log1p(-1) = -inf, y < -1 NaN, log1p(+-0) = +-0, log1p(inf) = inf.
+CARBON_HD double log1p_core(double y) {
+  constexpr double kSeries[10] = {
+      0x1.8618618618618p-5, 0x1.af286bca1af28p-5, 0x1.e1e1e1e1e1e1ep-5, 0x1.1111111111111p-4,
+      0x1.3b13b13b13b14p-4, 0x1.745d1745d1746p-4, 0x1.c71c71c71c71cp-4, 0x1.2492492492492p-3,
+      0x1.999999999999ap-3, 0x1.5555555555555p-2,
+  };
+  if (!(abs_value(y) <= 0.25)) return log_core(1.0 + y);  // NaN, inf and y < -1 included
+  if (y == 0.0) return y;                                  // keeps the sign of zero
+  const double s = y / (2.0 + y);
+  const double z = s * s;
+  const double s2 = 2.0 * s;
+  return fma(s2, z * horner(kSeries, z), s2);
+}
+
+// softplus(x) = log(1 + e^x): x + log1p(e^-x) for x >= 0 (two positive terms),
+// log1p(e^x) for x < 0 (e^x < 1, log1p's condition number <= 1): relative
+// error < 2^-49 (exp 2^-49.5, log1p 2^-49.8, one addition). +inf -> +inf,
+// -inf -> +0 (e^x underflows to 0 below -745; the float result is 0 anyway).
+CARBON_HD double softplus_core(double x) {
+  if (is_nan(x)) return x;
+  if (x >= 0.0) return x + log1p_core(exp_core(-x));
+  return log1p_core(exp_core(x));
+}
+
+// log sigmoid(x) = -softplus(-x): NaN stays NaN; -inf -> -inf, +inf -> -0.
+CARBON_HD double log_sigmoid_core(double x) { return -softplus_core(-x); }
+
+// Derivatives: log1p' = 1 / (1 + x) (relative error < 2u; +inf at -1, NaN
+// below); softplus' = sigmoid(x); log-sigmoid' = sigmoid(-x).
+CARBON_HD double log1p_grad_core(double x) {
+  if (x < -1.0) return quiet_nan();
+  return 1.0 / (1.0 + x);
+}
+CARBON_HD double softplus_grad_core(double x) { return sigmoid_core(x); }
+CARBON_HD double log_sigmoid_grad_core(double x) { return sigmoid_core(-x); }
+
 // ---- dispatch ------------------------------------------------------------------
 // The functions as compile-time tags, so kernels specialize per function.
-enum class Fn { kExp, kLog, kTanh, kSigmoid, kErf, kGelu, kGeluTanh, kSilu, kSin, kCos };
-constexpr int kNumFns = 10;
+enum class Fn { kExp, kLog, kTanh, kSigmoid, kErf, kGelu, kGeluTanh, kSilu, kSin, kCos, kLog1p, kSoftplus, kLogSigmoid };
+constexpr int kNumFns = 13;
 
 template <Fn kFn>
 CARBON_HD double forward_core(double x) {
@@ -596,6 +639,9 @@ CARBON_HD double forward_core(double x) {
   if constexpr (kFn == Fn::kSilu) return silu_core(x);
   if constexpr (kFn == Fn::kSin) return sin_core(x);
   if constexpr (kFn == Fn::kCos) return cos_core(x);
+  if constexpr (kFn == Fn::kLog1p) return log1p_core(x);
+  if constexpr (kFn == Fn::kSoftplus) return softplus_core(x);
+  if constexpr (kFn == Fn::kLogSigmoid) return log_sigmoid_core(x);
 }
 
 template <Fn kFn>
@@ -610,6 +656,9 @@ CARBON_HD double grad_core(double x) {
   if constexpr (kFn == Fn::kSilu) return silu_grad_core(x);
   if constexpr (kFn == Fn::kSin) return sin_grad_core(x);
   if constexpr (kFn == Fn::kCos) return cos_grad_core(x);
+  if constexpr (kFn == Fn::kLog1p) return log1p_grad_core(x);
+  if constexpr (kFn == Fn::kSoftplus) return softplus_grad_core(x);
+  if constexpr (kFn == Fn::kLogSigmoid) return log_sigmoid_grad_core(x);
 }
 
 
