@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include "../dtypes.h"
+#include "matmul_cpu.h"
 
 namespace carbon {
 namespace {
@@ -62,7 +63,7 @@ at::Tensor matmul_correctly_rounded(const at::Tensor& a3, const at::Tensor& b3,
     at::Tensor a_spans = at::empty({B * M, 2}, span_options), b_spans = at::empty({B * N, 2}, span_options);
     auto widen = [&](const at::Tensor& x, at::Tensor& norm, at::Tensor& signs, double scale, at::Tensor& quanta,
                      at::Tensor& spans) {
-      at::Tensor x64 = at::empty(x.sizes(), stat_options);
+      at::Tensor x64 = scratch_doubles(x.sizes());
       widen_operand_cpu(x, x64, norm, signs, precision_of(x.scalar_type()), scale, quanta, spans);
       return x64;
     };
@@ -70,7 +71,8 @@ at::Tensor matmul_correctly_rounded(const at::Tensor& a3, const at::Tensor& b3,
     bt64 = widen(b3t, b_norm, b_signs, 1.0, b_quantum, b_spans);
     // Tier 1's approximation. Any fp64 GEMM is fine: the bound covers every
     // summation order, so the BLAS's blocking and threading cannot matter.
-    approx = fp64_gemm_cpu(a64, bt64, a_spans, b_spans);
+    approx = scratch_doubles({B, M, N});
+    fp64_gemm_cpu(a64, bt64, a_spans, b_spans, approx);
   } else {
     a64 = contiguous_double(a3);
     bt64 = contiguous_double(b3t);

@@ -17,20 +17,7 @@ at::Tensor bmm(const at::Tensor& a, const at::Tensor& b, std::optional<at::Scala
 at::Tensor baddbmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b,
                    std::optional<at::ScalarType> out_dtype);
 
-// Device kernels. widen_operand_cpu writes the exact double copy of x
-// ([B, R, K], any dtype Carbon supports, any strides) into `out`
-// (contiguous), with the statistics of its rows in one pass: the 2-norm,
-// the RowSigns summary, `scale` times a power of two dividing every element
-// (for values of a format of `precision` bits; 0 for a row without a
-// nonzero finite element), and the span [first, end) of the row's nonzero
-// elements (int32 pairs; {0, 0} for a row of zeros).
-void widen_operand_cpu(const at::Tensor& x, at::Tensor& out, at::Tensor& norms, at::Tensor& signs,
-                       int precision, double scale, at::Tensor& quanta, at::Tensor& spans);
-// Tier 1's fp64 GEMM, a64 [B, M, K] times bt64 [B, N, K] transposed, into a
-// contiguous [B, M, N]: skips the blocks of products that the spans show
-// to be exact zeros.
-at::Tensor fp64_gemm_cpu(const at::Tensor& a64, const at::Tensor& bt64, const at::Tensor& a_spans,
-                         const at::Tensor& b_spans);
+// Device kernels (the CPU path's other steps are in matmul_cpu.h).
 // Writes RN_f(c) for every output into `out` (contiguous [B, M, N]).
 void matmul_round_cpu(const MatmulView& view, FormatId format, at::Tensor& out);
 
