@@ -54,8 +54,9 @@ class _CausalScores(torch.autograd.Function):
     keys [0, r1); those entries are carbon.bmm's outputs bit for bit (every
     output is rounded on its own), and the others (j >= r1 > i) are zeros
     that attention_logits never reads (it returns −∞ there whatever s is).
-    This skips most of the upper triangle of the forward GEMM on the CPU. The gradients are carbon.bmm's own, computed in full from
-    the incoming gradient, as autograd through bmm(q, kᵀ) computes them."""
+    This skips most of the upper triangle of the forward GEMM on the CPU.
+    The gradients are carbon.bmm's own, computed in full from the incoming
+    gradient, as autograd through bmm(q, kᵀ) computes them."""
 
     @staticmethod
     def forward(q3: Tensor, k3: Tensor) -> Tensor:
