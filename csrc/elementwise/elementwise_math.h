@@ -129,9 +129,10 @@ CARBON_HD double exp_core(double x) {
 //    (bits + 1023) << 52 keeps (k + 1023) mod 4096 in the exponent field,
 //    which is k + 1023 in [872, 1152] -- no conversion to int, no split.
 //  * d < -104 (and -inf): clamped to -104, exp_f32_core = exp_core(-104)
-//    < 2^-150 (relative error 2^-49.5), RN32 gives +0; exp_core(d) is even
-//    smaller (or 0): +0 too. d > 89 (and +inf): both are above float32's
-//    overflow threshold, RN32 gives +inf. (Only the ROUNDED values agree
+//    < e^-104 (1 + 2^-49.5) < 2^-150 (e^-104 = 2^-150.04), RN32 gives +0;
+//    exp_core(d) is below that bound too (or a subnormal double, or 0
+//    beyond its own clamp): +0. d > 89 (and +inf): both exceed
+//    e^89 (1 - 2^-49.5) > 2^128, RN32 gives +inf. (Only the ROUNDED values agree
 //    there: a caller that scales the double before rounding, like exp's
 //    gradient g * exp(x), must use exp_core.)
 //  * NaN: both return d (as a double) itself.
