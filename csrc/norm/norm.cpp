@@ -256,9 +256,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward(const at::Tensor& g
     if (want_x && any_rows) run_backward(a, dy, dx);
     param_grads(a, r, dy, dw, db);
   }
-  const at::Tensor none = at::empty({0}, x.options());
-  return {want_x ? dx.view(x.sizes()) : none, want_w ? dw.view(normalized_shape) : none,
-          want_b ? db.view(normalized_shape) : none};
+  // A fresh empty tensor for each output not asked for (outputs must not alias).
+  const auto none = [&] { return at::empty({0}, x.options()); };
+  return {want_x ? dx.view(x.sizes()) : none(), want_w ? dw.view(normalized_shape) : none(),
+          want_b ? db.view(normalized_shape) : none()};
 }
 
 }  // namespace carbon
