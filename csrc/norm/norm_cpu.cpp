@@ -258,16 +258,91 @@ inline typename F::Bits encode_fast(double v) {
   return static_cast<typename F::Bits>(sign | (mag == 0 ? 0u : encode_normal(mag, f)));
 }
 
+// ---------------------------------------------------------------- rounding, kChains lanes at a time
+
+typedef int64_t LaneMask __attribute__((vector_size(kChains * sizeof(int64_t))));
+
+// round_fast's test, on each lane, as the sign bit of the result (1: not
+// +-0 and the rounded magnitude r of mag not a normal number of f). All
+// operands are below 2^63 (magnitudes), so a - b has its sign bit set
+// exactly when a < b: mag < normal_min, mag >= overflow or r >= overflow
+// set it, and mag == 0 (0 - mag has no sign bit) clears it. Integer adds
+// and logic only (vector comparisons were scalarized by the compiler).
+template <typename F>
+CARBON_LANES_INLINE LaneBits flag_lanes(LaneBits mag, LaneBits r) {
+  constexpr FloatFormat f = F::get();
+  const uint64_t lo = normal_min_bits(f), hi = overflow_bits(f) - 1;
+  return ((mag - lo) | (hi - mag) | (hi - r)) & (0 - mag) & kSignBit;
+}
+
+// round_fast on each lane: the same results, and `bad` gets a bit in the
+// lanes round_fast would flag.
+template <typename F>
+CARBON_LANES_INLINE Lanes round_lanes(Lanes v, LaneBits& bad) {
+  constexpr FloatFormat f = F::get();
+  const LaneBits u = (LaneBits)v, mag = u & ~kSignBit;
+  const int drop = 53 - f.precision;
+  const LaneBits r = (mag + ((1ull << (drop - 1)) - 1) + ((mag >> drop) & 1)) & ~((1ull << drop) - 1);
+  bad |= flag_lanes<F>(mag, r);
+  return (Lanes)((u & kSignBit) | r);
+}
+
+// float32: the hardware's double -> float conversion rounds to nearest-even
+// (the default mode; its flush-to-zero setting cannot matter, as every
+// subnormal result is flagged), so on the lanes that are not flagged it
+// gives round_normal_bits' value, in two instructions instead of a dozen.
+// The test is round_fast's, on the converted value.
+template <>
+CARBON_LANES_INLINE Lanes round_lanes<F32>(Lanes v, LaneBits& bad) {
+  const LaneBits mag = (LaneBits)v & ~kSignBit;
+  const Lanes rounded = __builtin_convertvector(__builtin_convertvector(v, FloatLanes), Lanes);
+  bad |= flag_lanes<F32>(mag, (LaneBits)rounded & ~kSignBit);
+  return rounded;
+}
+
+// encode_fast on each lane (v from round_lanes, not flagged).
+template <typename F>
+CARBON_LANES_INLINE LaneBits encode_lanes(Lanes v) {
+  constexpr FloatFormat f = F::get();
+  const LaneBits u = (LaneBits)v, mag = u & ~kSignBit;
+  const uint64_t rebias = static_cast<uint64_t>(1023 - f.max_exp) << (f.precision - 1);
+  const LaneBits nonzero = (LaneBits)((LaneMask)(0 - mag) >> 63);  // all ones unless mag == 0
+  return ((u >> 63) << (f.total_bits - 1)) | (((mag >> (53 - f.precision)) - rebias) & nonzero);
+}
+
+CARBON_LANES_INLINE void store_bits(uint32_t* out, LaneBits b) {
+  const WordLanes w = __builtin_convertvector(b, WordLanes);
+  std::memcpy(out, &w, sizeof w);
+}
+CARBON_LANES_INLINE void store_bits(uint16_t* out, LaneBits b) {
+  const HalfWordLanes h = __builtin_convertvector(b, HalfWordLanes);
+  std::memcpy(out, &h, sizeof h);
+}
+
+CARBON_LANES_INLINE bool any_lane(LaneBits b) {
+  uint64_t any = 0;
+  for (int l = 0; l < kChains; ++l) any |= b[l];
+  return any != 0;
+}
+
 // Outputs of one row, vectorized: y_k = RN_F(affine(xhat_k)) (forward) into
-// out. Returns false (out partly written) if some value needs the general
-// path.
+// out, kChains elements at a time (the same operations per element as the
+// scalar tail). Returns false (out partly written) if some value needs the
+// general path.
 template <typename F, bool kRms, bool kW, bool kB>
-CARBON_NORM_CLONES bool forward_outputs_fast(const double* v, int64_t n, double mu,
-                                                                             double rs, const double* w,
-                                                                             const double* b,
-                                                                             typename F::Bits* out) {
-  uint64_t bad = 0;
-  for (int64_t k = 0; k < n; ++k) {
+CARBON_NORM_CLONES bool forward_outputs_fast(const double* v, int64_t n, double mu, double rs, const double* w,
+                                             const double* b, typename F::Bits* out) {
+  LaneBits bad_lanes = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains) {
+    const Lanes x = load_lanes(v + k);
+    const Lanes xh = round_lanes<F32>(kRms ? x * rs : (x - mu) * rs, bad_lanes);
+    Lanes y = kW ? xh * load_lanes(w + k) : xh;
+    if (kB) y = y + load_lanes(b + k);
+    store_bits(out + k, encode_lanes<F>(round_lanes<F>(y, bad_lanes)));
+  }
+  uint64_t bad = any_lane(bad_lanes);
+  for (; k < n; ++k) {
     const double xh = round_fast<F32>(kRms ? v[k] * rs : (v[k] - mu) * rs, bad);
     double y = kW ? xh * w[k] : xh;
     if (kB) y = y + b[k];
@@ -323,17 +398,23 @@ CARBON_NORM_CLONES void chain_grad_sums(const double* g, const double* xh, int64
 }
 
 // Backward, vectorized: decode x and dy, xhat_k and g_k (float32 values, the
-// operations of ln_xhat / rms_xhat and scaled_grad) into xh and g (a plain
-// elementwise loop, so the compiler vectorizes it with the `bad` flag as a
-// vector reduction); then chain_grad_sums over the (cached) rows. Returns
+// operations of ln_xhat / rms_xhat and scaled_grad) into xh and g, kChains
+// elements at a time; then chain_grad_sums over the (cached) rows. Returns
 // false if some xhat or g needs the general path (xh, g, gs, gd then
 // unusable: the caller redoes the row).
 template <typename T, bool kRms, bool kW>
 CARBON_NORM_CLONES bool backward_row_fast(const T* __restrict__ x, const T* __restrict__ dy, int64_t n, double mu,
                                           double rs, const double* __restrict__ w, double* __restrict__ xh,
                                           double* __restrict__ g, Sums* gs, Sums* gd) {
-  uint64_t bad = 0;
-  for (int64_t k = 0; k < n; ++k) {
+  LaneBits bad_lanes = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains) {
+    const Lanes v = decode_lanes(x + k), d = decode_lanes(dy + k);
+    store_lanes(xh + k, round_lanes<F32>(kRms ? v * rs : (v - mu) * rs, bad_lanes));
+    store_lanes(g + k, kW ? round_lanes<F32>(d * load_lanes(w + k), bad_lanes) : d);
+  }
+  uint64_t bad = any_lane(bad_lanes);
+  for (; k < n; ++k) {
     const double v = element_value(x[k]), d = element_value(dy[k]);
     xh[k] = round_fast<F32>(kRms ? v * rs : (v - mu) * rs, bad);
     g[k] = kW ? round_fast<F32>(d * w[k], bad) : d;
@@ -344,11 +425,18 @@ CARBON_NORM_CLONES bool backward_row_fast(const T* __restrict__ x, const T* __re
 }
 
 template <typename F, bool kRms>
-CARBON_NORM_CLONES bool backward_outputs_fast(const double* xh, const double* g,
-                                                                              int64_t n, double A, double B,
-                                                                              double rs, typename F::Bits* out) {
-  uint64_t bad = 0;
-  for (int64_t k = 0; k < n; ++k)
+CARBON_NORM_CLONES bool backward_outputs_fast(const double* xh, const double* g, int64_t n, double A, double B,
+                                              double rs, typename F::Bits* out) {
+  LaneBits bad_lanes = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains) {
+    const Lanes h = load_lanes(xh + k), q = load_lanes(g + k);
+    // rms_dx / ln_dx, the same operations lane by lane
+    const Lanes dx = kRms ? rs * (q - h * B) : rs * ((q - A) - h * B);
+    store_bits(out + k, encode_lanes<F>(round_lanes<F>(dx, bad_lanes)));
+  }
+  uint64_t bad = any_lane(bad_lanes);
+  for (; k < n; ++k)
     out[k] = encode_fast<F>(round_fast<F>(kRms ? rms_dx(g[k], xh[k], B, rs) : ln_dx(g[k], xh[k], A, B, rs), bad));
   return bad == 0;
 }
