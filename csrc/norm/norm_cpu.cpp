@@ -326,23 +326,14 @@ CARBON_LANES_INLINE bool any_lane(LaneBits b) {
 }
 
 // Outputs of one row, vectorized: y_k = RN_F(affine(xhat_k)) (forward) into
-// out, kChains elements at a time (the same operations per element as the
-// scalar tail). Returns false (out partly written) if some value needs the
-// general path.
+// out. Returns false (out partly written) if some value needs the general
+// path. (A plain loop: the compiler vectorizes it as well as the lane form,
+// which was slower here for bfloat16.)
 template <typename F, bool kRms, bool kW, bool kB>
 CARBON_NORM_CLONES bool forward_outputs_fast(const double* v, int64_t n, double mu, double rs, const double* w,
                                              const double* b, typename F::Bits* out) {
-  LaneBits bad_lanes = {};
-  int64_t k = 0;
-  for (; k + kChains <= n; k += kChains) {
-    const Lanes x = load_lanes(v + k);
-    const Lanes xh = round_lanes<F32>(kRms ? x * rs : (x - mu) * rs, bad_lanes);
-    Lanes y = kW ? xh * load_lanes(w + k) : xh;
-    if (kB) y = y + load_lanes(b + k);
-    store_bits(out + k, encode_lanes<F>(round_lanes<F>(y, bad_lanes)));
-  }
-  uint64_t bad = any_lane(bad_lanes);
-  for (; k < n; ++k) {
+  uint64_t bad = 0;
+  for (int64_t k = 0; k < n; ++k) {
     const double xh = round_fast<F32>(kRms ? v[k] * rs : (v[k] - mu) * rs, bad);
     double y = kW ? xh * w[k] : xh;
     if (kB) y = y + b[k];
