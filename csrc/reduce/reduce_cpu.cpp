@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "../dtypes.h"
-#include "chain_lanes.h"
 #include "chain_tree.h"
 #include "reduce.h"
 #include "reduce_kernel.h"
@@ -27,19 +26,16 @@ struct Sums {
 // Tier 1's fp64 sums of x[0, n) in kChains interleaved chains (one or two
 // SIMD registers of doubles): no value passes through more than
 // chain_depth(n) additions (chain_tree.h).
-// Chain l is lane l of a vector (chain_lanes.h): the same additions.
 template <typename T>
 __attribute__((target_clones("avx2", "default"))) Sums chain_sums(const T* x, int64_t n) {
-  Lanes sl = {}, al = {};
+  double s[kChains] = {}, a[kChains] = {};
   int64_t k = 0;
-  for (; k + kChains <= n; k += kChains) {
-    const Lanes v = decode_lanes(x + k);
-    sl = sl + v;
-    al = al + abs_lanes(v);
-  }
-  double s[kChains], a[kChains];
-  store_lanes(s, sl);
-  store_lanes(a, al);
+  for (; k + kChains <= n; k += kChains)
+    for (int l = 0; l < kChains; ++l) {
+      const double v = element_value(x[k + l]);
+      s[l] = s[l] + v;
+      a[l] = a[l] + abs_value(v);
+    }
   for (; k < n; ++k) {
     const double v = element_value(x[k]);
     s[0] = s[0] + v;
