@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -23,6 +24,11 @@ namespace {
 // The row loops are compiled for AVX-512 (x86-64-v4), AVX2 and any x86-64,
 // chosen at load time: the same IEEE and integer operations, so the same bits.
 #define CARBON_NORM_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+// The explicit kChains-lane forms (*_v4) are compiled for AVX-512 only: on
+// AVX2 GCC splits their 8-double vectors badly; there the scalar forms
+// (*_portable) run instead (dispatch below). Same operations, same bits.
+#define CARBON_NORM_V4 __attribute__((target("arch=x86-64-v4")))
+#define CARBON_NORM_PORTABLE __attribute__((target_clones("avx2", "default")))
 
 struct Sums {
   double sum = 0.0, abs_sum = 0.0;
@@ -74,7 +80,7 @@ CARBON_LANES_INLINE Lanes decode_lanes(const c10::BFloat16* p) {  // the top hal
 }
 
 // sum v_k and sum |v_k|.
-CARBON_NORM_CLONES Sums chain_sums(const double* v, int64_t n) {
+CARBON_NORM_V4 Sums chain_sums_v4(const double* v, int64_t n) {
   Lanes s = {}, a = {};
   int64_t k = 0;
   for (; k + kChains <= n; k += kChains) {
@@ -93,7 +99,7 @@ CARBON_NORM_CLONES Sums chain_sums(const double* v, int64_t n) {
 }
 
 // sum a_k (x) b_k and sum |a_k (x) b_k| (exact products).
-CARBON_NORM_CLONES Sums chain_dot(const double* x, const double* y, int64_t n) {
+CARBON_NORM_V4 Sums chain_dot_v4(const double* x, const double* y, int64_t n) {
   Lanes s = {}, a = {};
   int64_t k = 0;
   for (; k + kChains <= n; k += kChains) {
@@ -113,7 +119,7 @@ CARBON_NORM_CLONES Sums chain_dot(const double* x, const double* y, int64_t n) {
 }
 
 // sum (v_k (-) c)^2 (c = 0: the exact squares).
-CARBON_NORM_CLONES double chain_squares(const double* v, double c, int64_t n) {
+CARBON_NORM_V4 double chain_squares_v4(const double* v, double c, int64_t n) {
   Lanes s = {};
   int64_t k = 0;
   for (; k + kChains <= n; k += kChains) {
@@ -138,7 +144,7 @@ CARBON_NORM_CLONES void decode_row(const T* x, int64_t n, double* out) {
 // order, so the same fp64 sums and the same tier-1 decisions, with the row
 // read once.
 template <typename T>
-CARBON_NORM_CLONES Sums decode_sums(const T* x, int64_t n, double* v) {
+CARBON_NORM_V4 Sums decode_sums_v4(const T* x, int64_t n, double* v) {
   Lanes s = {}, a = {};
   int64_t k = 0;
   for (; k + kChains <= n; k += kChains) {
@@ -162,7 +168,7 @@ CARBON_NORM_CLONES Sums decode_sums(const T* x, int64_t n, double* v) {
 // decode_row then chain_squares(v, 0.0, n) in one pass (same operations,
 // same order, so the same fp64 sum).
 template <typename T>
-CARBON_NORM_CLONES double decode_squares(const T* x, int64_t n, double* v) {
+CARBON_NORM_V4 double decode_squares_v4(const T* x, int64_t n, double* v) {
   Lanes s = {};
   int64_t k = 0;
   for (; k + kChains <= n; k += kChains) {
@@ -356,7 +362,7 @@ bool forward_outputs(const double* v, int64_t n, double mu, double rs, const dou
 // chain_sums(g) (kSums) and chain_dot(g, xh) in one pass: the same
 // additions in the same chains and order, so the same fp64 sums.
 template <bool kSums>
-CARBON_NORM_CLONES void chain_grad_sums(const double* g, const double* xh, int64_t n, Sums* gs, Sums* gd) {
+CARBON_NORM_V4 void chain_grad_sums_v4(const double* g, const double* xh, int64_t n, Sums* gs, Sums* gd) {
   Lanes ss = {}, sa = {}, ds = {}, da = {};
   int64_t k = 0;
   for (; k + kChains <= n; k += kChains) {
@@ -394,7 +400,7 @@ CARBON_NORM_CLONES void chain_grad_sums(const double* g, const double* xh, int64
 // false if some xhat or g needs the general path (xh, g, gs, gd then
 // unusable: the caller redoes the row).
 template <typename T, bool kRms, bool kW>
-CARBON_NORM_CLONES bool backward_row_fast(const T* __restrict__ x, const T* __restrict__ dy, int64_t n, double mu,
+CARBON_NORM_V4 bool backward_row_fast_v4(const T* __restrict__ x, const T* __restrict__ dy, int64_t n, double mu,
                                           double rs, const double* __restrict__ w, double* __restrict__ xh,
                                           double* __restrict__ g, Sums* gs, Sums* gd) {
   LaneBits bad_lanes = {};
@@ -411,12 +417,12 @@ CARBON_NORM_CLONES bool backward_row_fast(const T* __restrict__ x, const T* __re
     g[k] = kW ? round_fast<F32>(d * w[k], bad) : d;
   }
   if (bad != 0) return false;
-  chain_grad_sums<!kRms>(g, xh, n, gs, gd);
+  chain_grad_sums_v4<!kRms>(g, xh, n, gs, gd);
   return true;
 }
 
 template <typename F, bool kRms>
-CARBON_NORM_CLONES bool backward_outputs_fast(const double* xh, const double* g, int64_t n, double A, double B,
+CARBON_NORM_V4 bool backward_outputs_fast_v4(const double* xh, const double* g, int64_t n, double A, double B,
                                               double rs, typename F::Bits* out) {
   LaneBits bad_lanes = {};
   int64_t k = 0;
@@ -430,6 +436,206 @@ CARBON_NORM_CLONES bool backward_outputs_fast(const double* xh, const double* g,
   for (; k < n; ++k)
     out[k] = encode_fast<F>(round_fast<F>(kRms ? rms_dx(g[k], xh[k], B, rs) : ln_dx(g[k], xh[k], A, B, rs), bad));
   return bad == 0;
+}
+
+// ---------------------------------------------------------------- dispatch
+
+// The scalar forms of the row loops (the previous code, which GCC
+// vectorizes for AVX2): the same operations in the same order as the lane
+// forms.
+// sum v_k and sum |v_k|.
+CARBON_NORM_PORTABLE Sums chain_sums_portable(const double* v, int64_t n) {
+  double s[kChains] = {}, a[kChains] = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains)
+    for (int l = 0; l < kChains; ++l) {
+      s[l] = s[l] + v[k + l];
+      a[l] = a[l] + abs_value(v[k + l]);
+    }
+  for (; k < n; ++k) {
+    s[0] = s[0] + v[k];
+    a[0] = a[0] + abs_value(v[k]);
+  }
+  return {fold_chains(s), fold_chains(a)};
+}
+
+// sum a_k (x) b_k and sum |a_k (x) b_k| (exact products).
+CARBON_NORM_PORTABLE Sums chain_dot_portable(const double* x, const double* y, int64_t n) {
+  double s[kChains] = {}, a[kChains] = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains)
+    for (int l = 0; l < kChains; ++l) {
+      const double p = x[k + l] * y[k + l];
+      s[l] = s[l] + p;
+      a[l] = a[l] + abs_value(p);
+    }
+  for (; k < n; ++k) {
+    const double p = x[k] * y[k];
+    s[0] = s[0] + p;
+    a[0] = a[0] + abs_value(p);
+  }
+  return {fold_chains(s), fold_chains(a)};
+}
+
+// sum (v_k (-) c)^2 (c = 0: the exact squares).
+CARBON_NORM_PORTABLE double chain_squares_portable(const double* v, double c, int64_t n) {
+  double s[kChains] = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains)
+    for (int l = 0; l < kChains; ++l) {
+      const double d = v[k + l] - c;
+      s[l] = s[l] + d * d;
+    }
+  for (; k < n; ++k) {
+    const double d = v[k] - c;
+    s[0] = s[0] + d * d;
+  }
+  return fold_chains(s);
+}
+
+// decode_row then chain_sums_portable in one pass: the same operations in the same
+// order (element k into chain k mod kChains, the tail into chain 0), so the
+// same fp64 sums and the same tier-1 decisions, with the row read once.
+template <typename T>
+CARBON_NORM_PORTABLE Sums decode_sums_portable(const T* x, int64_t n, double* v) {
+  double s[kChains] = {}, a[kChains] = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains)
+    for (int l = 0; l < kChains; ++l) {
+      const double e = element_value(x[k + l]);
+      v[k + l] = e;
+      s[l] = s[l] + e;
+      a[l] = a[l] + abs_value(e);
+    }
+  for (; k < n; ++k) {
+    const double e = element_value(x[k]);
+    v[k] = e;
+    s[0] = s[0] + e;
+    a[0] = a[0] + abs_value(e);
+  }
+  return {fold_chains(s), fold_chains(a)};
+}
+
+// decode_row then chain_squares_portable(v, 0.0, n) in one pass (same operations,
+// same order, so the same fp64 sum).
+template <typename T>
+CARBON_NORM_PORTABLE double decode_squares_portable(const T* x, int64_t n, double* v) {
+  double s[kChains] = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains)
+    for (int l = 0; l < kChains; ++l) {
+      const double e = element_value(x[k + l]);
+      v[k + l] = e;
+      const double d = e - 0.0;
+      s[l] = s[l] + d * d;
+    }
+  for (; k < n; ++k) {
+    const double e = element_value(x[k]);
+    v[k] = e;
+    const double d = e - 0.0;
+    s[0] = s[0] + d * d;
+  }
+  return fold_chains(s);
+}
+
+// Backward, vectorized: decode x and dy, xhat_k and g_k (float32 values, the
+// operations of ln_xhat / rms_xhat and scaled_grad) into xh and g, with
+// chain_sums_portable(g) (layer_norm only) and chain_dot_portable(g, xh) in the same pass: each
+// sum adds element k into chain k mod kChains
+// (the tail into chain 0) in the same order, so the fp64 sums, hence the
+// tier-1 decisions, are the same bits. Returns false if some xhat or g needs
+// the general path (xh, g, gs, gd then unusable: the caller redoes the row).
+template <typename T, bool kRms, bool kW>
+CARBON_NORM_PORTABLE bool backward_row_fast_portable(const T* x, const T* dy, int64_t n, double mu, double rs,
+                                          const double* w, double* xh, double* g, Sums* gs, Sums* gd) {
+  uint64_t bad = 0;
+  double ss[kChains] = {}, sa[kChains] = {}, ds[kChains] = {}, da[kChains] = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains)
+    for (int l = 0; l < kChains; ++l) {
+      const double v = element_value(x[k + l]), d = element_value(dy[k + l]);
+      const double h = round_fast<F32>(kRms ? v * rs : (v - mu) * rs, bad);
+      const double q = kW ? round_fast<F32>(d * w[k + l], bad) : d;
+      xh[k + l] = h;
+      g[k + l] = q;
+      if (!kRms) {
+        ss[l] = ss[l] + q;
+        sa[l] = sa[l] + abs_value(q);
+      }
+      const double p = q * h;
+      ds[l] = ds[l] + p;
+      da[l] = da[l] + abs_value(p);
+    }
+  for (; k < n; ++k) {
+    const double v = element_value(x[k]), d = element_value(dy[k]);
+    const double h = round_fast<F32>(kRms ? v * rs : (v - mu) * rs, bad);
+    const double q = kW ? round_fast<F32>(d * w[k], bad) : d;
+    xh[k] = h;
+    g[k] = q;
+    if (!kRms) {
+      ss[0] = ss[0] + q;
+      sa[0] = sa[0] + abs_value(q);
+    }
+    const double p = q * h;
+    ds[0] = ds[0] + p;
+    da[0] = da[0] + abs_value(p);
+  }
+  if (!kRms) *gs = {fold_chains(ss), fold_chains(sa)};
+  *gd = {fold_chains(ds), fold_chains(da)};
+  return bad == 0;
+}
+
+template <typename F, bool kRms>
+CARBON_NORM_PORTABLE bool backward_outputs_fast_portable(const double* xh, const double* g,
+                                                                              int64_t n, double A, double B,
+                                                                              double rs, typename F::Bits* out) {
+  uint64_t bad = 0;
+  for (int64_t k = 0; k < n; ++k)
+    out[k] = encode_fast<F>(round_fast<F>(kRms ? rms_dx(g[k], xh[k], B, rs) : ln_dx(g[k], xh[k], A, B, rs), bad));
+  return bad == 0;
+}
+
+// CARBON_NORM_SCALAR=1 in the environment forces the scalar forms (so that an
+// AVX-512 machine can check that both give the same bits).
+bool use_lanes() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512cd") && std::getenv("CARBON_NORM_SCALAR") == nullptr;
+  return yes;
+}
+
+Sums chain_sums(const double* v, int64_t n) { return use_lanes() ? chain_sums_v4(v, n) : chain_sums_portable(v, n); }
+
+Sums chain_dot(const double* x, const double* y, int64_t n) {
+  return use_lanes() ? chain_dot_v4(x, y, n) : chain_dot_portable(x, y, n);
+}
+
+double chain_squares(const double* v, double c, int64_t n) {
+  return use_lanes() ? chain_squares_v4(v, c, n) : chain_squares_portable(v, c, n);
+}
+
+template <typename T>
+Sums decode_sums(const T* x, int64_t n, double* v) {
+  return use_lanes() ? decode_sums_v4(x, n, v) : decode_sums_portable(x, n, v);
+}
+
+template <typename T>
+double decode_squares(const T* x, int64_t n, double* v) {
+  return use_lanes() ? decode_squares_v4(x, n, v) : decode_squares_portable(x, n, v);
+}
+
+template <typename T, bool kRms, bool kW>
+bool backward_row_fast(const T* x, const T* dy, int64_t n, double mu, double rs, const double* w, double* xh,
+                       double* g, Sums* gs, Sums* gd) {
+  return use_lanes() ? backward_row_fast_v4<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd)
+                     : backward_row_fast_portable<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd);
+}
+
+template <typename F, bool kRms>
+bool backward_outputs_fast(const double* xh, const double* g, int64_t n, double A, double B, double rs,
+                           typename F::Bits* out) {
+  return use_lanes() ? backward_outputs_fast_v4<F, kRms>(xh, g, n, A, B, rs, out)
+                     : backward_outputs_fast_portable<F, kRms>(xh, g, n, A, B, rs, out);
 }
 
 // Rows per task: about 32K elements.
