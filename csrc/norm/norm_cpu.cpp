@@ -3,7 +3,9 @@
 // trees that depend only on n (eight interleaved chains, then three pairwise
 // levels), so the bits never depend on the thread count. Each row is first
 // decoded into doubles (exact), then: statistics (tier 1, exact tier when
-// undecided), then the elementwise outputs.
+// undecided), then the elementwise outputs. The fused backward also sums
+// dweight / dbias per fixed block of rows (backward_fused), so those too are
+// the same for every thread count.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
