@@ -1,6 +1,6 @@
 """carbon.scaled_dot_product_attention against torch's math attention, side by side.
 
-    python benchmarks/bench_attention.py [--device cpu|cuda|all] [--quick]
+    python benchmarks/bench_attention.py [--device cpu|cuda|all] [--quick] [--threads N]
 
 For each shape, one run times forward and forward+backward of torch's math
 attention (torch.nn.attention.SDPBackend.MATH: the same composition, matmul
@@ -88,7 +88,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
     parser.add_argument("--quick", action="store_true", help="the first case per device, short budget")
+    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads(N) first (0: torch's default)")
     args = parser.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     budget = 1.0 if args.quick else 4.0
     rows: List[List[str]] = []
     if args.device in ("cpu", "all"):

@@ -203,20 +203,21 @@ for _name in ("exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu", "sin", "co
 del _name
 # ============================================================================
 # Normalization (layer_norm, rms_norm). docs/contract.md §7:
-#   dx = carbon.<norm>_backward (per row: exact means of g and g * xhat)
-#   d weight[j] = RN_w(sum over rows of dy[row, j] * xhat[row, j])  } carbon.norm_param_grads:
-#   d bias[j]   = RN_b(sum over rows of dy[row, j])                 } exact column sums
+#   dx = per row: exact means of g and g * xhat
+#   d weight[j] = RN_w(sum over rows of dy[row, j] * xhat[row, j])   exact column sums
+#   d bias[j]   = RN_b(sum over rows of dy[row, j])
 # with xhat = RN32((x (-) mean) (x) rstd) (layer_norm) or RN32(x (x) rstd) (rms_norm),
-# recomputed from the saved statistics.
+# recomputed from the saved statistics. One carbon.norm_backward call returns the
+# three (on the CPU from one pass over x and dy).
 
 
-def _norm_param_grads(grad: Tensor, x: Tensor, normalized_shape: Sequence[int], mean: Optional[Tensor], rstd: Tensor,
-                      weight: Optional[Tensor], has_bias: bool, need_w: bool, need_b: bool) -> tuple:
-    want_w, want_b = need_w and weight is not None, need_b and has_bias
-    if not (want_w or want_b):
-        return None, None
-    grad_w, grad_b = torch.ops.carbon.norm_param_grads(grad, x, normalized_shape, mean, rstd, want_w, want_b)
-    return (grad_w if want_w else None), (grad_b if want_b else None)
+def _norm_backward(grad: Tensor, x: Tensor, normalized_shape: Sequence[int], mean: Optional[Tensor], rstd: Tensor,
+                   weight: Optional[Tensor], need_x: bool, need_w: bool, need_b: bool) -> tuple:
+    mask = [need_x, need_w and weight is not None, need_b]
+    if not any(mask):
+        return None, None, None
+    outs = torch.ops.carbon.norm_backward(grad, x, normalized_shape, mean, rstd, weight, mask)
+    return tuple(o if m else None for o, m in zip(outs, mask))
 
 
 def _needs(ctx: Any, i: int) -> bool:
@@ -236,11 +237,8 @@ def _setup_layer_norm(ctx: Any, inputs: tuple, output: tuple) -> None:
 
 def _layer_norm_backward(ctx: Any, grad: Tensor, _grad_mean: Any, _grad_rstd: Any) -> tuple:
     x, mean, rstd, weight = ctx.saved_tensors
-    grad_x = None
-    if _needs(ctx, 0):
-        grad_x = torch.ops.carbon.layer_norm_backward(grad, x, ctx.normalized_shape, mean, rstd, weight)
-    grad_w, grad_b = _norm_param_grads(grad, x, ctx.normalized_shape, mean, rstd, weight, ctx.has_bias,
-                                       _needs(ctx, 2), _needs(ctx, 3))
+    grad_x, grad_w, grad_b = _norm_backward(grad, x, ctx.normalized_shape, mean, rstd, weight, _needs(ctx, 0),
+                                            _needs(ctx, 2), ctx.has_bias and _needs(ctx, 3))
     return grad_x, None, grad_w, grad_b, None
 
 
@@ -254,10 +252,8 @@ def _setup_rms_norm(ctx: Any, inputs: tuple, output: tuple) -> None:
 
 def _rms_norm_backward(ctx: Any, grad: Tensor, _grad_rstd: Any) -> tuple:
     x, rstd, weight = ctx.saved_tensors
-    grad_x = None
-    if _needs(ctx, 0):
-        grad_x = torch.ops.carbon.rms_norm_backward(grad, x, ctx.normalized_shape, rstd, weight)
-    grad_w, _ = _norm_param_grads(grad, x, ctx.normalized_shape, None, rstd, weight, False, _needs(ctx, 2), False)
+    grad_x, grad_w, _ = _norm_backward(grad, x, ctx.normalized_shape, None, rstd, weight, _needs(ctx, 0),
+                                       _needs(ctx, 2), False)
     return grad_x, None, grad_w, None
 
 

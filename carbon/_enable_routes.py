@@ -418,12 +418,12 @@ def _layer_norm(a: dict):
 
 def _layer_norm_backward(a: dict):
     g, x, shape, mean, rstd, w = a["grad_out"], a["input"], list(a["normalized_shape"]), a["mean"], a["rstd"], a["weight"]
-    mask = a["output_mask"]
-    gx = carbon_ops.layer_norm_backward(g, x, shape, mean, rstd, w) if mask[0] else None
-    gw = gb = None
-    if mask[1] or mask[2]:
-        gw, gb = carbon_ops.norm_param_grads(g, x, shape, mean, rstd, bool(mask[1]), bool(mask[2]))
-    return gx, (gw if mask[1] else None), (gb if mask[2] else None)
+    mask = [bool(m) for m in a["output_mask"]]
+    mask[1] = mask[1] and w is not None
+    if not any(mask):
+        return None, None, None
+    outs = carbon_ops.norm_backward(g, x, shape, mean, rstd, w, mask)  # one pass over x and g on the CPU
+    return tuple(o if m else None for o, m in zip(outs, mask))
 
 
 def _rms_norm(a: dict):
@@ -434,12 +434,11 @@ def _rms_norm(a: dict):
 
 def _rms_norm_backward(a: dict):
     g, x, shape, rstd, w = a["grad_out"], a["input"], list(a["normalized_shape"]), a["rstd"], a["weight"]
-    mask = a["output_mask"]
-    gx = carbon_ops.rms_norm_backward(g, x, shape, rstd, w) if mask[0] else None
-    gw = None
-    if mask[1]:
-        gw, _ = carbon_ops.norm_param_grads(g, x, shape, None, rstd, True, False)
-    return gx, gw
+    mask = [bool(a["output_mask"][0]), bool(a["output_mask"][1]) and w is not None, False]
+    if not any(mask):
+        return None, None
+    outs = carbon_ops.norm_backward(g, x, shape, None, rstd, w, mask)
+    return (outs[0] if mask[0] else None), (outs[1] if mask[1] else None)
 
 
 def _softmax_like(name: str, op: Callable) -> Callable[[dict], Tensor]:

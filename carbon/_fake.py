@@ -448,6 +448,21 @@ def _norm_param_grads_fake(grad_out: Tensor, x: Tensor, normalized_shape: Sequen
     return x.new_empty(shape if weight else [0]), x.new_empty(shape if bias else [0])
 
 
+@torch.library.register_fake("carbon::norm_backward")
+def _norm_backward_fake(grad_out: Tensor, x: Tensor, normalized_shape: Sequence[int], mean: Optional[Tensor],
+                        rstd: Tensor, weight: Optional[Tensor] = None, output_mask: Sequence[bool] = (True, True, True)):
+    op = "norm_backward"
+    lead = _norm_rows(op, x, normalized_shape)
+    _norm_param(op, "weight", weight, x, normalized_shape)
+    _norm_grad(op, grad_out, x)
+    if mean is not None:
+        _norm_stat(op, "mean", mean, x, lead)
+    _norm_stat(op, "rstd", rstd, x, lead)
+    shape = list(normalized_shape)
+    return (x.new_empty(x.shape if output_mask[0] else [0]), x.new_empty(shape if output_mask[1] else [0]),
+            x.new_empty(shape if output_mask[2] else [0]))
+
+
 # =====================================================================# Indexed accumulation (index_add, scatter_add, embedding; csrc/scatter/scatter.cpp
 # has the same checks). Index ranges are data, so they are not checked here.
 

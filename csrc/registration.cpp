@@ -83,6 +83,8 @@ TORCH_LIBRARY(carbon, m) {
   m.def("norm_param_grads(Tensor grad_out, Tensor x, int[] normalized_shape, Tensor? mean, Tensor rstd, "
         "bool weight=True, bool bias=True) -> (Tensor, Tensor)");
   m.def("var_mean_rows(Tensor x, int correction=1) -> (Tensor, Tensor)");
+  m.def("norm_backward(Tensor grad_out, Tensor x, int[] normalized_shape, Tensor? mean, Tensor rstd, "
+        "Tensor? weight=None, bool[3] output_mask=[True, True, True]) -> (Tensor, Tensor, Tensor)");
   // ---- indexed accumulation (csrc/scatter/): docs/contract.md §11 ----
   m.def("index_add(Tensor self, int dim, Tensor index, Tensor source) -> Tensor");
   m.def("scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor");
@@ -180,6 +182,7 @@ void bind_kernels(torch::Library& m) {
   m.impl("rms_norm_backward", &carbon::rms_norm_backward);
   m.impl("norm_param_grads", &carbon::norm_param_grads);
   m.impl("var_mean_rows", &carbon::var_mean_rows);
+  m.impl("norm_backward", &carbon::norm_backward);
   // ---- indexed accumulation ----
   m.impl("index_add", &carbon::index_add);
   m.impl("scatter_add", &carbon::scatter_add);

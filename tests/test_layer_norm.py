@@ -13,9 +13,11 @@ import torch
 import carbon
 from torch._subclasses.fake_tensor import FakeTensorMode
 from data import BF16, DTYPES, F16, F32, exact_tensor, generator, random_values
+from norm_reference import layer_norm_backward_ref, rms_norm_backward_ref
 from norm_util import (
     AFFINE, NS, assert_same_bits, check_layer_norm, check_layer_norm_grads, norm_data, params, rows_for, tie_square,
 )
+from oracle import assert_bits_equal
 
 INF, NAN = math.inf, math.nan
 
@@ -245,6 +247,11 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.carbon.layer_norm.default, (x.bfloat16(), [4], None, None, 0.1))
     _, mean, rstd = torch.ops.carbon.layer_norm(x, [2, 4], w, b, 1e-5)
     torch.library.opcheck(torch.ops.carbon.layer_norm_backward.default, (torch.ones_like(x), x, [2, 4], mean, rstd, w))
+    dy = norm_data(3, 8, F32, 2).reshape(3, 2, 4)
+    for mask in ([True, True, True], [True, False, True], [False, True, False], [False, False, False]):
+        torch.library.opcheck(torch.ops.carbon.norm_backward.default, (dy, x, [2, 4], mean, rstd, w, mask))
+    _, rstd_rms = torch.ops.carbon.rms_norm(x, [2, 4], w, None)
+    torch.library.opcheck(torch.ops.carbon.norm_backward.default, (dy, x, [2, 4], None, rstd_rms, None, [True, True, False]))
 
 
 def test_torch_compile_fullgraph():
@@ -285,6 +292,78 @@ def test_errors():
     for fake in (False, True):  # the kernels' checks and the fakes' agree
         for exc, fn in cases:
             with pytest.raises(exc, match=r"^carbon\.layer_norm: "):
+                if fake:
+                    with FakeTensorMode(allow_non_fake_inputs=True):
+                        fn()
+                else:
+                    fn()
+
+
+def test_fused_backward_outputs():
+    # carbon.norm_backward: the outputs asked for, each against the reference;
+    # one not asked for is empty.
+    x = norm_data(70, 12, F32, 3)
+    w, b = params((12,), F32, "both", 3)
+    dy = random_values((70, 12), F32, generator(4), spread=2)
+    _, mean, rstd = torch.ops.carbon.layer_norm(x, [12], w, b, 1e-5)
+    edx, edw, edb = layer_norm_backward_ref(dy, x, (12,), w, True)
+    for mask in ([True, True, True], [True, True, False], [True, False, True], [False, True, True], [True, False, False]):
+        dx, dw, db = torch.ops.carbon.norm_backward(dy, x, [12], mean, rstd, w, mask)
+        for got, want, on, name in ((dx, edx, mask[0], "dx"), (dw, edw, mask[1], "dweight"), (db, edb, mask[2], "dbias")):
+            if on:
+                assert_bits_equal(got, want, f"{mask} {name}", dtype=F32)
+            else:
+                assert got.numel() == 0, f"{mask} {name} not asked for"
+    _, rstd_rms = torch.ops.carbon.rms_norm(x, [12], w, None)
+    edx, edw = rms_norm_backward_ref(dy, x, (12,), w)
+    dx, dw, db = torch.ops.carbon.norm_backward(dy, x, [12], None, rstd_rms, w, [True, True, False])
+    assert_bits_equal(dx, edx, "rms dx", dtype=F32)
+    assert_bits_equal(dw, edw, "rms dweight", dtype=F32)
+    empty = torch.ops.carbon.norm_backward(dy[:0], x[:0], [12], mean[:0], rstd[:0], w, [True, True, True])
+    assert empty[0].shape == (0, 12) and torch.equal(empty[1], torch.zeros(12)) and torch.equal(empty[2], torch.zeros(12))
+    assert not torch.signbit(empty[1]).any() and not torch.signbit(empty[2]).any()
+
+
+@pytest.mark.parametrize("dtype", (F32, BF16))
+def test_fused_gradients_row_blocks_and_threads(dtype, restore_num_threads):
+    # The CPU's fused backward sums dweight / dbias per block of 64 rows; the
+    # blocks are split over threads. 197 rows = three whole blocks and a
+    # partial one; every thread count must give the exact values.
+    s = seed_of("fused blocks", dtype)
+    x = norm_data(197, 40, dtype, s)
+    w, b = params((40,), dtype, "both", s)
+    dy = random_values((197, 40), dtype, generator(s + 1), spread=6)
+    dy[:, 5] = 0.0
+    dy[::2, 7], dy[1::2, 7] = 1.0, -1.0  # a column whose dy cancels: exact tier
+    edx, edw, edb = layer_norm_backward_ref(dy, x, (40,), w, True)
+    rdx, rdw = rms_norm_backward_ref(dy, x, (40,), w)
+    for threads in (1, 2, 3):
+        torch.set_num_threads(threads)
+        _, mean, rstd = torch.ops.carbon.layer_norm(x, [40], w, b, 1e-5)
+        dx, dw, db = torch.ops.carbon.norm_backward(dy, x, [40], mean, rstd, w, [True, True, True])
+        assert_bits_equal(dx, edx, f"{threads} threads dx", dtype=dtype)
+        assert_bits_equal(dw, edw, f"{threads} threads dweight", dtype=dtype)
+        assert_bits_equal(db, edb, f"{threads} threads dbias", dtype=dtype)
+        _, rstd = torch.ops.carbon.rms_norm(x, [40], w, None)
+        dx, dw, _ = torch.ops.carbon.norm_backward(dy, x, [40], None, rstd, w, [True, True, False])
+        assert_bits_equal(dx, rdx, f"{threads} threads rms dx", dtype=dtype)
+        assert_bits_equal(dw, rdw, f"{threads} threads rms dweight", dtype=dtype)
+
+
+def test_fused_backward_errors():
+    x = torch.randn(2, 4)
+    _, mean, rstd = torch.ops.carbon.layer_norm(x, [4], None, None, 1e-5)
+    op = torch.ops.carbon.norm_backward
+    cases = [
+        (TypeError, lambda: op(torch.ones(2, 4, dtype=BF16), x, [4], mean, rstd, None, [True, True, True])),
+        (ValueError, lambda: op(torch.ones(2, 5), x, [4], mean, rstd, None, [True, True, True])),
+        (ValueError, lambda: op(torch.ones(2, 4), x, [4], mean[:1], rstd, None, [True, True, True])),
+        (TypeError, lambda: op(torch.ones(2, 4), x, [4], mean, rstd.double(), None, [True, True, True])),
+        (ValueError, lambda: op(torch.ones(2, 4), x, [4], mean, rstd, torch.ones(3), [True, True, True])),
+    ]
+    for fake in (False, True):  # the kernel's checks and the fake's agree
+        for exc, fn in cases:
+            with pytest.raises(exc, match=r"^carbon\.norm_backward: "):
                 if fake:
                     with FakeTensorMode(allow_non_fake_inputs=True):
                         fn()
@@ -337,7 +416,7 @@ def test_module():
 
 # ---------------------------------------------------------------- build
 
-NORM_OPS = ["layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "norm_param_grads"]
+NORM_OPS = ["layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "norm_param_grads", "norm_backward"]
 
 
 @pytest.mark.parametrize("op", NORM_OPS)

@@ -361,3 +361,52 @@ def problems(draw):
 def test_property_matches_oracle(problem):
     a, b, bias, out_dtype = problem
     check_mm(a, b, out_dtype, bias, context=f"a={a.tolist()} b={b.tolist()} bias={bias} out={out_dtype}")
+
+
+# ------------------------------------------- operands with zero ends of rows
+# The CPU's fp64 GEMM skips blocks of products that the rows' nonzero spans
+# show to be exact zeros (triangular operands, as in causal attention); the
+# bits must be the oracle's, NaNs, infinities and signed zeros included.
+
+
+@pytest.mark.parametrize("a_dtype,out_dtype", [(F32, F32), (BF16, F32), (F16, F16)])
+def test_bmm_triangular_operands(a_dtype, out_dtype):
+    g = generator(21)
+    a = random_values((1, 256, 250), a_dtype, g).tril()  # rows end in zeros
+    b = random_values((1, 250, 16), a_dtype, g)
+    assert_bits_equal(carbon.bmm(a, b, out_dtype=out_dtype), bmm_bits(a, b, None, out_dtype), "tril a")
+    at = a.transpose(1, 2)  # strided rows that start with zeros
+    c = random_values((1, 256, 17), a_dtype, g)
+    assert_bits_equal(carbon.bmm(at, c, out_dtype=out_dtype), bmm_bits(at, c, None, out_dtype), "triu a^T")
+    d = random_values((1, 15, 250), a_dtype, g)
+    assert_bits_equal(carbon.bmm(d, a.transpose(1, 2), out_dtype=out_dtype),
+                      bmm_bits(d, a.transpose(1, 2), None, out_dtype), "triangular b")
+
+
+def test_bmm_skipped_blocks_with_special_values():
+    # Infinities and NaNs in one operand meet the other's zero blocks: the
+    # products 0 * inf are NaN even where the GEMM skips them.
+    g = generator(22)
+    a = random_values((1, 256, 255), F32, g).tril()
+    b = random_values((1, 255, 20), F32, g)
+    b[0, 200, 3], b[0, 240, 7], b[0, 250, 9] = INF, NAN, -INF  # rows of b that low rows of a never reach
+    a[0, 5, 0] = Z  # -0 in a row with nonzeros
+    a[0, 70] = 0.0  # a zero row, and one of -0s
+    a[0, 71] = Z
+    for bias in (None, random_values((256, 20), F32, g)):
+        expected = bmm_bits(a, b, bias, F32)
+        out = carbon.bmm(a, b) if bias is None else carbon.baddbmm(bias, a, b)
+        assert_bits_equal(out, expected, f"specials, bias {bias is not None}")
+
+
+def test_scratch_reuse_across_calls_of_different_sizes():
+    # The CPU path reuses its fp64 scratch blocks from call to call (a block
+    # larger than needed is handed out again): results must not depend on
+    # what an earlier call left there.
+    g = generator(23)
+    for shape in [(2, 40, 50, 30), (1, 3, 4, 5), (2, 40, 50, 30), (3, 60, 7, 9), (1, 1, 1, 1), (2, 8, 70, 8)]:
+        B, M, K, N = shape
+        a, b = random_values((B, M, K), F32, g), random_values((B, K, N), F32, g)
+        assert_bits_equal(carbon.bmm(a, b), bmm_bits(a, b, None, None), f"bmm {shape}")
+        assert_bits_equal(carbon.bmm(a, b.transpose(1, 2).contiguous().transpose(1, 2)), bmm_bits(a, b, None, None),
+                          f"bmm {shape}, b column-major")

@@ -35,6 +35,11 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void elementwise_ran
     if constexpr (kBackward) {
       for (int64_t i = 0; i < n; ++i) v[i] = math::grad_core<kFn>(v[i]);
       for (int64_t i = 0; i < n; ++i) v[i] = decode(g[b + i], f) * v[i];
+    } else if constexpr (kFn == math::Fn::kExp) {
+      // Every input is a float32 value and F has at most float32's range:
+      // exp_f32_core rounds to the same bits as exp_core, with fewer
+      // instructions (elementwise_math.h; checked for all 2^32 patterns).
+      for (int64_t i = 0; i < n; ++i) v[i] = math::exp_f32_core(v[i]);
     } else {
       for (int64_t i = 0; i < n; ++i) v[i] = math::forward_core<kFn>(v[i]);
     }

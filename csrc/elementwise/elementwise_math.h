@@ -65,7 +65,7 @@ CARBON_HD double quiet_nan() { return bits_to_double(0x7FF8000000000000ull); }
 CARBON_HD double pow2(int k) { return bits_to_double(static_cast<uint64_t>(k + 1023) << 52); }
 
 // ---- exp -------------------------------------------------------------------
-// exp(x) = 2^k e^r, k = round(x log2 e), r = x - k ln2 with |r| <= ln2/2 + tiny.
+// exp(x) = 2^k e^r, k = round(x log2e), r = x - k ln2 with |r| <= ln2/2 + tiny.
 //  * k: x*log2e + 1.5*2^52 in one fma rounds x*log2e to the nearest integer.
 //  * ln2 = kLn2Hi + kLn2Lo (fdlibm's split; |ln2 - hi - lo| < 2^-84); kLn2Hi
 //    has 32 significant bits, so k*kLn2Hi is exact for |k| < 2^21, and
@@ -78,7 +78,11 @@ CARBON_HD double pow2(int k) { return bits_to_double(static_cast<uint64_t>(k + 1
 //  * 2^k: in two exact powers of two, so p * 2^k1 is exact and the final
 //    multiplication by 2^k2 rounds once (gradual underflow, overflow to inf).
 // Total: relative error < 2^-49.5 for every double x whose exp is normal.
-CARBON_HD double exp_core(double x) {
+//
+// exp_reduce performs the first three steps for exp_core and exp_f32_core
+// (the same operations, so the same p): it returns p = e^r and sets
+// *shifted = 1.5*2^52 + k (k in its low bits).
+CARBON_HD double exp_reduce(double xc, double* shifted) {
   constexpr double kLog2e = 0x1.71547652b82fep+0;
   constexpr double kLn2Hi = 0x1.62e42fee00000p-1;
   constexpr double kLn2Lo = 0x1.a39ef35793c76p-33;
@@ -89,18 +93,59 @@ CARBON_HD double exp_core(double x) {
       0x1.5555555555555p-5,  0x1.5555555555555p-3,  0x1.0000000000000p-1,  0x1.0000000000000p+0,
       0x1.0000000000000p+0,
   };
+  *shifted = fma(xc, kLog2e, kShifter);
+  const double kd = *shifted - kShifter;
+  const double r = (xc - kd * kLn2Hi) - kd * kLn2Lo;
+  return horner(kTaylor, r);
+}
+
+CARBON_HD double exp_core(double x) {
   const bool nan = !(x == x);
   // Beyond [-760, 720] the result is 0 or inf in double already.
   double xc = nan ? 0.0 : x;
   xc = xc < -760.0 ? -760.0 : xc;
   xc = xc > 720.0 ? 720.0 : xc;
-  const double kd = fma(xc, kLog2e, kShifter) - kShifter;
-  const int k = static_cast<int>(kd);
-  const double r = (xc - kd * kLn2Hi) - kd * kLn2Lo;
-  const double p = horner(kTaylor, r);
+  double shifted;
+  const double p = exp_reduce(xc, &shifted);
+  const int k = static_cast<int>(shifted - 0x1.8p52);
   const int k1 = k / 2;
   const double result = (p * pow2(k1)) * pow2(k - k1);
   return nan ? x : result;
+}
+
+// exp of a float32 argument d (passed as the double holding its value), for
+// the float32 EXP (docs/contract.md §6): RN32(exp_f32_core(d)) ==
+// RN32(exp_core(d)) for EVERY float32 d -- and RN_F for every format F of at
+// most float32's range (bfloat16, float16) too, by the same argument -- at
+// about 4/5 of the vector instructions (softmax, log_softmax and
+// cross-entropy spend much of their CPU time here). Why the bits are the same:
+//  * d in [-104, 89] (every finite float32 whose exp is neither 0 nor inf
+//    in float32, since e^-104 < 2^-150 and e^89 > 2^128): the same xc, the
+//    same exp_reduce, so the same p and k, |k| <= 151. exp_core returns
+//    (p 2^k1) 2^k2 and this function p 2^k; p in [0.7, 1.42], so p 2^k lies
+//    in [2^-152, 2^130], a normal double: both products are exact, the
+//    doubles are identical. 2^k comes from the bits of shifted =
+//    1.5*2^52 + k, whose low 12 bits hold k mod 4096 (the ulp there is 1):
+//    (bits + 1023) << 52 keeps (k + 1023) mod 4096 in the exponent field,
+//    which is k + 1023 in [872, 1152] -- no conversion to int, no split.
+//  * d < -104 (and -inf): clamped to -104, exp_f32_core = exp_core(-104)
+//    < e^-104 (1 + 2^-49.5) < 2^-150 (e^-104 = 2^-150.04), RN32 gives +0;
+//    exp_core(d) is below that bound too (or a subnormal double, or 0
+//    beyond its own clamp): +0. d > 89 (and +inf): both exceed
+//    e^89 (1 - 2^-49.5) > 2^128, RN32 gives +inf. (Only the ROUNDED values agree
+//    there: a caller that scales the double before rounding, like exp's
+//    gradient g * exp(x), must use exp_core.)
+//  * NaN: both return d (as a double) itself.
+// scripts/exp_f32_check.py compares the two for all 2^32 float32 bit
+// patterns (docs/elementwise.md has the run: no difference).
+CARBON_HD double exp_f32_core(double x) {
+  double xc = x < -104.0 ? -104.0 : x;  // NaN passes through (selected away below)
+  xc = xc > 89.0 ? 89.0 : xc;
+  double shifted;
+  const double p = exp_reduce(xc, &shifted);
+  const double scale = bits_to_double((double_to_bits(shifted) + 1023) << 52);
+  const double result = p * scale;
+  return x == x ? result : x;
 }
 
 // ---- expm1 on [0, 1.1] -------------------------------------------------------

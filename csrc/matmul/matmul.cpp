@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include "../dtypes.h"
+#include "matmul_cpu.h"
 
 namespace carbon {
 namespace {
@@ -44,9 +45,9 @@ at::Tensor matmul_correctly_rounded(const at::Tensor& a3, const at::Tensor& b3,
 
   // Exact copies in double (every supported value is a double), laid out so
   // that a row of a and a column of b are contiguous for the exact tiers,
-  // and the statistics of those rows and columns. On the CPU, an operand
-  // whose rows are contiguous in memory is widened and summarized in one
-  // pass (at::Tensor::copy_ alone is slower than both together).
+  // and the statistics of those rows and columns. On the CPU each operand
+  // is widened and summarized in one pass (at::Tensor::copy_ alone is
+  // slower than both together).
   const auto stat_options = a3.options().dtype(at::kDouble);
   at::Tensor a_norm = at::empty({B * M}, stat_options);
   at::Tensor b_norm = at::empty({B * N}, stat_options);
@@ -54,23 +55,24 @@ at::Tensor matmul_correctly_rounded(const at::Tensor& a3, const at::Tensor& b3,
   at::Tensor b_signs = at::empty({B * N}, stat_options.dtype(at::kByte));
   at::Tensor a_quantum, b_quantum;
   const at::Tensor b3t = b3.transpose(1, 2);
-  at::Tensor a64, bt64;
+  at::Tensor a64, bt64, approx;
   if (a3.is_cpu()) {
     a_quantum = at::empty({B * M}, stat_options);
     b_quantum = at::empty({B * N}, stat_options);
-    auto widen = [&](const at::Tensor& x, at::Tensor& norm, at::Tensor& signs, double scale, at::Tensor& quanta) {
-      const int precision = precision_of(x.scalar_type());
-      if (x.size(2) <= 1 || x.stride(2) == 1) {
-        at::Tensor x64 = at::empty(x.sizes(), stat_options);
-        widen_rows_with_stats_cpu(x, x64, norm, signs, precision, scale, quanta);
-        return x64;
-      }
-      at::Tensor x64 = contiguous_double(x);
-      row_stats_cpu(x64.view({x.size(0) * x.size(1), x.size(2)}), norm, signs, precision, scale, quanta);
+    const auto span_options = stat_options.dtype(at::kInt);
+    at::Tensor a_spans = at::empty({B * M, 2}, span_options), b_spans = at::empty({B * N, 2}, span_options);
+    auto widen = [&](const at::Tensor& x, at::Tensor& norm, at::Tensor& signs, double scale, at::Tensor& quanta,
+                     at::Tensor& spans) {
+      at::Tensor x64 = scratch_doubles(x.sizes());
+      widen_operand_cpu(x, x64, norm, signs, precision_of(x.scalar_type()), scale, quanta, spans);
       return x64;
     };
-    a64 = widen(a3, a_norm, a_signs, 0x1p53, a_quantum);
-    bt64 = widen(b3t, b_norm, b_signs, 1.0, b_quantum);
+    a64 = widen(a3, a_norm, a_signs, 0x1p53, a_quantum, a_spans);
+    bt64 = widen(b3t, b_norm, b_signs, 1.0, b_quantum, b_spans);
+    // Tier 1's approximation. Any fp64 GEMM is fine: the bound covers every
+    // summation order, so the BLAS's blocking and threading cannot matter.
+    approx = scratch_doubles({B, M, N});
+    fp64_gemm_cpu(a64, bt64, a_spans, b_spans, approx);
   } else {
     a64 = contiguous_double(a3);
     bt64 = contiguous_double(b3t);
@@ -78,12 +80,8 @@ at::Tensor matmul_correctly_rounded(const at::Tensor& a3, const at::Tensor& b3,
     row_stats_cuda(a64.view({B * M, K}), a_norm, a_signs);
     row_stats_cuda(bt64.view({B * N, K}), b_norm, b_signs);
 #endif
+    approx = (B == 1 ? at::mm(a64[0], bt64[0].t()).unsqueeze(0) : at::bmm(a64, bt64.transpose(1, 2))).contiguous();
   }
-  // Tier 1's approximation. Any fp64 GEMM is fine: the bound covers every
-  // summation order, so the BLAS's blocking and threading cannot matter.
-  const at::Tensor approx = (B == 1 ? at::mm(a64[0], bt64[0].t()).unsqueeze(0)
-                                    : at::bmm(a64, bt64.transpose(1, 2)))
-                                .contiguous();
 
   at::Tensor bias64;
   MatmulView v{};

@@ -17,17 +17,7 @@ at::Tensor bmm(const at::Tensor& a, const at::Tensor& b, std::optional<at::Scala
 at::Tensor baddbmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b,
                    std::optional<at::ScalarType> out_dtype);
 
-// Device kernels. `rows` is a contiguous [R, K] double tensor; writes the
-// 2-norm and the RowSigns summary of every row, and (CPU) `scale` times a
-// power of two dividing every element of the row, for values of a format of
-// `precision` bits (0 for a row without a nonzero finite element).
-void row_stats_cpu(const at::Tensor& rows, at::Tensor& norms, at::Tensor& signs, int precision, double scale,
-                   at::Tensor& quanta);
-// The exact double copy of x ([B, R, K], any dtype Carbon supports, rows
-// contiguous: stride(2) == 1) into `out` (contiguous), with row_stats_cpu's
-// statistics of its rows, in one pass.
-void widen_rows_with_stats_cpu(const at::Tensor& x, at::Tensor& out, at::Tensor& norms, at::Tensor& signs,
-                               int precision, double scale, at::Tensor& quanta);
+// Device kernels (the CPU path's other steps are in matmul_cpu.h).
 // Writes RN_f(c) for every output into `out` (contiguous [B, M, N]).
 void matmul_round_cpu(const MatmulView& view, FormatId format, at::Tensor& out);
 

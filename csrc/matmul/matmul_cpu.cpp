@@ -3,49 +3,68 @@
 // the bits do not depend on the thread count.
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <vector>
 
 #include "../dtypes.h"
 #include "../reduce/reduce_kernel.h"
 #include "matmul.h"
+#include "matmul_cpu.h"
 
 namespace carbon {
 
 namespace {
 
-// The statistics of one row of K doubles (see row_stats_cpu).
-void stats_of_row(const double* row, int64_t K, int precision, double scale, double* norm, uint8_t* sign,
-                  double* quantum) {
-  // Four independent partial sums (the bound allows any order) so the
-  // loop is not bound by the latency of one chain of additions.
-  double part[4] = {0.0, 0.0, 0.0, 0.0};
+// The statistics of one row of K doubles (see widen_operand_cpu), and the
+// span [first, end) of its nonzero elements ({0, 0} when every element is a
+// zero; NaNs and infinities count as nonzero). Eight lanes of independent
+// partial sums and minima (the bound allows any order of the sum of
+// squares), branch-free, so the loop vectorizes.
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void stats_of_row(
+    const double* row, int64_t K, int precision, double scale, double* norm, uint8_t* sign, double* quantum,
+    int32_t* span) {
+  constexpr int kLanes = 8;
+  double part[kLanes] = {};
   // The smallest biased exponent of a nonzero element (0x7FF when none:
   // zeros count as 0x7FF; infinities and NaNs make the norm non-finite,
   // and then the quantum is never used).
-  int64_t emin[4] = {0x7FF, 0x7FF, 0x7FF, 0x7FF};
-  uint8_t s = 0;
-  auto exponent = [](double v) {
-    const int64_t e = static_cast<int64_t>((double_to_bits(v) >> 52) & 0x7FF);
-    return e == 0 ? int64_t{0x7FF} : e;
+  int64_t emin[kLanes];
+  uint64_t any_set[kLanes] = {}, any_clear[kLanes] = {};  // sign bits seen, in bit 63
+  // The first index of a nonzero element and one past the last one.
+  int64_t first[kLanes], end[kLanes] = {};
+  for (int l = 0; l < kLanes; ++l) emin[l] = 0x7FF, first[l] = K;
+  auto add = [&](int l, int64_t k) {
+    const double x = row[k];
+    part[l] = part[l] + x * x;
+    const uint64_t u = double_to_bits(x);
+    any_set[l] |= u;
+    any_clear[l] |= ~u;
+    const int64_t e = static_cast<int64_t>((u >> 52) & 0x7FF);
+    const int64_t e_nonzero = e == 0 ? int64_t{0x7FF} : e;
+    emin[l] = e_nonzero < emin[l] ? e_nonzero : emin[l];
+    const bool nonzero = (u & ~kSignBit) != 0;
+    const int64_t k_first = nonzero ? k : K, k_end = nonzero ? k + 1 : 0;
+    first[l] = k_first < first[l] ? k_first : first[l];
+    end[l] = k_end > end[l] ? k_end : end[l];
   };
   int64_t k = 0;
-  for (; k + 4 <= K; k += 4)
-    for (int l = 0; l < 4; ++l) {
-      part[l] = part[l] + row[k + l] * row[k + l];
-      s |= row_signs_of(row[k + l]);
-      const int64_t e = exponent(row[k + l]);
-      emin[l] = e < emin[l] ? e : emin[l];
-    }
-  for (; k < K; ++k) {
-    part[0] = part[0] + row[k] * row[k];
-    s |= row_signs_of(row[k]);
-    const int64_t e = exponent(row[k]);
-    emin[0] = e < emin[0] ? e : emin[0];
+  for (; k + kLanes <= K; k += kLanes)
+    for (int l = 0; l < kLanes; ++l) add(l, k + l);
+  for (; k < K; ++k) add(0, k);
+  const double sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  *norm = std::sqrt(sum);
+  uint64_t set = 0, clear = 0;
+  int64_t e = 0x7FF, nonzero_first = K, nonzero_end = 0;
+  for (int l = 0; l < kLanes; ++l) {
+    set |= any_set[l];
+    clear |= any_clear[l];
+    e = std::min(e, emin[l]);
+    nonzero_first = std::min(nonzero_first, first[l]);
+    nonzero_end = std::max(nonzero_end, end[l]);
   }
-  *norm = std::sqrt((part[0] + part[1]) + (part[2] + part[3]));
-  *sign = s;
-  const int64_t e = std::min(std::min(emin[0], emin[1]), std::min(emin[2], emin[3]));
+  *sign = static_cast<uint8_t>(((clear >> 63) ? kSomePositive : 0) | ((set >> 63) ? kSomeNegative : 0));
   // Every element is a value of a format of `precision` bits, exact in
   // double; one with exponent E (unbiased, >= e - 1023) is a multiple of
   // 2^(E - precision + 1) (its last significand bit; a subnormal value of
@@ -54,6 +73,9 @@ void stats_of_row(const double* row, int64_t K, int precision, double scale, dou
   // 2^(e - 1023 - precision + 1) divides the whole row. Double values
   // of a supported format are never subnormal doubles (e >= 1).
   *quantum = e == 0x7FF ? 0.0 : scale * std::ldexp(1.0, static_cast<int>(e) - 1023 - precision + 1);
+  // The GEMM skips the zero ends of the rows (triangular in causal attention).
+  span[0] = static_cast<int32_t>(nonzero_end == 0 ? 0 : nonzero_first);
+  span[1] = static_cast<int32_t>(nonzero_end);
 }
 
 template <typename T>
@@ -61,41 +83,235 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void widen_r
   for (int64_t k = 0; k < K; ++k) out[k] = element_value(x[k]);
 }
 
-}  // namespace
+// Rows per task of the transposing copy.
+constexpr int64_t kPanelRows = 256;
 
-void row_stats_cpu(const at::Tensor& rows, at::Tensor& norms, at::Tensor& signs, int precision, double scale,
-                   at::Tensor& quanta) {
-  const int64_t R = rows.size(0), K = rows.size(1);
-  const double* x = rows.const_data_ptr<double>();
-  double* norm = norms.mutable_data_ptr<double>();
-  uint8_t* sign = signs.mutable_data_ptr<uint8_t>();
-  double* quantum = quanta.mutable_data_ptr<double>();
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(K, 1));
-  at::parallel_for(0, R, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) stats_of_row(x + r * K, K, precision, scale, norm + r, sign + r, quantum + r);
-  });
+// dst[r * K + k] = x[r * sr + k * sk] for rows [r0, r1), exactly, in 8 x 8
+// blocks: eight source lines at a time (contiguous when sr == 1: the rows of
+// x are the columns of a contiguous tensor) are read across the panel, and
+// every store fills 8 consecutive doubles of a row of dst.
+// kUnitRowStride: sr == 1 known to the compiler, so that the loads of a
+// block are vector loads.
+template <typename T, bool kUnitRowStride>
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void transpose_panel(
+    const T* x, int64_t row_stride, int64_t sk, int64_t r0, int64_t r1, int64_t K, double* dst) {
+  constexpr int64_t kB = 8;
+  const int64_t sr = kUnitRowStride ? 1 : row_stride;
+  int64_t k = 0;
+  for (; k + kB <= K; k += kB) {
+    int64_t r = r0;
+    for (; r + kB <= r1; r += kB) {
+      double block[kB][kB];  // [k][r]
+      for (int64_t kk = 0; kk < kB; ++kk)
+        for (int64_t rr = 0; rr < kB; ++rr) block[kk][rr] = element_value(x[(r + rr) * sr + (k + kk) * sk]);
+      for (int64_t rr = 0; rr < kB; ++rr)
+        for (int64_t kk = 0; kk < kB; ++kk) dst[(r + rr) * K + k + kk] = block[kk][rr];
+    }
+    for (; r < r1; ++r)
+      for (int64_t kk = 0; kk < kB; ++kk) dst[r * K + k + kk] = element_value(x[r * sr + (k + kk) * sk]);
+  }
+  for (; k < K; ++k)
+    for (int64_t r = r0; r < r1; ++r) dst[r * K + k] = element_value(x[r * sr + k * sk]);
 }
 
-void widen_rows_with_stats_cpu(const at::Tensor& x, at::Tensor& out, at::Tensor& norms, at::Tensor& signs,
-                               int precision, double scale, at::Tensor& quanta) {
+}  // namespace
+
+void widen_operand_cpu(const at::Tensor& x, at::Tensor& out, at::Tensor& norms, at::Tensor& signs,
+                       int precision, double scale, at::Tensor& quanta, at::Tensor& spans) {
   const int64_t B = x.size(0), R = x.size(1), K = x.size(2);
-  const int64_t sb = x.stride(0), sr = x.stride(1);
+  const int64_t sb = x.stride(0), sr = x.stride(1), sk = x.stride(2);
   double* o = out.mutable_data_ptr<double>();
   double* norm = norms.mutable_data_ptr<double>();
   uint8_t* sign = signs.mutable_data_ptr<uint8_t>();
   double* quantum = quanta.mutable_data_ptr<double>();
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(K, 1));
+  int32_t* span = spans.mutable_data_ptr<int32_t>();
+  auto summarize = [&](int64_t r) {
+    stats_of_row(o + r * K, K, precision, scale, norm + r, sign + r, quantum + r, span + 2 * r);
+  };
   with_element_type(x.scalar_type(), [&](auto element) {
     using T = decltype(element);
     const T* in = x.const_data_ptr<T>();
-    at::parallel_for(0, B * R, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        double* row = o + r * K;
-        widen_row(in + (r / R) * sb + (r % R) * sr, K, row);  // exact (element_value)
-        stats_of_row(row, K, precision, scale, norm + r, sign + r, quantum + r);
+    if (K <= 1 || sk == 1) {  // rows contiguous: widen and summarize row by row
+      const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(K, 1));
+      at::parallel_for(0, B * R, grain, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          widen_row(in + (r / R) * sb + (r % R) * sr, K, o + r * K);  // exact (element_value)
+          summarize(r);
+        }
+      });
+      return;
+    }
+    // Rows strided (typically the columns of a contiguous tensor): a
+    // transposing copy of panels of kPanelRows rows, then their statistics
+    // (the panel is still in cache, at least in part).
+    const int64_t panels = (R + kPanelRows - 1) / kPanelRows;
+    at::parallel_for(0, B * panels, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t b = t / panels, r0 = (t % panels) * kPanelRows, r1 = std::min(R, r0 + kPanelRows);
+        (sr == 1 ? transpose_panel<T, true> : transpose_panel<T, false>)(in + b * sb, sr, sk, r0, r1, K, o + b * R * K);
+        for (int64_t r = r0; r < r1; ++r) summarize(b * R + r);
       }
     });
   });
+}
+
+namespace {
+
+// The fp64 GEMM's blocks (see fp64_gemm_cpu).
+constexpr int64_t kGemmBlock = 64;
+
+struct KRange {
+  int32_t begin, end;  // empty when begin >= end
+};
+
+// The union of the nonzero spans of rows [r0, r1) (empty if all are empty).
+KRange block_span(const int32_t* spans, int64_t r0, int64_t r1) {
+  KRange k{INT32_MAX, 0};
+  for (int64_t r = r0; r < r1; ++r)
+    if (spans[2 * r] < spans[2 * r + 1]) {
+      k.begin = std::min(k.begin, spans[2 * r]);
+      k.end = std::max(k.end, spans[2 * r + 1]);
+    }
+  return k;
+}
+
+KRange intersect(KRange x, KRange y) { return {std::max(x.begin, y.begin), std::min(x.end, y.end)}; }
+
+}  // namespace
+}  // namespace carbon
+
+// The BLAS's double GEMM (Fortran interface, 32-bit integers), the one ATen
+// itself calls; weak, so that a torch built without it falls back to at::bmm.
+extern "C" void dgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+                       const double* alpha, const double* a, const int* lda, const double* b, const int* ldb,
+                       const double* beta, double* c, const int* ldc) __attribute__((weak));
+
+namespace carbon {
+
+void fp64_gemm_cpu(const at::Tensor& a64, const at::Tensor& bt64, const at::Tensor& a_spans,
+                   const at::Tensor& b_spans, at::Tensor& approx) {
+  const int64_t B = a64.size(0), M = a64.size(1), K = a64.size(2), N = bt64.size(1);
+  const int64_t mb = (M + kGemmBlock - 1) / kGemmBlock, nb = (N + kGemmBlock - 1) / kGemmBlock;
+  const int32_t* as = a_spans.const_data_ptr<int32_t>();
+  const int32_t* bs = b_spans.const_data_ptr<int32_t>();
+  std::vector<KRange> a_block(B * mb), b_block(B * nb);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t i = 0; i < mb; ++i)
+      a_block[b * mb + i] = block_span(as + 2 * b * M, i * kGemmBlock, std::min(M, (i + 1) * kGemmBlock));
+    for (int64_t j = 0; j < nb; ++j)
+      b_block[b * nb + j] = block_span(bs + 2 * b * N, j * kGemmBlock, std::min(N, (j + 1) * kGemmBlock));
+  }
+  double blocked_work = 0.0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < mb; ++i)
+      for (int64_t j = 0; j < nb; ++j) {
+        const KRange k = intersect(a_block[b * mb + i], b_block[b * nb + j]);
+        if (k.begin < k.end) blocked_work += static_cast<double>(k.end - k.begin);
+      }
+  const double full_work = static_cast<double>(B) * mb * nb * K;
+  const bool fits_int = std::max({M, N, K}) < INT32_MAX;
+  if (dgemm_ == nullptr || !fits_int || blocked_work > 0.75 * full_work) {
+    // Dense operands: one (batched) GEMM, multithreaded by the BLAS.
+    if (B == 1) {
+      at::Tensor c0 = approx[0];
+      at::mm_out(c0, a64[0], bt64[0].t());
+    } else {
+      at::bmm_out(approx, a64, bt64.transpose(1, 2));
+    }
+    return;
+  }
+
+  const double* a = a64.const_data_ptr<double>();
+  const double* bt = bt64.const_data_ptr<double>();
+  double* c = approx.mutable_data_ptr<double>();
+  // One task per block row of one batch matrix; the BLAS runs on one
+  // thread inside the parallel region.
+  at::parallel_for(0, B * mb, 1, [&](int64_t begin, int64_t end) {
+    const double one = 1.0, zero = 0.0;
+    const int ld = static_cast<int>(K), ldc = static_cast<int>(N);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b = t / mb, i = t % mb;
+      const int64_t r0 = i * kGemmBlock, rows = std::min(M, r0 + kGemmBlock) - r0;
+      const KRange a_k = a_block[b * mb + i];
+      for (int64_t j = 0; j < nb;) {
+        // Consecutive column blocks with the same span: one call.
+        const KRange k = intersect(a_k, b_block[b * nb + j]);
+        int64_t j_end = j + 1;
+        while (j_end < nb) {
+          const KRange next = intersect(a_k, b_block[b * nb + j_end]);
+          if (next.begin != k.begin || next.end != k.end) break;
+          ++j_end;
+        }
+        const int64_t c0 = j * kGemmBlock, cols = std::min(N, j_end * kGemmBlock) - c0;
+        double* out = c + (b * M + r0) * N + c0;
+        if (k.begin >= k.end) {  // every product is an exact zero
+          for (int64_t r = 0; r < rows; ++r) std::fill(out + r * N, out + r * N + cols, 0.0);
+        } else {
+          // Row-major C = A Bt^T is, to the column-major BLAS, C^T = Bt^T A^T
+          // with Bt stored as its transpose: ("T", "N").
+          const int m = static_cast<int>(cols), n = static_cast<int>(rows), kk = k.end - k.begin;
+          dgemm_("T", "N", &m, &n, &kk, &one, bt + (b * N + c0) * K + k.begin, &ld, a + (b * M + r0) * K + k.begin,
+                 &ld, &zero, out, &ldc);
+        }
+        j = j_end;
+      }
+    }
+  });
+}
+
+// Scratch memory. The exact fp64 copies of the operands and the fp64 GEMM's
+// result live only during one call, and they are large (25 MB for one
+// 48 x 256 x 256 operand). A fresh block that size is mapped anew by the
+// system allocator, and faulting its pages in costs more than filling them
+// (measured on a 2-core VM: ~2.4 us per 4 KiB page, 9 ms per 25 MB, 45 ms per
+// 100 MB). So each thread keeps the blocks it used, up to kScratchBytes, and
+// hands one out again once no tensor refers to it (the pool's reference is
+// then the storage's only one).
+namespace {
+
+constexpr int64_t kScratchBytes = int64_t{256} << 20;
+
+struct ScratchPool {
+  std::vector<at::Tensor> blocks;  // 1-D double tensors
+
+  static bool is_free(const at::Tensor& block) { return block.storage().use_count() == 1; }
+
+  int64_t bytes() const {
+    int64_t total = 0;
+    for (const auto& block : blocks) total += block.numel() * static_cast<int64_t>(sizeof(double));
+    return total;
+  }
+
+  at::Tensor take(int64_t n) {
+    at::Tensor* best = nullptr;  // the smallest free block that is large enough
+    for (auto& block : blocks)
+      if (is_free(block) && block.numel() >= n && (best == nullptr || block.numel() < best->numel())) best = &block;
+    if (best != nullptr) return best->narrow(0, 0, n);
+    at::Tensor fresh = at::empty({n}, at::TensorOptions().dtype(at::kDouble));
+    const int64_t need = n * static_cast<int64_t>(sizeof(double));
+    if (need > kScratchBytes) return fresh;
+    // Make room by dropping free blocks; keep the new one if it then fits.
+    int64_t held = bytes();
+    for (auto it = blocks.begin(); it != blocks.end() && held + need > kScratchBytes;) {
+      if (is_free(*it)) {
+        held -= it->numel() * static_cast<int64_t>(sizeof(double));
+        it = blocks.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (held + need <= kScratchBytes) blocks.push_back(fresh);
+    return fresh;
+  }
+};
+
+}  // namespace
+
+at::Tensor scratch_doubles(at::IntArrayRef sizes) {
+  thread_local ScratchPool pool;
+  const int64_t n = c10::multiply_integers(sizes);
+  if (n == 0) return at::empty(sizes, at::TensorOptions().dtype(at::kDouble));
+  return pool.take(n).view(sizes);
 }
 
 // The condition under which the fp64 GEMM value of one output is exact (no
@@ -120,7 +336,7 @@ inline bool exact_gemm_value(double a_norm, double b_norm, double a_quantum53, d
 // the interval [y - beta, y + beta], pushed one ulp outwards, must not touch 0
 // and both its ends must round to the same value. Everything else (zeros,
 // subnormals, overflow, non-finite values, undecided intervals) is flagged
-// in `pending` for the general path.
+// in `pending` for the general path; returns whether any output was.
 // Compiled for AVX-512, AVX2 and baseline x86-64, chosen at load time:
 // integer and IEEE operations give the same bits in every version.
 // The bias is a template parameter: a null test inside the loop would keep
@@ -129,7 +345,7 @@ inline bool exact_gemm_value(double a_norm, double b_norm, double a_quantum53, d
 // nonzero (an exact zero's sign follows the contract's rule, decided by the
 // general path) is decided as RN_f(approx) when that is a normal number.
 template <typename F, bool kHasBias>
-__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) static void round_row_normal(
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) static bool round_row_normal(
     const double* approx, const double* b_norm, double a_norm, double gamma, const double* bias,
     int64_t bias_stride, const double* b_quantum, double a_quantum53, int64_t N, typename F::Bits* out,
     uint8_t* pending) {
@@ -137,6 +353,7 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) static void 
   // Magnitudes as signed integers: AVX2 compares only signed 64-bit lanes.
   const int64_t normal_min = static_cast<int64_t>(normal_min_bits(f));
   const int64_t overflow = static_cast<int64_t>(overflow_bits(f));
+  uint32_t any_pending = 0;
   for (int64_t j = 0; j < N; ++j) {
     const double bias_j = kHasBias ? bias[j * bias_stride] : 0.0;
     const double y = approx[j] + bias_j;
@@ -160,7 +377,9 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) static void 
     const uint32_t sign = (y_bits & kSignBit) ? (1u << (f.total_bits - 1)) : 0u;
     out[j] = static_cast<typename F::Bits>(decided ? (sign | encode_normal(r, f)) : 0u);
     pending[j] = !decided;
+    any_pending |= decided ? 0u : 1u;
   }
+  return any_pending != 0;
 }
 
 template <typename F>
@@ -172,9 +391,10 @@ static void round_all(const MatmulView& v, typename F::Bits* out) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / v.M, i = row % v.M;
       const double* bias = v.bias ? v.bias + b * v.bias_stride_b + i * v.bias_stride_m : nullptr;
-      (bias ? round_row_normal<F, true> : round_row_normal<F, false>)(
+      const bool any_pending = (bias ? round_row_normal<F, true> : round_row_normal<F, false>)(
           v.approx + row * v.N, v.b_norm + b * v.N, v.a_norm[row], v.gemm_gamma, bias, v.bias_stride_n,
           v.b_quantum + b * v.N, v.a_quantum53[row], v.N, out + row * v.N, pending.data());
+      if (!any_pending) continue;
       for (int64_t j = 0; j < v.N; ++j) {
         if (!pending[j]) continue;
         double r;

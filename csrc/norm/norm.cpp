@@ -181,13 +181,41 @@ at::Tensor rms_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, at
   return dx.view(x.sizes());
 }
 
+namespace {
+
+// dw / db (each undefined when not wanted): the column sums, by the device's
+// kernels.
+void param_grads(const NormArgs& a, const Rows& r, const at::Tensor& dy, at::Tensor& dw, at::Tensor& db) {
+  if (r.n == 0) return;
+  if (a.x.is_cpu()) {
+    norm_param_grads_cpu(a, dy, dw, db);
+    return;
+  }
+  // Any correct implementation gives the same bits: here carbon's exact
+  // batched dot products (one per column) and column sums.
+  const at::Tensor rows_rstd = a.rstd.view({r.rows, 1}).to(at::kDouble);
+  at::Tensor centered = a.x.to(at::kDouble);
+  if (!a.rms) centered = centered - a.mean.view({r.rows, 1}).to(at::kDouble);
+  if (dw.defined()) {
+    const at::Tensor xhat = (centered * rows_rstd).to(at::kFloat);  // RN32 of the float64 product
+    dw.copy_(carbon::bmm(dy.t().unsqueeze(1), xhat.t().unsqueeze(2), a.x.scalar_type()).view({r.n}));
+  }
+  if (db.defined()) db.copy_(carbon::sum(dy, at::IntArrayRef{0}, false, a.x.scalar_type()));
+}
+
+void check_param_grad_rows(const char* op, const Rows& r) {
+  TORCH_CHECK_VALUE(r.rows < (int64_t(1) << 31) - 1, "carbon.", op, ": at most 2^31 - 2 rows");
+}
+
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor> norm_param_grads(const at::Tensor& grad_out, const at::Tensor& x,
                                                     at::IntArrayRef normalized_shape,
                                                     const std::optional<at::Tensor>& mean, const at::Tensor& rstd,
                                                     bool weight, bool bias) {
   const char* op = "norm_param_grads";
   const Rows r = check_x(op, x, normalized_shape);
-  TORCH_CHECK_VALUE(r.rows < (int64_t(1) << 31) - 1, "carbon.", op, ": at most 2^31 - 2 rows");
+  check_param_grad_rows(op, r);
   NormArgs a;
   a.rms = !(mean.has_value() && mean->defined());
   const at::Tensor dy = check_grad(op, grad_out, x).view({r.rows, r.n});
@@ -196,24 +224,42 @@ std::tuple<at::Tensor, at::Tensor> norm_param_grads(const at::Tensor& grad_out, 
   a.x = x.contiguous().view({r.rows, r.n});
   at::Tensor dw = weight ? at::empty({r.n}, x.options()) : at::Tensor();
   at::Tensor db = bias ? at::empty({r.n}, x.options()) : at::Tensor();
-  if (r.n > 0) {
-    if (x.is_cpu()) {
-      norm_param_grads_cpu(a, dy, dw, db);
-    } else {
-      // Any correct implementation gives the same bits: here carbon's exact
-      // batched dot products (one per column) and column sums.
-      const at::Tensor rows_rstd = a.rstd.view({r.rows, 1}).to(at::kDouble);
-      at::Tensor centered = a.x.to(at::kDouble);
-      if (!a.rms) centered = centered - a.mean.view({r.rows, 1}).to(at::kDouble);
-      if (weight) {
-        const at::Tensor xhat = (centered * rows_rstd).to(at::kFloat);  // RN32 of the float64 product
-        dw = carbon::bmm(dy.t().unsqueeze(1), xhat.t().unsqueeze(2), x.scalar_type()).view({r.n});
-      }
-      if (bias) db = carbon::sum(dy, at::IntArrayRef{0}, false, x.scalar_type());
-    }
-  }
+  param_grads(a, r, dy, dw, db);
   const at::Tensor none = at::empty({0}, x.options());
   return {weight ? dw.view(normalized_shape) : none, bias ? db.view(normalized_shape) : none};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward(const at::Tensor& grad_out, const at::Tensor& x,
+                                                             at::IntArrayRef normalized_shape,
+                                                             const std::optional<at::Tensor>& mean,
+                                                             const at::Tensor& rstd,
+                                                             const std::optional<at::Tensor>& weight,
+                                                             std::array<bool, 3> output_mask) {
+  const char* op = "norm_backward";
+  const Rows r = check_x(op, x, normalized_shape);
+  const bool want_x = output_mask[0], want_w = output_mask[1], want_b = output_mask[2];
+  if (want_w || want_b) check_param_grad_rows(op, r);
+  NormArgs a;
+  a.rms = !(mean.has_value() && mean->defined());
+  a.weight = check_param(op, "weight", weight, x, normalized_shape);
+  const at::Tensor dy = check_grad(op, grad_out, x).view({r.rows, r.n});
+  if (!a.rms) a.mean = check_stat(op, "mean", *mean, x, r);
+  a.rstd = check_stat(op, "rstd", rstd, x, r);
+  a.x = x.contiguous().view({r.rows, r.n});
+  at::Tensor dx = want_x ? at::empty({r.rows, r.n}, x.options()) : at::Tensor();
+  at::Tensor dw = want_w ? at::empty({r.n}, x.options()) : at::Tensor();
+  at::Tensor db = want_b ? at::empty({r.n}, x.options()) : at::Tensor();
+  const bool any_rows = r.rows > 0 && r.n > 0;
+  if (want_x && (want_w || want_b) && any_rows && x.is_cpu()) {
+    norm_backward_fused_cpu(a, dy, dx, dw, db);
+  } else {
+    if (want_x && any_rows) run_backward(a, dy, dx);
+    param_grads(a, r, dy, dw, db);
+  }
+  // A fresh empty tensor for each output not asked for (outputs must not alias).
+  const auto none = [&] { return at::empty({0}, x.options()); };
+  return {want_x ? dx.view(x.sizes()) : none(), want_w ? dw.view(normalized_shape) : none(),
+          want_b ? db.view(normalized_shape) : none()};
 }
 
 }  // namespace carbon

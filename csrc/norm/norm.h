@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <tuple>
 
 namespace carbon {
@@ -29,6 +30,17 @@ std::tuple<at::Tensor, at::Tensor> norm_param_grads(const at::Tensor& grad_out, 
                                                     const std::optional<at::Tensor>& mean, const at::Tensor& rstd,
                                                     bool weight, bool bias);
 
+// (dx, dweight, dbias) in one call; output_mask says which are wanted (one not
+// asked for is an empty tensor). mean undefined: rms_norm (then dbias is still
+// the column sum of grad_out). The same values as the three ops above; on the
+// CPU one pass over x and grad_out computes them all.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward(const at::Tensor& grad_out, const at::Tensor& x,
+                                                             at::IntArrayRef normalized_shape,
+                                                             const std::optional<at::Tensor>& mean,
+                                                             const at::Tensor& rstd,
+                                                             const std::optional<at::Tensor>& weight,
+                                                             std::array<bool, 3> output_mask);
+
 // Device kernels. x, dy, y, dx: contiguous [rows, n] in x's dtype; weight,
 // bias: contiguous [n] (or undefined); mean, rstd: contiguous float32 [rows].
 // rms: mean is undefined and the row statistic is the mean square.
@@ -41,6 +53,9 @@ void norm_forward_cpu(const NormArgs& a, at::Tensor& y);
 void norm_backward_cpu(const NormArgs& a, const at::Tensor& dy, at::Tensor& dx);
 // Column sums over the rows: dw / db contiguous [n] (undefined: not wanted).
 void norm_param_grads_cpu(const NormArgs& a, const at::Tensor& dy, at::Tensor& dw, at::Tensor& db);
+// dx and the column sums in one pass (dw and/or db defined).
+void norm_backward_fused_cpu(const NormArgs& a, const at::Tensor& dy, at::Tensor& dx, at::Tensor& dw,
+                             at::Tensor& db);
 #ifdef CARBON_WITH_CUDA
 void norm_forward_cuda(const NormArgs& a, at::Tensor& y);
 void norm_backward_cuda(const NormArgs& a, const at::Tensor& dy, at::Tensor& dx);

@@ -3,9 +3,15 @@
 // trees that depend only on n (eight interleaved chains, then three pairwise
 // levels), so the bits never depend on the thread count. Each row is first
 // decoded into doubles (exact), then: statistics (tier 1, exact tier when
-// undecided), then the elementwise outputs.
+// undecided), then the elementwise outputs. The fused backward also sums
+// dweight / dbias per fixed block of rows (backward_fused), so those too are
+// the same for every thread count.
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <vector>
 
 #include "../dtypes.h"
@@ -20,59 +26,115 @@ namespace {
 // The row loops are compiled for AVX-512 (x86-64-v4), AVX2 and any x86-64,
 // chosen at load time: the same IEEE and integer operations, so the same bits.
 #define CARBON_NORM_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+// The explicit kChains-lane forms (*_v4) are compiled for AVX-512 only: on
+// AVX2 GCC splits their 8-double vectors badly; there the scalar forms
+// (*_portable) run instead (dispatch below). Same operations, same bits.
+#define CARBON_NORM_V4 __attribute__((target("arch=x86-64-v4")))
+#define CARBON_NORM_PORTABLE __attribute__((target_clones("avx2", "default")))
 
 struct Sums {
   double sum = 0.0, abs_sum = 0.0;
 };
 
+// One chain per lane of a vector of kChains doubles. GCC's vector
+// extensions apply the written IEEE operation lane by lane (nothing is
+// reassociated, and -ffp-contract=off forbids fusing), so lane l performs
+// exactly the additions of the scalar chain l: element k into chain
+// k mod kChains, the tail into chain 0 afterwards. Written out because the
+// auto-vectorizer turned the scalar form of these loops into shuffles.
+typedef double Lanes __attribute__((vector_size(kChains * sizeof(double))));
+typedef uint64_t LaneBits __attribute__((vector_size(kChains * sizeof(uint64_t))));
+typedef float FloatLanes __attribute__((vector_size(kChains * sizeof(float))));
+typedef uint32_t WordLanes __attribute__((vector_size(kChains * sizeof(uint32_t))));
+typedef uint16_t HalfWordLanes __attribute__((vector_size(kChains * sizeof(uint16_t))));
+
+#define CARBON_LANES_INLINE inline __attribute__((always_inline))
+
+CARBON_LANES_INLINE Lanes load_lanes(const double* p) {
+  Lanes v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+CARBON_LANES_INLINE void store_lanes(double* p, Lanes v) { std::memcpy(p, &v, sizeof v); }
+
+CARBON_LANES_INLINE Lanes abs_lanes(Lanes v) { return (Lanes)((LaneBits)v & ~kSignBit); }
+
+// element_value of kChains consecutive elements (exact widenings).
+template <typename T>
+CARBON_LANES_INLINE Lanes decode_lanes(const T* p) {
+  double v[kChains];
+  for (int l = 0; l < kChains; ++l) v[l] = element_value(p[l]);
+  return load_lanes(v);
+}
+template <>
+CARBON_LANES_INLINE Lanes decode_lanes(const float* p) {
+  FloatLanes f;
+  std::memcpy(&f, p, sizeof f);
+  return __builtin_convertvector(f, Lanes);
+}
+template <>
+CARBON_LANES_INLINE Lanes decode_lanes(const c10::BFloat16* p) {  // the top halves of float32s
+  HalfWordLanes h;
+  std::memcpy(&h, p, sizeof h);
+  const WordLanes bits = __builtin_convertvector(h, WordLanes) << 16;
+  return __builtin_convertvector((FloatLanes)bits, Lanes);
+}
+
 // sum v_k and sum |v_k|.
-CARBON_NORM_CLONES Sums chain_sums(const double* v, int64_t n) {
-  double s[kChains] = {}, a[kChains] = {};
+CARBON_NORM_V4 Sums chain_sums_v4(const double* v, int64_t n) {
+  Lanes s = {}, a = {};
   int64_t k = 0;
-  for (; k + kChains <= n; k += kChains)
-    for (int l = 0; l < kChains; ++l) {
-      s[l] = s[l] + v[k + l];
-      a[l] = a[l] + abs_value(v[k + l]);
-    }
-  for (; k < n; ++k) {
-    s[0] = s[0] + v[k];
-    a[0] = a[0] + abs_value(v[k]);
+  for (; k + kChains <= n; k += kChains) {
+    const Lanes e = load_lanes(v + k);
+    s = s + e;
+    a = a + abs_lanes(e);
   }
-  return {fold_chains(s), fold_chains(a)};
+  double sc[kChains], ac[kChains];
+  store_lanes(sc, s);
+  store_lanes(ac, a);
+  for (; k < n; ++k) {
+    sc[0] = sc[0] + v[k];
+    ac[0] = ac[0] + abs_value(v[k]);
+  }
+  return {fold_chains(sc), fold_chains(ac)};
 }
 
 // sum a_k (x) b_k and sum |a_k (x) b_k| (exact products).
-CARBON_NORM_CLONES Sums chain_dot(const double* x, const double* y, int64_t n) {
-  double s[kChains] = {}, a[kChains] = {};
+CARBON_NORM_V4 Sums chain_dot_v4(const double* x, const double* y, int64_t n) {
+  Lanes s = {}, a = {};
   int64_t k = 0;
-  for (; k + kChains <= n; k += kChains)
-    for (int l = 0; l < kChains; ++l) {
-      const double p = x[k + l] * y[k + l];
-      s[l] = s[l] + p;
-      a[l] = a[l] + abs_value(p);
-    }
+  for (; k + kChains <= n; k += kChains) {
+    const Lanes p = load_lanes(x + k) * load_lanes(y + k);
+    s = s + p;
+    a = a + abs_lanes(p);
+  }
+  double sc[kChains], ac[kChains];
+  store_lanes(sc, s);
+  store_lanes(ac, a);
   for (; k < n; ++k) {
     const double p = x[k] * y[k];
-    s[0] = s[0] + p;
-    a[0] = a[0] + abs_value(p);
+    sc[0] = sc[0] + p;
+    ac[0] = ac[0] + abs_value(p);
   }
-  return {fold_chains(s), fold_chains(a)};
+  return {fold_chains(sc), fold_chains(ac)};
 }
 
 // sum (v_k (-) c)^2 (c = 0: the exact squares).
-CARBON_NORM_CLONES double chain_squares(const double* v, double c, int64_t n) {
-  double s[kChains] = {};
+CARBON_NORM_V4 double chain_squares_v4(const double* v, double c, int64_t n) {
+  Lanes s = {};
   int64_t k = 0;
-  for (; k + kChains <= n; k += kChains)
-    for (int l = 0; l < kChains; ++l) {
-      const double d = v[k + l] - c;
-      s[l] = s[l] + d * d;
-    }
+  for (; k + kChains <= n; k += kChains) {
+    const Lanes d = load_lanes(v + k) - c;
+    s = s + d * d;
+  }
+  double sc[kChains];
+  store_lanes(sc, s);
   for (; k < n; ++k) {
     const double d = v[k] - c;
-    s[0] = s[0] + d * d;
+    sc[0] = sc[0] + d * d;
   }
-  return fold_chains(s);
+  return fold_chains(sc);
 }
 
 template <typename T>
@@ -81,48 +143,51 @@ CARBON_NORM_CLONES void decode_row(const T* x, int64_t n, double* out) {
 }
 
 // decode_row then chain_sums in one pass: the same operations in the same
-// order (element k into chain k mod kChains, the tail into chain 0), so the
-// same fp64 sums and the same tier-1 decisions, with the row read once.
+// order, so the same fp64 sums and the same tier-1 decisions, with the row
+// read once.
 template <typename T>
-CARBON_NORM_CLONES Sums decode_sums(const T* x, int64_t n, double* v) {
-  double s[kChains] = {}, a[kChains] = {};
+CARBON_NORM_V4 Sums decode_sums_v4(const T* x, int64_t n, double* v) {
+  Lanes s = {}, a = {};
   int64_t k = 0;
-  for (; k + kChains <= n; k += kChains)
-    for (int l = 0; l < kChains; ++l) {
-      const double e = element_value(x[k + l]);
-      v[k + l] = e;
-      s[l] = s[l] + e;
-      a[l] = a[l] + abs_value(e);
-    }
+  for (; k + kChains <= n; k += kChains) {
+    const Lanes e = decode_lanes(x + k);
+    store_lanes(v + k, e);
+    s = s + e;
+    a = a + abs_lanes(e);
+  }
+  double sc[kChains], ac[kChains];
+  store_lanes(sc, s);
+  store_lanes(ac, a);
   for (; k < n; ++k) {
     const double e = element_value(x[k]);
     v[k] = e;
-    s[0] = s[0] + e;
-    a[0] = a[0] + abs_value(e);
+    sc[0] = sc[0] + e;
+    ac[0] = ac[0] + abs_value(e);
   }
-  return {fold_chains(s), fold_chains(a)};
+  return {fold_chains(sc), fold_chains(ac)};
 }
 
 // decode_row then chain_squares(v, 0.0, n) in one pass (same operations,
 // same order, so the same fp64 sum).
 template <typename T>
-CARBON_NORM_CLONES double decode_squares(const T* x, int64_t n, double* v) {
-  double s[kChains] = {};
+CARBON_NORM_V4 double decode_squares_v4(const T* x, int64_t n, double* v) {
+  Lanes s = {};
   int64_t k = 0;
-  for (; k + kChains <= n; k += kChains)
-    for (int l = 0; l < kChains; ++l) {
-      const double e = element_value(x[k + l]);
-      v[k + l] = e;
-      const double d = e - 0.0;
-      s[l] = s[l] + d * d;
-    }
+  for (; k + kChains <= n; k += kChains) {
+    const Lanes e = decode_lanes(x + k);
+    store_lanes(v + k, e);
+    const Lanes d = e - 0.0;
+    s = s + d * d;
+  }
+  double sc[kChains];
+  store_lanes(sc, s);
   for (; k < n; ++k) {
     const double e = element_value(x[k]);
     v[k] = e;
     const double d = e - 0.0;
-    s[0] = s[0] + d * d;
+    sc[0] = sc[0] + d * d;
   }
-  return fold_chains(s);
+  return fold_chains(sc);
 }
 
 // Exact tier of RN32(sum v / n).
@@ -201,14 +266,80 @@ inline typename F::Bits encode_fast(double v) {
   return static_cast<typename F::Bits>(sign | (mag == 0 ? 0u : encode_normal(mag, f)));
 }
 
+// ---------------------------------------------------------------- rounding, kChains lanes at a time
+
+typedef int64_t LaneMask __attribute__((vector_size(kChains * sizeof(int64_t))));
+
+// round_fast's test, on each lane, as the sign bit of the result (1: not
+// +-0 and the rounded magnitude r of mag not a normal number of f). All
+// operands are below 2^63 (magnitudes), so a - b has its sign bit set
+// exactly when a < b: mag < normal_min, mag >= overflow or r >= overflow
+// set it, and mag == 0 (0 - mag has no sign bit) clears it. Integer adds
+// and logic only (vector comparisons were scalarized by the compiler).
+template <typename F>
+CARBON_LANES_INLINE LaneBits flag_lanes(LaneBits mag, LaneBits r) {
+  constexpr FloatFormat f = F::get();
+  const uint64_t lo = normal_min_bits(f), hi = overflow_bits(f) - 1;
+  return ((mag - lo) | (hi - mag) | (hi - r)) & (0 - mag) & kSignBit;
+}
+
+// round_fast on each lane: the same results, and `bad` gets a bit in the
+// lanes round_fast would flag.
+template <typename F>
+CARBON_LANES_INLINE Lanes round_lanes(Lanes v, LaneBits& bad) {
+  constexpr FloatFormat f = F::get();
+  const LaneBits u = (LaneBits)v, mag = u & ~kSignBit;
+  const int drop = 53 - f.precision;
+  const LaneBits r = (mag + ((1ull << (drop - 1)) - 1) + ((mag >> drop) & 1)) & ~((1ull << drop) - 1);
+  bad |= flag_lanes<F>(mag, r);
+  return (Lanes)((u & kSignBit) | r);
+}
+
+// float32: the hardware's double -> float conversion rounds to nearest-even
+// (the default mode; its flush-to-zero setting cannot matter, as every
+// subnormal result is flagged), so on the lanes that are not flagged it
+// gives round_normal_bits' value, in two instructions instead of a dozen.
+// The test is round_fast's, on the converted value.
+template <>
+CARBON_LANES_INLINE Lanes round_lanes<F32>(Lanes v, LaneBits& bad) {
+  const LaneBits mag = (LaneBits)v & ~kSignBit;
+  const Lanes rounded = __builtin_convertvector(__builtin_convertvector(v, FloatLanes), Lanes);
+  bad |= flag_lanes<F32>(mag, (LaneBits)rounded & ~kSignBit);
+  return rounded;
+}
+
+// encode_fast on each lane (v from round_lanes, not flagged).
+template <typename F>
+CARBON_LANES_INLINE LaneBits encode_lanes(Lanes v) {
+  constexpr FloatFormat f = F::get();
+  const LaneBits u = (LaneBits)v, mag = u & ~kSignBit;
+  const uint64_t rebias = static_cast<uint64_t>(1023 - f.max_exp) << (f.precision - 1);
+  const LaneBits nonzero = (LaneBits)((LaneMask)(0 - mag) >> 63);  // all ones unless mag == 0
+  return ((u >> 63) << (f.total_bits - 1)) | (((mag >> (53 - f.precision)) - rebias) & nonzero);
+}
+
+CARBON_LANES_INLINE void store_bits(uint32_t* out, LaneBits b) {
+  const WordLanes w = __builtin_convertvector(b, WordLanes);
+  std::memcpy(out, &w, sizeof w);
+}
+CARBON_LANES_INLINE void store_bits(uint16_t* out, LaneBits b) {
+  const HalfWordLanes h = __builtin_convertvector(b, HalfWordLanes);
+  std::memcpy(out, &h, sizeof h);
+}
+
+CARBON_LANES_INLINE bool any_lane(LaneBits b) {
+  uint64_t any = 0;
+  for (int l = 0; l < kChains; ++l) any |= b[l];
+  return any != 0;
+}
+
 // Outputs of one row, vectorized: y_k = RN_F(affine(xhat_k)) (forward) into
 // out. Returns false (out partly written) if some value needs the general
-// path.
+// path. (A plain loop: the compiler vectorizes it as well as the lane form,
+// which was slower here for bfloat16.)
 template <typename F, bool kRms, bool kW, bool kB>
-CARBON_NORM_CLONES bool forward_outputs_fast(const double* v, int64_t n, double mu,
-                                                                             double rs, const double* w,
-                                                                             const double* b,
-                                                                             typename F::Bits* out) {
+CARBON_NORM_CLONES bool forward_outputs_fast(const double* v, int64_t n, double mu, double rs, const double* w,
+                                             const double* b, typename F::Bits* out) {
   uint64_t bad = 0;
   for (int64_t k = 0; k < n; ++k) {
     const double xh = round_fast<F32>(kRms ? v[k] * rs : (v[k] - mu) * rs, bad);
@@ -230,15 +361,194 @@ bool forward_outputs(const double* v, int64_t n, double mu, double rs, const dou
            : forward_outputs_fast<F, false, false, false>(v, n, mu, rs, w, b, out);
 }
 
+// chain_sums(g) (kSums) and chain_dot(g, xh) in one pass: the same
+// additions in the same chains and order, so the same fp64 sums.
+template <bool kSums>
+CARBON_NORM_V4 void chain_grad_sums_v4(const double* g, const double* xh, int64_t n, Sums* gs, Sums* gd) {
+  Lanes ss = {}, sa = {}, ds = {}, da = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains) {
+    const Lanes q = load_lanes(g + k);
+    if (kSums) {
+      ss = ss + q;
+      sa = sa + abs_lanes(q);
+    }
+    const Lanes p = q * load_lanes(xh + k);
+    ds = ds + p;
+    da = da + abs_lanes(p);
+  }
+  double ssc[kChains], sac[kChains], dsc[kChains], dac[kChains];
+  store_lanes(ssc, ss);
+  store_lanes(sac, sa);
+  store_lanes(dsc, ds);
+  store_lanes(dac, da);
+  for (; k < n; ++k) {
+    const double q = g[k];
+    if (kSums) {
+      ssc[0] = ssc[0] + q;
+      sac[0] = sac[0] + abs_value(q);
+    }
+    const double p = q * xh[k];
+    dsc[0] = dsc[0] + p;
+    dac[0] = dac[0] + abs_value(p);
+  }
+  if (kSums) *gs = {fold_chains(ssc), fold_chains(sac)};
+  *gd = {fold_chains(dsc), fold_chains(dac)};
+}
+
+// Backward, vectorized: decode x and dy, xhat_k and g_k (float32 values, the
+// operations of ln_xhat / rms_xhat and scaled_grad) into xh and g, kChains
+// elements at a time; then chain_grad_sums over the (cached) rows. Returns
+// false if some xhat or g needs the general path (xh, g, gs, gd then
+// unusable: the caller redoes the row).
+template <typename T, bool kRms, bool kW>
+CARBON_NORM_V4 bool backward_row_fast_v4(const T* __restrict__ x, const T* __restrict__ dy, int64_t n, double mu,
+                                          double rs, const double* __restrict__ w, double* __restrict__ xh,
+                                          double* __restrict__ g, Sums* gs, Sums* gd) {
+  LaneBits bad_lanes = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains) {
+    const Lanes v = decode_lanes(x + k), d = decode_lanes(dy + k);
+    store_lanes(xh + k, round_lanes<F32>(kRms ? v * rs : (v - mu) * rs, bad_lanes));
+    store_lanes(g + k, kW ? round_lanes<F32>(d * load_lanes(w + k), bad_lanes) : d);
+  }
+  uint64_t bad = any_lane(bad_lanes);
+  for (; k < n; ++k) {
+    const double v = element_value(x[k]), d = element_value(dy[k]);
+    xh[k] = round_fast<F32>(kRms ? v * rs : (v - mu) * rs, bad);
+    g[k] = kW ? round_fast<F32>(d * w[k], bad) : d;
+  }
+  if (bad != 0) return false;
+  chain_grad_sums_v4<!kRms>(g, xh, n, gs, gd);
+  return true;
+}
+
+template <typename F, bool kRms>
+CARBON_NORM_V4 bool backward_outputs_fast_v4(const double* xh, const double* g, int64_t n, double A, double B,
+                                              double rs, typename F::Bits* out) {
+  LaneBits bad_lanes = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains) {
+    const Lanes h = load_lanes(xh + k), q = load_lanes(g + k);
+    // rms_dx / ln_dx, the same operations lane by lane
+    const Lanes dx = kRms ? rs * (q - h * B) : rs * ((q - A) - h * B);
+    store_bits(out + k, encode_lanes<F>(round_lanes<F>(dx, bad_lanes)));
+  }
+  uint64_t bad = any_lane(bad_lanes);
+  for (; k < n; ++k)
+    out[k] = encode_fast<F>(round_fast<F>(kRms ? rms_dx(g[k], xh[k], B, rs) : ln_dx(g[k], xh[k], A, B, rs), bad));
+  return bad == 0;
+}
+
+// ---------------------------------------------------------------- dispatch
+
+// The scalar forms of the row loops (the previous code, which GCC
+// vectorizes for AVX2): the same operations in the same order as the lane
+// forms.
+// sum v_k and sum |v_k|.
+CARBON_NORM_PORTABLE Sums chain_sums_portable(const double* v, int64_t n) {
+  double s[kChains] = {}, a[kChains] = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains)
+    for (int l = 0; l < kChains; ++l) {
+      s[l] = s[l] + v[k + l];
+      a[l] = a[l] + abs_value(v[k + l]);
+    }
+  for (; k < n; ++k) {
+    s[0] = s[0] + v[k];
+    a[0] = a[0] + abs_value(v[k]);
+  }
+  return {fold_chains(s), fold_chains(a)};
+}
+
+// sum a_k (x) b_k and sum |a_k (x) b_k| (exact products).
+CARBON_NORM_PORTABLE Sums chain_dot_portable(const double* x, const double* y, int64_t n) {
+  double s[kChains] = {}, a[kChains] = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains)
+    for (int l = 0; l < kChains; ++l) {
+      const double p = x[k + l] * y[k + l];
+      s[l] = s[l] + p;
+      a[l] = a[l] + abs_value(p);
+    }
+  for (; k < n; ++k) {
+    const double p = x[k] * y[k];
+    s[0] = s[0] + p;
+    a[0] = a[0] + abs_value(p);
+  }
+  return {fold_chains(s), fold_chains(a)};
+}
+
+// sum (v_k (-) c)^2 (c = 0: the exact squares).
+CARBON_NORM_PORTABLE double chain_squares_portable(const double* v, double c, int64_t n) {
+  double s[kChains] = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains)
+    for (int l = 0; l < kChains; ++l) {
+      const double d = v[k + l] - c;
+      s[l] = s[l] + d * d;
+    }
+  for (; k < n; ++k) {
+    const double d = v[k] - c;
+    s[0] = s[0] + d * d;
+  }
+  return fold_chains(s);
+}
+
+// decode_row then chain_sums_portable in one pass: the same operations in the same
+// order (element k into chain k mod kChains, the tail into chain 0), so the
+// same fp64 sums and the same tier-1 decisions, with the row read once.
+template <typename T>
+CARBON_NORM_PORTABLE Sums decode_sums_portable(const T* x, int64_t n, double* v) {
+  double s[kChains] = {}, a[kChains] = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains)
+    for (int l = 0; l < kChains; ++l) {
+      const double e = element_value(x[k + l]);
+      v[k + l] = e;
+      s[l] = s[l] + e;
+      a[l] = a[l] + abs_value(e);
+    }
+  for (; k < n; ++k) {
+    const double e = element_value(x[k]);
+    v[k] = e;
+    s[0] = s[0] + e;
+    a[0] = a[0] + abs_value(e);
+  }
+  return {fold_chains(s), fold_chains(a)};
+}
+
+// decode_row then chain_squares_portable(v, 0.0, n) in one pass (same operations,
+// same order, so the same fp64 sum).
+template <typename T>
+CARBON_NORM_PORTABLE double decode_squares_portable(const T* x, int64_t n, double* v) {
+  double s[kChains] = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains)
+    for (int l = 0; l < kChains; ++l) {
+      const double e = element_value(x[k + l]);
+      v[k + l] = e;
+      const double d = e - 0.0;
+      s[l] = s[l] + d * d;
+    }
+  for (; k < n; ++k) {
+    const double e = element_value(x[k]);
+    v[k] = e;
+    const double d = e - 0.0;
+    s[0] = s[0] + d * d;
+  }
+  return fold_chains(s);
+}
+
 // Backward, vectorized: decode x and dy, xhat_k and g_k (float32 values, the
 // operations of ln_xhat / rms_xhat and scaled_grad) into xh and g, with
-// chain_sums(g) (layer_norm only) and chain_dot(g, xh) in the same pass: each
+// chain_sums_portable(g) (layer_norm only) and chain_dot_portable(g, xh) in the same pass: each
 // sum adds element k into chain k mod kChains
 // (the tail into chain 0) in the same order, so the fp64 sums, hence the
 // tier-1 decisions, are the same bits. Returns false if some xhat or g needs
 // the general path (xh, g, gs, gd then unusable: the caller redoes the row).
 template <typename T, bool kRms, bool kW>
-CARBON_NORM_CLONES bool backward_row_fast(const T* x, const T* dy, int64_t n, double mu, double rs,
+CARBON_NORM_PORTABLE bool backward_row_fast_portable(const T* x, const T* dy, int64_t n, double mu, double rs,
                                           const double* w, double* xh, double* g, Sums* gs, Sums* gd) {
   uint64_t bad = 0;
   double ss[kChains] = {}, sa[kChains] = {}, ds[kChains] = {}, da[kChains] = {};
@@ -278,13 +588,56 @@ CARBON_NORM_CLONES bool backward_row_fast(const T* x, const T* dy, int64_t n, do
 }
 
 template <typename F, bool kRms>
-CARBON_NORM_CLONES bool backward_outputs_fast(const double* xh, const double* g,
+CARBON_NORM_PORTABLE bool backward_outputs_fast_portable(const double* xh, const double* g,
                                                                               int64_t n, double A, double B,
                                                                               double rs, typename F::Bits* out) {
   uint64_t bad = 0;
   for (int64_t k = 0; k < n; ++k)
     out[k] = encode_fast<F>(round_fast<F>(kRms ? rms_dx(g[k], xh[k], B, rs) : ln_dx(g[k], xh[k], A, B, rs), bad));
   return bad == 0;
+}
+
+// CARBON_NORM_SCALAR=1 in the environment forces the scalar forms (so that an
+// AVX-512 machine can check that both give the same bits).
+bool use_lanes() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512cd") && std::getenv("CARBON_NORM_SCALAR") == nullptr;
+  return yes;
+}
+
+Sums chain_sums(const double* v, int64_t n) { return use_lanes() ? chain_sums_v4(v, n) : chain_sums_portable(v, n); }
+
+Sums chain_dot(const double* x, const double* y, int64_t n) {
+  return use_lanes() ? chain_dot_v4(x, y, n) : chain_dot_portable(x, y, n);
+}
+
+double chain_squares(const double* v, double c, int64_t n) {
+  return use_lanes() ? chain_squares_v4(v, c, n) : chain_squares_portable(v, c, n);
+}
+
+template <typename T>
+Sums decode_sums(const T* x, int64_t n, double* v) {
+  return use_lanes() ? decode_sums_v4(x, n, v) : decode_sums_portable(x, n, v);
+}
+
+template <typename T>
+double decode_squares(const T* x, int64_t n, double* v) {
+  return use_lanes() ? decode_squares_v4(x, n, v) : decode_squares_portable(x, n, v);
+}
+
+template <typename T, bool kRms, bool kW>
+bool backward_row_fast(const T* x, const T* dy, int64_t n, double mu, double rs, const double* w, double* xh,
+                       double* g, Sums* gs, Sums* gd) {
+  return use_lanes() ? backward_row_fast_v4<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd)
+                     : backward_row_fast_portable<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd);
+}
+
+template <typename F, bool kRms>
+bool backward_outputs_fast(const double* xh, const double* g, int64_t n, double A, double B, double rs,
+                           typename F::Bits* out) {
+  return use_lanes() ? backward_outputs_fast_v4<F, kRms>(xh, g, n, A, B, rs, out)
+                     : backward_outputs_fast_portable<F, kRms>(xh, g, n, A, B, rs, out);
 }
 
 // Rows per task: about 32K elements.
@@ -332,53 +685,73 @@ void forward_rows(const NormArgs& a, at::Tensor& y_tensor) {
   });
 }
 
+// The backward of one row: dx into out; leaves xhat in xh (which the fused
+// column sums read).
+template <typename T>
+struct RowBackward {
+  using F = typename FormatOf<T>::type;
+  const NormArgs& a;
+  const T* x;
+  const T* dy;
+  typename F::Bits* dx;
+  const double* w;
+  const float* mean;
+  const float* rstd;
+  int64_t n, depth;
+  std::vector<double> xv, dv, xh, g;
+
+  RowBackward(const NormArgs& args, const T* x_, const T* dy_, typename F::Bits* dx_, const double* w_)
+      : a(args), x(x_), dy(dy_), dx(dx_), w(w_), mean(args.rms ? nullptr : args.mean.const_data_ptr<float>()),
+        rstd(args.rstd.const_data_ptr<float>()), n(args.x.size(1)), depth(chain_depth(n)), xv(n), dv(n), xh(n),
+        g(n) {}
+
+  void run(int64_t r) {
+    const double mu = a.rms ? 0.0 : load32(mean + r), rs = load32(rstd + r);
+    const T* xr = x + r * n;
+    const T* dr = dy + r * n;
+    double* h = xh.data();
+    double* q = g.data();
+    double* d = dv.data();
+    Sums s, p;
+    const bool fast = a.rms ? (w ? backward_row_fast<T, true, true>(xr, dr, n, mu, rs, w, h, q, &s, &p)
+                                 : backward_row_fast<T, true, false>(xr, dr, n, mu, rs, w, h, q, &s, &p))
+                            : (w ? backward_row_fast<T, false, true>(xr, dr, n, mu, rs, w, h, q, &s, &p)
+                                 : backward_row_fast<T, false, false>(xr, dr, n, mu, rs, w, h, q, &s, &p));
+    if (!fast) {  // the general path, then the sums as before
+      decode_row(xr, n, xv.data());
+      decode_row(dr, n, d);
+      for (int64_t k = 0; k < n; ++k) {
+        h[k] = a.rms ? rms_xhat(xv[k], rs) : ln_xhat(xv[k], mu, rs);
+        q[k] = scaled_grad(d[k], w ? w + k : nullptr);
+      }
+      if (!a.rms) s = chain_sums(q, n);
+      p = chain_dot(q, h, n);
+    }
+    double A = 0.0, B;
+    if (!a.rms && !mean_fast(s.sum, s.abs_sum, n, depth, &A)) A = exact_mean(q, n);
+    if (!mean_fast(p.sum, p.abs_sum, n, depth, &B)) B = exact_mean_dot(q, h, n);
+    auto* out = dx + r * n;
+    if (a.rms ? backward_outputs_fast<F, true>(h, q, n, A, B, rs, out)
+              : backward_outputs_fast<F, false>(h, q, n, A, B, rs, out))
+      return;
+    if (a.rms) {
+      for (int64_t k = 0; k < n; ++k) store<F>(rms_dx(q[k], h[k], B, rs), out + k);
+    } else {
+      for (int64_t k = 0; k < n; ++k) store<F>(ln_dx(q[k], h[k], A, B, rs), out + k);
+    }
+  }
+};
+
 template <typename T>
 void backward_rows(const NormArgs& a, const at::Tensor& dy_tensor, at::Tensor& dx_tensor) {
   using F = typename FormatOf<T>::type;
   const int64_t rows = a.x.size(0), n = a.x.size(1);
-  const T* x = a.x.const_data_ptr<T>();
-  const T* dy = dy_tensor.const_data_ptr<T>();
-  auto* dx = static_cast<typename F::Bits*>(dx_tensor.mutable_data_ptr());
   const std::vector<double> wv = decode_param(a.weight);
-  const double* w = wv.empty() ? nullptr : wv.data();
-  const float* mean = a.rms ? nullptr : a.mean.const_data_ptr<float>();
-  const float* rstd = a.rstd.const_data_ptr<float>();
-  const int64_t depth = chain_depth(n);
+  auto* dx = static_cast<typename F::Bits*>(dx_tensor.mutable_data_ptr());
   at::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
-    std::vector<double> xv(n), dv(n), xh(n), g(n);
-    for (int64_t r = begin; r < end; ++r) {
-      const double mu = a.rms ? 0.0 : load32(mean + r), rs = load32(rstd + r);
-      const T* xr = x + r * n;
-      const T* dr = dy + r * n;
-      Sums s, p;
-      const bool fast =
-          a.rms ? (w ? backward_row_fast<T, true, true>(xr, dr, n, mu, rs, w, xh.data(), g.data(), &s, &p)
-                     : backward_row_fast<T, true, false>(xr, dr, n, mu, rs, w, xh.data(), g.data(), &s, &p))
-                : (w ? backward_row_fast<T, false, true>(xr, dr, n, mu, rs, w, xh.data(), g.data(), &s, &p)
-                     : backward_row_fast<T, false, false>(xr, dr, n, mu, rs, w, xh.data(), g.data(), &s, &p));
-      if (!fast) {  // the general path, then the sums as before
-        decode_row(xr, n, xv.data());
-        decode_row(dr, n, dv.data());
-        for (int64_t k = 0; k < n; ++k) {
-          xh[k] = a.rms ? rms_xhat(xv[k], rs) : ln_xhat(xv[k], mu, rs);
-          g[k] = scaled_grad(dv[k], w ? w + k : nullptr);
-        }
-        if (!a.rms) s = chain_sums(g.data(), n);
-        p = chain_dot(g.data(), xh.data(), n);
-      }
-      double A = 0.0, B;
-      if (!a.rms && !mean_fast(s.sum, s.abs_sum, n, depth, &A)) A = exact_mean(g.data(), n);
-      if (!mean_fast(p.sum, p.abs_sum, n, depth, &B)) B = exact_mean_dot(g.data(), xh.data(), n);
-      auto* out = dx + r * n;
-      if (a.rms ? backward_outputs_fast<F, true>(xh.data(), g.data(), n, A, B, rs, out)
-                : backward_outputs_fast<F, false>(xh.data(), g.data(), n, A, B, rs, out))
-        continue;
-      if (a.rms) {
-        for (int64_t k = 0; k < n; ++k) store<F>(rms_dx(g[k], xh[k], B, rs), out + k);
-      } else {
-        for (int64_t k = 0; k < n; ++k) store<F>(ln_dx(g[k], xh[k], A, B, rs), out + k);
-      }
-    }
+    RowBackward<T> row(a, a.x.const_data_ptr<T>(), dy_tensor.const_data_ptr<T>(), dx,
+                       wv.empty() ? nullptr : wv.data());
+    for (int64_t r = begin; r < end; ++r) row.run(r);
   });
 }
 
@@ -451,46 +824,47 @@ void column_tile(const NormArgs& a, const T* x, const T* dy, int64_t r0, int64_t
   }
 }
 
-// dw[j] = RN(sum_r dy[r, j] * xhat[r, j]), db[j] = RN(sum_r dy[r, j]): tiles of
-// kRowChunk rows x kColumnBlock columns in parallel, then each column adds
-// its tiles' partials in row order (depth kRowChunk + chunks + 1) and decides;
-// an undecided column is summed exactly.
+// Per-column partial sums over blocks of rows: block c's sums for column j
+// at [c * n + j] (sw: dy * xhat, aw: |dy * xhat|, sb: dy, ab: |dy|), each
+// the sum of its rows in row order.
+struct ColumnPartials {
+  int64_t blocks, n;
+  std::unique_ptr<double[]> sw, aw, sb, ab;
+  ColumnPartials(int64_t blocks_, int64_t n_)
+      : blocks(blocks_), n(n_), sw(new double[blocks_ * n_]), aw(new double[blocks_ * n_]),
+        sb(new double[blocks_ * n_]), ab(new double[blocks_ * n_]) {}
+};
+
+// dw[j] = RN(sum_r dy[r, j] * xhat[r, j]), db[j] = RN(sum_r dy[r, j]) from the
+// partials of blocks of at most block_rows rows: each column adds its blocks'
+// partials in block order (depth block_rows + blocks + 1) and decides; an
+// undecided column is summed exactly (re-reading x and dy). The partition is
+// a function of the shape alone, and either way the value is the correctly
+// rounded exact sum.
 template <typename T>
-void param_grads(const NormArgs& a, const at::Tensor& dy_tensor, at::Tensor& dw_tensor, at::Tensor& db_tensor) {
+void finish_columns(const NormArgs& a, const at::Tensor& dy_tensor, const ColumnPartials& P, int64_t block_rows,
+                    at::Tensor& dw_tensor, at::Tensor& db_tensor) {
   using F = typename FormatOf<T>::type;
   constexpr FloatFormat f = F::get();
-  const int64_t rows = a.x.size(0), n = a.x.size(1);
+  const int64_t rows = a.x.size(0), n = a.x.size(1), chunks = P.blocks;
+  const int64_t depth = block_rows + chunks + 1;
   const T* x = a.x.const_data_ptr<T>();
   const T* dy = dy_tensor.const_data_ptr<T>();
   const bool want_w = dw_tensor.defined(), want_b = db_tensor.defined();
-  const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk;
-  const int64_t blocks = (n + kColumnBlock - 1) / kColumnBlock;
-  const int64_t depth = kRowChunk + chunks + 1;
-  std::vector<double> sw(chunks * n), aw(chunks * n), sb(chunks * n), ab(chunks * n);
-  at::parallel_for(0, chunks * blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t tile = begin; tile < end; ++tile) {
-      const int64_t c = tile / blocks, j0 = (tile % blocks) * kColumnBlock;
-      const int64_t count = std::min(kRowChunk, rows - c * kRowChunk), width = std::min(kColumnBlock, n - j0);
-      const int64_t o = c * n + j0;
-      column_tile(a, x, dy, c * kRowChunk, count, j0, width, want_w, want_b, sw.data() + o, aw.data() + o,
-                  sb.data() + o, ab.data() + o);
-    }
-  });
+  const double *sw = P.sw.get(), *aw = P.aw.get(), *sb = P.sb.get(), *ab = P.ab.get();
   const float* mean = a.rms ? nullptr : a.mean.const_data_ptr<float>();
   const float* rstd = a.rstd.const_data_ptr<float>();
   auto* dw = want_w ? static_cast<typename F::Bits*>(dw_tensor.mutable_data_ptr()) : nullptr;
   auto* db = want_b ? static_cast<typename F::Bits*>(db_tensor.mutable_data_ptr()) : nullptr;
   at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) {
-      double s_w = 0.0, a_w = 0.0, s_b = 0.0, a_b = 0.0;
-      for (int64_t c = 0; c < chunks; ++c) {
-        s_w = s_w + sw[c * n + j];
-        a_w = a_w + aw[c * n + j];
-        s_b = s_b + sb[c * n + j];
-        a_b = a_b + ab[c * n + j];
-      }
       double value;
       if (want_w) {
+        double s_w = 0.0, a_w = 0.0;
+        for (int64_t c = 0; c < chunks; ++c) {
+          s_w = s_w + sw[c * n + j];
+          a_w = a_w + aw[c * n + j];
+        }
         if (!reduce_round_fast(s_w, a_w, rows, depth, false, f, &value)) {
           int64_t limb[kLimbs];
           uint32_t flags;
@@ -505,6 +879,11 @@ void param_grads(const NormArgs& a, const at::Tensor& dy_tensor, at::Tensor& dw_
         dw[j] = static_cast<typename F::Bits>(encode(value, f));
       }
       if (want_b) {
+        double s_b = 0.0, a_b = 0.0;
+        for (int64_t c = 0; c < chunks; ++c) {
+          s_b = s_b + sb[c * n + j];
+          a_b = a_b + ab[c * n + j];
+        }
         if (!reduce_round_fast(s_b, a_b, rows, depth, false, f, &value)) {
           int64_t limb[kLimbs];
           uint32_t flags;
@@ -516,6 +895,174 @@ void param_grads(const NormArgs& a, const at::Tensor& dy_tensor, at::Tensor& dw_
       }
     }
   });
+}
+
+// dweight, dbias alone: tiles of kRowChunk rows x kColumnBlock columns in
+// parallel, then finish_columns.
+template <typename T>
+void param_grads(const NormArgs& a, const at::Tensor& dy_tensor, at::Tensor& dw_tensor, at::Tensor& db_tensor) {
+  const int64_t rows = a.x.size(0), n = a.x.size(1);
+  const T* x = a.x.const_data_ptr<T>();
+  const T* dy = dy_tensor.const_data_ptr<T>();
+  const bool want_w = dw_tensor.defined(), want_b = db_tensor.defined();
+  const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk;
+  const int64_t blocks = (n + kColumnBlock - 1) / kColumnBlock;
+  ColumnPartials P(chunks, n);
+  at::parallel_for(0, chunks * blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t tile = begin; tile < end; ++tile) {
+      const int64_t c = tile / blocks, j0 = (tile % blocks) * kColumnBlock;
+      const int64_t count = std::min(kRowChunk, rows - c * kRowChunk), width = std::min(kColumnBlock, n - j0);
+      const int64_t o = c * n + j0;
+      column_tile(a, x, dy, c * kRowChunk, count, j0, width, want_w, want_b, P.sw.get() + o, P.aw.get() + o,
+                  P.sb.get() + o, P.ab.get() + o);
+    }
+  });
+  finish_columns<T>(a, dy_tensor, P, kRowChunk, dw_tensor, db_tensor);
+}
+
+// ---------------------------------------------------------------- fused backward
+
+// Rows per block of the fused backward's column partials. Fixed (not a
+// function of the thread count), so the partials, hence the tier-1
+// decisions, are the same for every thread count; and the value is the
+// correctly rounded exact sum whatever decides it.
+constexpr int64_t kGradBlock = 64;
+
+// Rows whose terms are added into the column partials together: each
+// partial is loaded and stored once per kRowsPerAdd rows, and still gets
+// the rows' terms one at a time in row order (the same sums).
+constexpr int kRowsPerAdd = 4;
+
+// Adds the dy * xhat (kW) and dy (kB) terms of rows 0..R-1 (dy rows dy[i],
+// re-decoded from the cache, and xhat rows xh[i]), with their absolute
+// values, into the column partials, in row order (exact products of two
+// float values).
+template <typename T, int R, bool kW, bool kB>
+CARBON_NORM_CLONES void add_rows_to_columns(const T* const* dy, const double* const* xh, int64_t n,
+                                            double* __restrict__ sw, double* __restrict__ aw,
+                                            double* __restrict__ sb, double* __restrict__ ab) {
+  const T* __restrict__ y0 = dy[0];
+  const double* __restrict__ h0 = xh[0];
+  const T* __restrict__ y1 = dy[R > 1 ? 1 : 0];
+  const double* __restrict__ h1 = xh[R > 1 ? 1 : 0];
+  const T* __restrict__ y2 = dy[R > 2 ? 2 : 0];
+  const double* __restrict__ h2 = xh[R > 2 ? 2 : 0];
+  const T* __restrict__ y3 = dy[R > 3 ? 3 : 0];
+  const double* __restrict__ h3 = xh[R > 3 ? 3 : 0];
+  for (int64_t j = 0; j < n; ++j) {
+    const double d0 = element_value(y0[j]);
+    const double d1 = R > 1 ? element_value(y1[j]) : 0.0;
+    const double d2 = R > 2 ? element_value(y2[j]) : 0.0;
+    const double d3 = R > 3 ? element_value(y3[j]) : 0.0;
+    if (kW) {
+      double s = sw[j], a = aw[j];
+      const double p0 = d0 * h0[j];
+      s = s + p0;
+      a = a + abs_value(p0);
+      if (R > 1) {
+        const double p1 = d1 * h1[j];
+        s = s + p1;
+        a = a + abs_value(p1);
+      }
+      if (R > 2) {
+        const double p2 = d2 * h2[j];
+        s = s + p2;
+        a = a + abs_value(p2);
+      }
+      if (R > 3) {
+        const double p3 = d3 * h3[j];
+        s = s + p3;
+        a = a + abs_value(p3);
+      }
+      sw[j] = s;
+      aw[j] = a;
+    }
+    if (kB) {
+      double s = sb[j], a = ab[j];
+      s = s + d0;
+      a = a + abs_value(d0);
+      if (R > 1) {
+        s = s + d1;
+        a = a + abs_value(d1);
+      }
+      if (R > 2) {
+        s = s + d2;
+        a = a + abs_value(d2);
+      }
+      if (R > 3) {
+        s = s + d3;
+        a = a + abs_value(d3);
+      }
+      sb[j] = s;
+      ab[j] = a;
+    }
+  }
+}
+
+template <typename T, int R>
+void add_rows(const T* const* d, const double* const* xh, int64_t n, bool want_w, bool want_b, double* sw,
+              double* aw, double* sb, double* ab) {
+  if (want_w && want_b)
+    add_rows_to_columns<T, R, true, true>(d, xh, n, sw, aw, sb, ab);
+  else if (want_w)
+    add_rows_to_columns<T, R, true, false>(d, xh, n, sw, aw, sb, ab);
+  else
+    add_rows_to_columns<T, R, false, true>(d, xh, n, sw, aw, sb, ab);
+}
+
+// add_rows for 1 <= count <= kRowsPerAdd rows.
+template <typename T>
+void add_rows_any(int count, const T* const* d, const double* const* xh, int64_t n, bool want_w, bool want_b,
+                  double* sw, double* aw, double* sb, double* ab) {
+  switch (count) {
+    case 1: return add_rows<T, 1>(d, xh, n, want_w, want_b, sw, aw, sb, ab);
+    case 2: return add_rows<T, 2>(d, xh, n, want_w, want_b, sw, aw, sb, ab);
+    case 3: return add_rows<T, 3>(d, xh, n, want_w, want_b, sw, aw, sb, ab);
+    default: return add_rows<T, 4>(d, xh, n, want_w, want_b, sw, aw, sb, ab);
+  }
+}
+
+// dx, dweight and dbias in one pass over x and dy: blocks of kGradBlock rows
+// in parallel; each block runs its rows' backward (the same per-row
+// operations as backward_rows) and adds each row into its block's column
+// partials while the row is in cache; then finish_columns.
+template <typename T>
+void backward_fused(const NormArgs& a, const at::Tensor& dy_tensor, at::Tensor& dx_tensor, at::Tensor& dw_tensor,
+                    at::Tensor& db_tensor) {
+  using F = typename FormatOf<T>::type;
+  const int64_t rows = a.x.size(0), n = a.x.size(1);
+  const bool want_w = dw_tensor.defined(), want_b = db_tensor.defined();
+  const int64_t blocks = (rows + kGradBlock - 1) / kGradBlock;
+  ColumnPartials P(blocks, n);
+  const std::vector<double> wv = decode_param(a.weight);
+  auto* dx = static_cast<typename F::Bits*>(dx_tensor.mutable_data_ptr());
+  const int64_t grain = std::max<int64_t>(1, grain_for(n) / kGradBlock);
+  at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
+    std::vector<RowBackward<T>> group;
+    for (int i = 0; i < kRowsPerAdd; ++i)
+      group.emplace_back(a, a.x.const_data_ptr<T>(), dy_tensor.const_data_ptr<T>(), dx,
+                         wv.empty() ? nullptr : wv.data());
+    const T* d[kRowsPerAdd];
+    const double* h[kRowsPerAdd];
+    for (int i = 0; i < kRowsPerAdd; ++i) h[i] = group[i].xh.data();
+    for (int64_t c = begin; c < end; ++c) {
+      double *sw = P.sw.get() + c * n, *aw = P.aw.get() + c * n, *sb = P.sb.get() + c * n, *ab = P.ab.get() + c * n;
+      std::fill(sw, sw + n, 0.0);
+      std::fill(aw, aw + n, 0.0);
+      std::fill(sb, sb + n, 0.0);
+      std::fill(ab, ab + n, 0.0);
+      const int64_t r_end = std::min(rows, (c + 1) * kGradBlock);
+      for (int64_t r = c * kGradBlock; r < r_end; r += kRowsPerAdd) {
+        const int count = static_cast<int>(std::min<int64_t>(kRowsPerAdd, r_end - r));
+        for (int i = 0; i < count; ++i) {
+          group[i].run(r + i);
+          d[i] = dy_tensor.const_data_ptr<T>() + (r + i) * n;
+        }
+        add_rows_any<T>(count, d, h, n, want_w, want_b, sw, aw, sb, ab);
+      }
+    }
+  });
+  finish_columns<T>(a, dy_tensor, P, kGradBlock, dw_tensor, db_tensor);
 }
 
 }  // namespace
@@ -530,6 +1077,12 @@ void norm_forward_cpu(const NormArgs& a, at::Tensor& y) {
 
 void norm_backward_cpu(const NormArgs& a, const at::Tensor& dy, at::Tensor& dx) {
   with_element_type(a.x.scalar_type(), [&](auto element) { backward_rows<decltype(element)>(a, dy, dx); });
+}
+
+void norm_backward_fused_cpu(const NormArgs& a, const at::Tensor& dy, at::Tensor& dx, at::Tensor& dw,
+                             at::Tensor& db) {
+  with_element_type(a.x.scalar_type(),
+                    [&](auto element) { backward_fused<decltype(element)>(a, dy, dx, dw, db); });
 }
 
 }  // namespace carbon

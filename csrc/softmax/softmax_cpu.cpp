@@ -4,6 +4,7 @@
 // count.
 #include <ATen/Parallel.h>
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -53,6 +54,23 @@ inline typename F::Bits round_encode_fast(double v, uint32_t* ok) {
   return static_cast<typename F::Bits>(sign | (zero ? 0u : magbits));
 }
 
+// round_encode_fast for values v >= +0 (e_j, p_j = EXP(y_j), softmax
+// outputs), with fewer instructions: no sign, and overflow, inf, -0 and NaN
+// (never produced there, or only by exceptional inputs) go to the caller's
+// general loop with the results whose rounding is subnormal (*ok = 0). On
+// *ok = 1 the bits are round_encode_fast's: a +0 for v <= 2^(quantum_exp - 1),
+// round_normal_bits + encode_normal where the result is normal
+// (rounds_to_normal).
+template <typename F>
+inline typename F::Bits round_encode_nonneg(double v, uint32_t* ok) {
+  constexpr FloatFormat f = F::get();
+  const uint64_t u = double_to_bits(v);
+  const uint64_t tiny = static_cast<uint64_t>(quantum_exp(f) - 1 + 1023) << 52;  // 2^(quantum_exp - 1)
+  const bool zero = u <= tiny;
+  *ok = zero ? 1u : rounds_to_normal(u, f);
+  return static_cast<typename F::Bits>(zero ? 0u : encode_normal(round_normal_bits(u, f), f));
+}
+
 // The row kernels are compiled three times: for x86-64-v4 (AVX-512: eight
 // doubles per instruction, half the instructions of the exp cores), for
 // x86-64-v3 (AVX2 + FMA, so the elementwise cores' fma is one instruction)
@@ -60,36 +78,58 @@ inline typename F::Bits round_encode_fast(double v, uint32_t* ok) {
 // so the bits are the same.
 #define CARBON_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
-// The row's maximum and NaN flag in kMaxLanes independent lanes (branch-free,
-// so it vectorizes; one sequential max is bound by the latency of vmaxss).
-// The maximum of a set does not depend on the order, except for the sign of a
-// zero maximum when the row holds both +0 and -0 and no positive value: then
-// m may be either zero. That choice never shows in a result: x - m is the
-// same for every nonzero x, e = EXP(+-0) = 1, and the row holds at least two
-// entries at the maximum, so S >= 2, L = LOG(S) > 0 and
-// log_softmax = +-0 (-) L = -L for both signs. (The CUDA kernel merges its
+// The row's maximum and NaN flag from order-preserving integer keys of the
+// float32 values (float_order_key): integer max / min reductions vectorize
+// (a float max with NaN semantics does not, without -ffast-math). Keys order
+// the non-NaN floats as the floats, with -0 below +0; a NaN has a key above
+// +inf's (sign 0) or below -inf's (sign 1). The maximum of a set does not
+// depend on the order; of the two zeros +0 is taken. (Which zero never shows
+// in a result anyway: x - m is the same for every nonzero x, e = EXP(+-0) =
+// 1, and a row whose maximum is a zero of either sign holding both holds at
+// least two entries at the maximum, so S >= 2, L = LOG(S) > 0 and
+// log_softmax = +-0 (-) L = -L for both signs. The CUDA kernel merges its
 // threads' maxima in yet another order.)
-constexpr int kMaxLanes = 16;
+inline int32_t float_order_key(float v) {
+  int32_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b ^ ((b >> 31) & 0x7fffffff);  // negative floats: magnitude bits reversed
+}
+constexpr int32_t kKeyPosInf = 0x7f800000;    // key of +inf
+constexpr int32_t kKeyNegInf = -0x7f800001;   // key of -inf (bits 0xff800000)
 
 template <typename T>
-CARBON_CPU_CLONES RowMax row_max_lanes(const T* row, int64_t n) {
-  float m[kMaxLanes];
-  uint32_t nan[kMaxLanes];
-  for (int l = 0; l < kMaxLanes; ++l) m[l] = -INFINITY, nan[l] = 0;
-  int64_t j = 0;
-  for (; j + kMaxLanes <= n; j += kMaxLanes)
-    for (int l = 0; l < kMaxLanes; ++l) {
-      const float v = static_cast<float>(element_value(row[j + l]));
-      nan[l] |= v != v ? 1u : 0u;
-      m[l] = v > m[l] ? v : m[l];
-    }
-  RowMax r;
-  for (; j < n; ++j) row_max_add(r, static_cast<float>(element_value(row[j])));
-  for (int l = 0; l < kMaxLanes; ++l) {
-    r.nan = r.nan || nan[l] != 0;
-    if (m[l] > r.m) r.m = m[l];
+CARBON_CPU_CLONES RowMax row_max_keys(const T* row, int64_t n) {
+  int32_t hi = INT32_MIN, lo = INT32_MAX;
+  for (int64_t j = 0; j < n; ++j) {
+    const int32_t k = float_order_key(static_cast<float>(element_value(row[j])));
+    hi = k > hi ? k : hi;
+    lo = k < lo ? k : lo;
   }
+  RowMax r;
+  if (n == 0) return r;
+  r.nan = hi > kKeyPosInf || lo < kKeyNegInf;
+  const int32_t bits = hi ^ ((hi >> 31) & 0x7fffffff);  // the key map is its own inverse
+  if (!r.nan) std::memcpy(&r.m, &bits, sizeof bits);
   return r;
+}
+
+// softmax_quotient(e, S) = RN64(e / S) for a float32 e in [0, 1] and the
+// row's S (a float32 value >= 1), from the row's y = RN64(1/S) without a
+// division per element (a vector division costs ~10 multiplications):
+//  * q = RN64(e y): y = (1/S)(1 + d), |d| <= 2^-53, so |q - e/S| < (e/S) 2^-51.9.
+//  * r = fma(-q, S, e) is exact: e - qS is a multiple of min(ulp(e), ulp(q) ulp(S))
+//    of magnitude < e 2^-51.9; with ulp(e) >= e 2^-23 it is 0 when that
+//    quantum is ulp(e), and otherwise an integer < 2^26 times the quantum.
+//  * q + r y = e/S + (e - qS)(y - 1/S) = e/S + delta, |delta| < (e/S) 2^-104.
+//    e/S is no double midpoint (that has 54 significant bits, while
+//    e = S * mid would give odd(e) = odd(S) odd(mid) >= 2^53 > 2^24) and lies
+//    at least (e/S) 2^-78 away from each (|e - mid S| >= the quantum of
+//    the 78-bit product mid S or of e), so RN64(q + r y) (one fma) = RN64(e/S).
+// e = 0 gives q = r = +0 and +0, as 0 / S. (Markstein's correction step.)
+inline double softmax_quotient_by_reciprocal(float e, double S, double y) {
+  const double q = static_cast<double>(e) * y;
+  const double r = std::fma(-q, S, static_cast<double>(e));
+  return std::fma(r, y, q);
 }
 
 // One row of n values into o[0, n); t and e are scratch for n values. The
@@ -97,7 +137,7 @@ CARBON_CPU_CLONES RowMax row_max_lanes(const T* row, int64_t n) {
 template <typename T, typename F, bool kLog>
 CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, double* t, float* e, typename F::Bits* o) {
   constexpr FloatFormat f = F::get();
-  const RowMax mx = row_max_lanes(row, n);
+  const RowMax mx = row_max_keys(row, n);
   const RowCase c = row_case(mx);
   if (c != RowCase::kNormal) {
     const double fill = c == RowCase::kNaN ? canonical_nan() : (kLog ? -INFINITY : 0.0);
@@ -105,14 +145,14 @@ CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, double* t, float* e,
     return;
   }
   const float m = mx.m;
-  for (int64_t j = 0; j < n; ++j) t[j] = math::exp_core(static_cast<float>(element_value(row[j])) - m);
+  for (int64_t j = 0; j < n; ++j) t[j] = math::exp_f32_core(static_cast<float>(element_value(row[j])) - m);
   double s[kChains] = {};
   // e_j = RN32(t_j): the branch-free rounding (vectorizes; masked entries,
   // t = 0, included), redone in general when some e_j is subnormal.
   uint32_t all_normal = 1;
   for (int64_t k = 0; k < n; ++k) {
     uint32_t ok;
-    const uint32_t bits = round_encode_fast<Format<FormatId::kFloat32>>(t[k], &ok);
+    const uint32_t bits = round_encode_nonneg<Format<FormatId::kFloat32>>(t[k], &ok);
     all_normal &= ok;
     std::memcpy(&e[k], &bits, sizeof bits);
   }
@@ -134,13 +174,22 @@ CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, double* t, float* e,
     const double L = log32(static_cast<float>(S));
     for (int64_t k = 0; k < n; ++k) t[k] = log_softmax_difference(static_cast<float>(element_value(row[k])), m, L);
   } else {
-    for (int64_t k = 0; k < n; ++k) t[k] = softmax_quotient(e[k], S);
+    const double y = 1.0 / S;
+    for (int64_t k = 0; k < n; ++k) t[k] = softmax_quotient_by_reciprocal(e[k], S, y);
   }
   uint32_t all_normal_out = 1;
-  for (int64_t k = 0; k < n; ++k) {
-    uint32_t ok;
-    o[k] = round_encode_fast<F>(t[k], &ok);
-    all_normal_out &= ok;
+  if (kLog) {
+    for (int64_t k = 0; k < n; ++k) {
+      uint32_t ok;
+      o[k] = round_encode_fast<F>(t[k], &ok);
+      all_normal_out &= ok;
+    }
+  } else {
+    for (int64_t k = 0; k < n; ++k) {  // softmax values are >= +0
+      uint32_t ok;
+      o[k] = round_encode_nonneg<F>(t[k], &ok);
+      all_normal_out &= ok;
+    }
   }
   if (!all_normal_out)
     for (int64_t k = 0; k < n; ++k) o[k] = bits_of<F>(round_double(t[k], f));
@@ -220,10 +269,10 @@ CARBON_CPU_CLONES void softmax_backward_row(const T* gr, const T* yr, int64_t n,
   // the whole row when some value needs them.
   uint32_t ok = 1;
   if (kLog) {
-    for (int64_t k = 0; k < n; ++k) p[k] = math::exp_core(static_cast<float>(element_value(yr[k])));
+    for (int64_t k = 0; k < n; ++k) p[k] = math::exp_f32_core(static_cast<float>(element_value(yr[k])));
     for (int64_t k = 0; k < n; ++k) {
       uint32_t ok_p, ok_o;
-      const uint32_t bits = round_encode_fast<F32>(p[k], &ok_p);
+      const uint32_t bits = round_encode_nonneg<F32>(p[k], &ok_p);
       float pk;
       std::memcpy(&pk, &bits, sizeof pk);
       o[k] = round_encode_fast<F>(log_softmax_grad_unrounded(pk, element_value(gr[k]), D), &ok_o);
@@ -281,12 +330,12 @@ CARBON_CPU_CLONES void cross_entropy_grad_row(double coef, const float* lsm, int
                                               double* p, typename F::Bits* o) {
   constexpr FloatFormat f = F::get();
   using F32 = Format<FormatId::kFloat32>;
-  for (int64_t j = 0; j < C; ++j) p[j] = math::exp_core(lsm[j]);
+  for (int64_t j = 0; j < C; ++j) p[j] = math::exp_f32_core(lsm[j]);
   // Branch-free roundings (vectorized), the general ones if some value needs them.
   uint32_t ok = 1;
   for (int64_t j = 0; j < C; ++j) {
     uint32_t ok_p, ok_o;
-    const uint32_t bits = round_encode_fast<F32>(p[j], &ok_p);
+    const uint32_t bits = round_encode_nonneg<F32>(p[j], &ok_p);
     float pj;
     std::memcpy(&pj, &bits, sizeof pj);
     o[j] = round_encode_fast<F>(cross_entropy_grad_unrounded(coef, pj, j == t, eps, C), &ok_o);

@@ -1,0 +1,30 @@
+// The CPU path's steps before the rounding kernel (matmul_round_cpu in
+// matmul.h): exact fp64 copies with their row statistics, the fp64 GEMM, and
+// the scratch memory they live in.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace carbon {
+
+// The exact double copy of x ([B, R, K], any dtype Carbon supports, any
+// strides) into `out` (contiguous), with the statistics of its rows in one
+// pass: the 2-norm, the RowSigns summary, `scale` times a power of two
+// dividing every element (for values of a format of `precision` bits; 0 for
+// a row without a nonzero finite element), and the span [first, end) of the
+// row's nonzero elements (int32 pairs; {0, 0} for a row of zeros).
+void widen_operand_cpu(const at::Tensor& x, at::Tensor& out, at::Tensor& norms, at::Tensor& signs,
+                       int precision, double scale, at::Tensor& quanta, at::Tensor& spans);
+
+// Tier 1's fp64 GEMM: approx [B, M, N] (contiguous) = a64 [B, M, K] times
+// bt64 [B, N, K] transposed, skipping the blocks of products that the spans
+// show to be exact zeros.
+void fp64_gemm_cpu(const at::Tensor& a64, const at::Tensor& bt64, const at::Tensor& a_spans,
+                   const at::Tensor& b_spans, at::Tensor& approx);
+
+// An uninitialized contiguous double tensor of these sizes for use within
+// one call on this thread, from memory the thread reuses (see
+// matmul_cpu.cpp): it must not outlive the call.
+at::Tensor scratch_doubles(at::IntArrayRef sizes);
+
+}  // namespace carbon
