@@ -27,6 +27,8 @@ namespace {
 // The loops are compiled three times: x86-64-v4 (AVX-512: eight doubles or
 // sixteen words per instruction), x86-64-v3 (AVX2 + FMA, so the cores' fma is
 // one instruction) and any x86-64. All perform the same IEEE operations.
+// Indices are int64_t: the build's -fwrapv makes an int index's 4 j wrap, so
+// gcc finds no affine access and vectorizes nothing.
 #define CARBON_RANDOM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
 // Blocks per chunk: 1024 uniform or 512 normal values, whose scratch stays in L1.
@@ -37,36 +39,39 @@ constexpr int kChunkBlocks = 256;
 // Philox4x32-10 (philox4x32_10 of philox.h) of the counters (block, offset)
 // for block = first + j, j in [0, count), under key seed; words[4 j + k] =
 // word k of block first + j, as draw_block gives it. The lanes are
-// independent counters, so the loop vectorizes; the 32x32 -> 64-bit products
-// are vpmuludq.
-CARBON_RANDOM_CLONES void philox_words(uint64_t seed, uint64_t offset, uint64_t first, int count,
+// independent counters, so the loop vectorizes. Each 32-bit word is held in
+// a 64-bit lane (the high half zero), where the 32 x 32 -> 64-bit products
+// are one vpmuludq: with 32-bit lanes gcc widens and narrows around each
+// product (vpmullq, permutes), at twice the time.
+CARBON_RANDOM_CLONES void philox_words(uint64_t seed, uint64_t offset, uint64_t first, int64_t count,
                                        uint32_t* __restrict__ words) {
-  uint32_t k0[10], k1[10];
-  k0[0] = static_cast<uint32_t>(seed);
-  k1[0] = static_cast<uint32_t>(seed >> 32);
+  constexpr uint64_t kLow = 0xFFFFFFFFu;
+  uint64_t k0[10], k1[10];
+  k0[0] = seed & kLow;
+  k1[0] = seed >> 32;
   for (int r = 1; r < 10; ++r) {
-    k0[r] = k0[r - 1] + philox_w0();
-    k1[r] = k1[r - 1] + philox_w1();
+    k0[r] = (k0[r - 1] + philox_w0()) & kLow;
+    k1[r] = (k1[r - 1] + philox_w1()) & kLow;
   }
-  const uint32_t first_lo = static_cast<uint32_t>(first);  // + j never wraps (kChunkBlocks)
-  const uint32_t block_hi = static_cast<uint32_t>(first >> 32);
-  const uint32_t offset_lo = static_cast<uint32_t>(offset);
-  const uint32_t offset_hi = static_cast<uint32_t>(offset >> 32);
-  for (int j = 0; j < count; ++j) {
-    uint32_t c0 = first_lo + static_cast<uint32_t>(j), c1 = block_hi, c2 = offset_lo, c3 = offset_hi;
+  const uint64_t first_lo = first & kLow;  // + j stays below 2^32 (kChunkBlocks)
+  const uint64_t block_hi = first >> 32;
+  const uint64_t offset_lo = offset & kLow;
+  const uint64_t offset_hi = offset >> 32;
+  for (int64_t j = 0; j < count; ++j) {
+    uint64_t c0 = first_lo + static_cast<uint64_t>(j), c1 = block_hi, c2 = offset_lo, c3 = offset_hi;
 #pragma GCC unroll 10
     for (int r = 0; r < 10; ++r) {
-      const uint64_t p0 = static_cast<uint64_t>(philox_m0()) * c0;
-      const uint64_t p1 = static_cast<uint64_t>(philox_m1()) * c2;
-      c0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0[r];
-      c1 = static_cast<uint32_t>(p1);
-      c2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1[r];
-      c3 = static_cast<uint32_t>(p0);
+      const uint64_t p0 = (c0 & kLow) * philox_m0();  // the masks tell gcc the operands are < 2^32
+      const uint64_t p1 = (c2 & kLow) * philox_m1();
+      c0 = (p1 >> 32) ^ c1 ^ k0[r];
+      c1 = p1 & kLow;
+      c2 = (p0 >> 32) ^ c3 ^ k1[r];
+      c3 = p0 & kLow;
     }
-    words[4 * j + 0] = c0;
-    words[4 * j + 1] = c1;
-    words[4 * j + 2] = c2;
-    words[4 * j + 3] = c3;
+    words[4 * j + 0] = static_cast<uint32_t>(c0);
+    words[4 * j + 1] = static_cast<uint32_t>(c1);
+    words[4 * j + 2] = static_cast<uint32_t>(c2);
+    words[4 * j + 3] = static_cast<uint32_t>(c3);
   }
 }
 
@@ -120,11 +125,11 @@ inline double uniform_of(uint32_t w) { return static_cast<double>(static_cast<in
 // Each returns 1 when every element took the fast rounding, else 0.
 
 template <typename F>
-CARBON_RANDOM_CLONES uint32_t uniform_values(const uint32_t* __restrict__ words, int count, double low, double high,
+CARBON_RANDOM_CLONES uint32_t uniform_values(const uint32_t* __restrict__ words, int64_t count, double low, double high,
                                              typename F::Bits* __restrict__ out) {
   const double width = high - low;
   uint32_t all_ok = 1;
-  for (int i = 0; i < count; ++i) {
+  for (int64_t i = 0; i < count; ++i) {
     uint32_t ok;
     out[i] = round_encode_fast<F>(low + width * uniform_of(words[i]), &ok);
     all_ok &= ok;
@@ -135,8 +140,8 @@ CARBON_RANDOM_CLONES uint32_t uniform_values(const uint32_t* __restrict__ words,
 // normal01 of philox.h for element l of the chunk (words 2l, 2l + 1): the
 // radius sqrt(-2 log u1), the angle's cos 2 pi u2, then the product, each in
 // a loop of its own.
-CARBON_RANDOM_CLONES void normal_radii(const uint32_t* __restrict__ words, int count, double* __restrict__ radius) {
-  for (int l = 0; l < count; ++l) {
+CARBON_RANDOM_CLONES void normal_radii(const uint32_t* __restrict__ words, int64_t count, double* __restrict__ radius) {
+  for (int64_t l = 0; l < count; ++l) {
     const double u1 = static_cast<double>(static_cast<int32_t>((words[2 * l] >> 8) + 1u)) * 0x1p-24;
     radius[l] = sqrt(-2.0 * math::log_core(u1));
   }
@@ -147,8 +152,8 @@ CARBON_RANDOM_CLONES void normal_radii(const uint32_t* __restrict__ words, int c
 // cos_half_pi(g), negated for q = 1, 2. gcc does not if-convert the core's
 // choice between the two polynomial calls, so a loop over cos2pi_core stays
 // scalar; here both polynomials are evaluated and one is selected.
-CARBON_RANDOM_CLONES void normal_cosines(const uint32_t* __restrict__ words, int count, double* __restrict__ cosine) {
-  for (int l = 0; l < count; ++l) {
+CARBON_RANDOM_CLONES void normal_cosines(const uint32_t* __restrict__ words, int64_t count, double* __restrict__ cosine) {
+  for (int64_t l = 0; l < count; ++l) {
     const double t = uniform_of(words[2 * l + 1]) * 4.0;
     const int q = static_cast<int>(t);
     const double f = t - static_cast<double>(q);
@@ -162,9 +167,9 @@ CARBON_RANDOM_CLONES void normal_cosines(const uint32_t* __restrict__ words, int
 
 template <typename F>
 CARBON_RANDOM_CLONES uint32_t normal_values(const double* __restrict__ radius, const double* __restrict__ cosine,
-                                            int count, double mean, double std, typename F::Bits* __restrict__ out) {
+                                            int64_t count, double mean, double std, typename F::Bits* __restrict__ out) {
   uint32_t all_ok = 1;
-  for (int l = 0; l < count; ++l) {
+  for (int64_t l = 0; l < count; ++l) {
     uint32_t ok;
     out[l] = round_encode_fast<F>(mean + std * (radius[l] * cosine[l]), &ok);
     all_ok &= ok;
@@ -173,27 +178,27 @@ CARBON_RANDOM_CLONES uint32_t normal_values(const double* __restrict__ radius, c
 }
 
 template <typename F>
-CARBON_RANDOM_CLONES void bernoulli_scalar_values(const uint32_t* __restrict__ words, int count, double p,
+CARBON_RANDOM_CLONES void bernoulli_scalar_values(const uint32_t* __restrict__ words, int64_t count, double p,
                                                   typename F::Bits* __restrict__ out) {
   const auto one = static_cast<typename F::Bits>(encode(1.0, F::get()));
-  for (int i = 0; i < count; ++i) out[i] = uniform_of(words[i]) < p ? one : typename F::Bits{0};
+  for (int64_t i = 0; i < count; ++i) out[i] = uniform_of(words[i]) < p ? one : typename F::Bits{0};
 }
 
 template <typename F>
-CARBON_RANDOM_CLONES void bernoulli_tensor_values(const uint32_t* __restrict__ words, int count,
+CARBON_RANDOM_CLONES void bernoulli_tensor_values(const uint32_t* __restrict__ words, int64_t count,
                                                   const typename F::Bits* __restrict__ probs,
                                                   typename F::Bits* __restrict__ out) {
   const auto one = static_cast<typename F::Bits>(encode(1.0, F::get()));
-  for (int i = 0; i < count; ++i) out[i] = uniform_of(words[i]) < decode_any<F>(probs[i]) ? one : typename F::Bits{0};
+  for (int64_t i = 0; i < count; ++i) out[i] = uniform_of(words[i]) < decode_any<F>(probs[i]) ? one : typename F::Bits{0};
 }
 
 template <typename F>
-CARBON_RANDOM_CLONES uint32_t dropout_values(const uint32_t* __restrict__ words, int count,
+CARBON_RANDOM_CLONES uint32_t dropout_values(const uint32_t* __restrict__ words, int64_t count,
                                              const typename F::Bits* __restrict__ x, double p,
                                              typename F::Bits* __restrict__ out) {
   const double keep_scale = 1.0 - p;
   uint32_t all_ok = 1;
-  for (int i = 0; i < count; ++i) {
+  for (int64_t i = 0; i < count; ++i) {
     uint32_t ok;
     const typename F::Bits kept = round_encode_fast<F>(decode_any<F>(x[i]) / keep_scale, &ok);
     const bool keep = uniform_of(words[i]) >= p;
@@ -214,8 +219,8 @@ void run_chunk(const Params& params, uint64_t seed, uint64_t offset, int64_t chu
   constexpr int per_block = values_per_block(kKind);
   const uint64_t first_block = static_cast<uint64_t>(chunk) * kChunkBlocks;
   const int64_t first = static_cast<int64_t>(first_block) * per_block;
-  const int count = static_cast<int>(std::min<int64_t>(n - first, int64_t{kChunkBlocks} * per_block));
-  const int blocks = (count + per_block - 1) / per_block;
+  const int64_t count = std::min<int64_t>(n - first, int64_t{kChunkBlocks} * per_block);
+  const int64_t blocks = (count + per_block - 1) / per_block;
   alignas(64) uint32_t words[4 * kChunkBlocks];
   philox_words(seed, offset, first_block, blocks, words);
   uint32_t all_ok = 1;
@@ -235,7 +240,7 @@ void run_chunk(const Params& params, uint64_t seed, uint64_t offset, int64_t chu
     all_ok = dropout_values<F>(words, count, in + first, params.a, out + first);
   }
   if (!all_ok)  // some value rounds to a subnormal (or is NaN): the definition, block by block
-    for (int b = 0; b < blocks; ++b) random_item<kKind, F>(params, seed, offset, first_block + b, n, in, out);
+    for (int64_t b = 0; b < blocks; ++b) random_item<kKind, F>(params, seed, offset, first_block + b, n, in, out);
 }
 
 }  // namespace
