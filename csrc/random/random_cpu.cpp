@@ -1,7 +1,7 @@
 // The CPU kernels of the random ops (docs/contract.md §10): the per-block
 // definitions of philox.h (uniform_block, normal_block, bernoulli_block,
-// dropout_block), computed a chunk of kChunkBlocks consecutive blocks at a
-// time in loops that gcc vectorizes:
+// dropout_block, trunc_normal_one), computed a chunk of kChunkBlocks
+// consecutive blocks at a time in loops that gcc vectorizes:
 //   1. Philox4x32-10 of the chunk's counters, one counter per SIMD lane;
 //   2. each element's value from its words, in binary64, with the same IEEE
 //      operations as the definition (the log_core / cos2pi_core / sqrt of
@@ -10,9 +10,12 @@
 //      whose rounding is zero or normal (or overflows); when some element of
 //      the chunk falls outside that, the chunk is redone with the definition
 //      itself (random_item).
+// trunc_normal does its elements' first attempts so, and redoes the rejected
+// elements with the definition.
 // The chunks are fixed (chunk c holds blocks [c kChunkBlocks, (c + 1)
-// kChunkBlocks)); at::parallel_for only hands them out, so element i's bits
-// depend on (seed, offset, i) alone, never on the thread count.
+// kChunkBlocks), or trunc_normal's elements [c kChunkBlocks, ...));
+// at::parallel_for only hands them out, so element i's bits depend on
+// (seed, offset, i) alone, never on the thread count.
 #include <ATen/Parallel.h>
 
 #include <cmath>
@@ -37,14 +40,14 @@ namespace {
 constexpr int kChunkBlocks = 256;
 
 // Philox4x32-10 (philox4x32_10 of philox.h) of the counters (block, offset)
-// for block = first + j, j in [0, count), under key seed; words[4 j + k] =
-// word k of block first + j, as draw_block gives it. The lanes are
+// for block = first + j stride, j in [0, count), under key seed;
+// words[4 j + k] = word k of that block, as draw_block gives it. The lanes are
 // independent counters, so the loop vectorizes. Each 32-bit word is held in
 // a 64-bit lane (the high half zero), where the 32 x 32 -> 64-bit products
 // are one vpmuludq: with 32-bit lanes gcc widens and narrows around each
 // product (vpmullq, permutes), at twice the time.
-CARBON_RANDOM_CLONES void philox_words(uint64_t seed, uint64_t offset, uint64_t first, int64_t count,
-                                       uint32_t* __restrict__ words) {
+CARBON_RANDOM_CLONES void philox_words(uint64_t seed, uint64_t offset, uint64_t first, uint64_t stride,
+                                       int64_t count, uint32_t* __restrict__ words) {
   constexpr uint64_t kLow = 0xFFFFFFFFu;
   uint64_t k0[10], k1[10];
   k0[0] = seed & kLow;
@@ -53,12 +56,12 @@ CARBON_RANDOM_CLONES void philox_words(uint64_t seed, uint64_t offset, uint64_t 
     k0[r] = (k0[r - 1] + philox_w0()) & kLow;
     k1[r] = (k1[r - 1] + philox_w1()) & kLow;
   }
-  const uint64_t first_lo = first & kLow;  // + j stays below 2^32 (kChunkBlocks)
+  const uint64_t first_lo = first & kLow;  // + j stride stays below 2^32 (run_chunk)
   const uint64_t block_hi = first >> 32;
   const uint64_t offset_lo = offset & kLow;
   const uint64_t offset_hi = offset >> 32;
   for (int64_t j = 0; j < count; ++j) {
-    uint64_t c0 = first_lo + static_cast<uint64_t>(j), c1 = block_hi, c2 = offset_lo, c3 = offset_hi;
+    uint64_t c0 = first_lo + static_cast<uint64_t>(j) * stride, c1 = block_hi, c2 = offset_lo, c3 = offset_hi;
 #pragma GCC unroll 10
     for (int r = 0; r < 10; ++r) {
       const uint64_t p0 = (c0 & kLow) * philox_m0();  // the masks tell gcc the operands are < 2^32
@@ -137,12 +140,15 @@ CARBON_RANDOM_CLONES uint32_t uniform_values(const uint32_t* __restrict__ words,
   return all_ok;
 }
 
-// normal01 of philox.h for element l of the chunk (words 2l, 2l + 1): the
-// radius sqrt(-2 log u1), the angle's cos 2 pi u2, then the product, each in
-// a loop of its own.
+// normal01 of philox.h for element l of the chunk from words (w0, w1) =
+// (words[kStep l], words[kStep l + 1]) (normal: kStep = 2, the two halves of
+// a block; trunc_normal: kStep = 4, words 0 and 1): the radius
+// sqrt(-2 log u1), the angle's cos 2 pi u2, then their product, each in a
+// loop of its own.
+template <int kStep>
 CARBON_RANDOM_CLONES void normal_radii(const uint32_t* __restrict__ words, int64_t count, double* __restrict__ radius) {
   for (int64_t l = 0; l < count; ++l) {
-    const double u1 = static_cast<double>(static_cast<int32_t>((words[2 * l] >> 8) + 1u)) * 0x1p-24;
+    const double u1 = static_cast<double>(static_cast<int32_t>((words[kStep * l] >> 8) + 1u)) * 0x1p-24;
     radius[l] = sqrt(-2.0 * math::log_core(u1));
   }
 }
@@ -152,9 +158,10 @@ CARBON_RANDOM_CLONES void normal_radii(const uint32_t* __restrict__ words, int64
 // cos_half_pi(g), negated for q = 1, 2. gcc does not if-convert the core's
 // choice between the two polynomial calls, so a loop over cos2pi_core stays
 // scalar; here both polynomials are evaluated and one is selected.
+template <int kStep>
 CARBON_RANDOM_CLONES void normal_cosines(const uint32_t* __restrict__ words, int64_t count, double* __restrict__ cosine) {
   for (int64_t l = 0; l < count; ++l) {
-    const double t = uniform_of(words[2 * l + 1]) * 4.0;
+    const double t = uniform_of(words[kStep * l + 1]) * 4.0;
     const int q = static_cast<int>(t);
     const double f = t - static_cast<double>(q);
     const int flip = f > 0.5 ? 1 : 0;
@@ -175,6 +182,22 @@ CARBON_RANDOM_CLONES uint32_t normal_values(const double* __restrict__ radius, c
     all_ok &= ok;
   }
   return all_ok;
+}
+
+// trunc_normal: attempt 0 of each element (trunc_normal_one of philox.h);
+// redo[l] = 1 where it was rejected (or rounds outside the fast path): those
+// elements are redone with the definition.
+template <typename F>
+CARBON_RANDOM_CLONES void trunc_normal_first_values(const double* __restrict__ radius,
+                                                    const double* __restrict__ cosine, int64_t count, double mean,
+                                                    double std, double a, double b, uint32_t* __restrict__ redo,
+                                                    typename F::Bits* __restrict__ out) {
+  for (int64_t l = 0; l < count; ++l) {
+    uint32_t ok;
+    const double v = mean + std * (radius[l] * cosine[l]);
+    out[l] = round_encode_fast<F>(v, &ok);
+    redo[l] = (a <= v && v <= b) ? ok ^ 1u : 1u;
+  }
 }
 
 template <typename F>
@@ -210,8 +233,31 @@ CARBON_RANDOM_CLONES uint32_t dropout_values(const uint32_t* __restrict__ words,
 
 // ---- one chunk ------------------------------------------------------------------
 
-// Elements per block of each kind.
-constexpr int values_per_block(Kind kind) { return kind == Kind::kNormal ? 2 : 4; }
+// Elements per block of each kind (trunc_normal: one element per
+// kChunkBlocks-th of a chunk; its attempt j uses block 64 i + j).
+constexpr int values_per_block(Kind kind) {
+  return kind == Kind::kNormal ? 2 : (kind == Kind::kTruncNormal ? 1 : 4);
+}
+
+// trunc_normal's chunk c: elements [256 c, 256 c + 256), attempt 0 in blocks
+// 64 i = 2^14 c + 64 j. Their low words do not wrap: 2^14 c mod 2^32 is at
+// most 2^32 - 2^14, and 64 j < 2^14.
+template <typename F>
+void run_trunc_normal_chunk(const Params& params, uint64_t seed, uint64_t offset, int64_t chunk, int64_t n,
+                            typename F::Bits* out) {
+  const int64_t first = chunk * kChunkBlocks;
+  const int64_t count = std::min<int64_t>(n - first, kChunkBlocks);
+  const uint64_t attempts = static_cast<uint64_t>(trunc_normal_attempts());
+  alignas(64) uint32_t words[4 * kChunkBlocks];
+  alignas(64) double radius[kChunkBlocks], cosine[kChunkBlocks];
+  alignas(64) uint32_t redo[kChunkBlocks];
+  philox_words(seed, offset, static_cast<uint64_t>(first) * attempts, attempts, count, words);
+  normal_radii<4>(words, count, radius);
+  normal_cosines<4>(words, count, cosine);
+  trunc_normal_first_values<F>(radius, cosine, count, params.a, params.b, params.c, params.d, redo, out + first);
+  for (int64_t l = 0; l < count; ++l)
+    if (redo[l]) random_item<Kind::kTruncNormal, F>(params, seed, offset, static_cast<uint64_t>(first + l), n, nullptr, out);
+}
 
 template <Kind kKind, typename F>
 void run_chunk(const Params& params, uint64_t seed, uint64_t offset, int64_t chunk, int64_t n,
@@ -222,14 +268,14 @@ void run_chunk(const Params& params, uint64_t seed, uint64_t offset, int64_t chu
   const int64_t count = std::min<int64_t>(n - first, int64_t{kChunkBlocks} * per_block);
   const int64_t blocks = (count + per_block - 1) / per_block;
   alignas(64) uint32_t words[4 * kChunkBlocks];
-  philox_words(seed, offset, first_block, blocks, words);
+  philox_words(seed, offset, first_block, 1, blocks, words);
   uint32_t all_ok = 1;
   if constexpr (kKind == Kind::kUniform) {
     all_ok = uniform_values<F>(words, count, params.a, params.b, out + first);
   } else if constexpr (kKind == Kind::kNormal) {
     alignas(64) double radius[2 * kChunkBlocks], cosine[2 * kChunkBlocks];
-    normal_radii(words, count, radius);
-    normal_cosines(words, count, cosine);
+    normal_radii<2>(words, count, radius);
+    normal_cosines<2>(words, count, cosine);
     all_ok = normal_values<F>(radius, cosine, count, params.a, params.b, out + first);
   } else if constexpr (kKind == Kind::kBernoulli) {
     if (params.scalar)
@@ -256,19 +302,17 @@ void random_cpu(const Params& params, const at::Tensor& in, at::Tensor& out) {
     Bits* op = static_cast<Bits*>(out.mutable_data_ptr());
     with_kind(params.kind, [&](auto kind_tag) {
       constexpr Kind kKind = decltype(kind_tag)::value;
-      if constexpr (kKind == Kind::kTruncNormal) {
-        // Per element: a rejection loop of up to 64 blocks.
-        at::parallel_for(0, n, 512, [&](int64_t begin, int64_t end) {
-          for (int64_t i = begin; i < end; ++i)
-            random_item<kKind, F>(params, seed, offset, static_cast<uint64_t>(i), n, ip, op);
-        });
-      } else {
-        const int64_t per_chunk = int64_t{kChunkBlocks} * values_per_block(kKind);
-        const int64_t chunks = (n + per_chunk - 1) / per_chunk;
-        at::parallel_for(0, chunks, kKind == Kind::kNormal ? 4 : 16, [&](int64_t begin, int64_t end) {
-          for (int64_t c = begin; c < end; ++c) run_chunk<kKind, F>(params, seed, offset, c, n, ip, op);
-        });
-      }
+      const int64_t per_chunk = int64_t{kChunkBlocks} * values_per_block(kKind);
+      const int64_t chunks = (n + per_chunk - 1) / per_chunk;
+      const int64_t grain = kKind == Kind::kTruncNormal ? 8 : (kKind == Kind::kNormal ? 4 : 16);
+      at::parallel_for(0, chunks, grain, [&](int64_t begin, int64_t end) {
+        for (int64_t c = begin; c < end; ++c) {
+          if constexpr (kKind == Kind::kTruncNormal)
+            run_trunc_normal_chunk<F>(params, seed, offset, c, n, op);
+          else
+            run_chunk<kKind, F>(params, seed, offset, c, n, ip, op);
+        }
+      });
     });
   });
 }
