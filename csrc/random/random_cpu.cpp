@@ -34,9 +34,9 @@ namespace {
 // gcc finds no affine access and vectorizes nothing.
 #define CARBON_RANDOM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
-// Blocks per chunk: 1024 uniform or 512 normal values, whose scratch stays in L1.
-// A multiple of 2^k with 2^32 divisible by it, so a chunk's block indices
-// share their high word and their low words do not wrap.
+// Blocks per chunk: 1024 uniform or 512 normal values, whose scratch stays
+// in L1. A power of two below 2^32, so a chunk's block indices share their
+// high word and their low words do not wrap.
 constexpr int kChunkBlocks = 256;
 
 // Philox4x32-10 (philox4x32_10 of philox.h) of the counters (block, offset)
@@ -159,7 +159,8 @@ CARBON_RANDOM_CLONES void normal_radii(const uint32_t* __restrict__ words, int64
 // choice between the two polynomial calls, so a loop over cos2pi_core stays
 // scalar; here both polynomials are evaluated and one is selected.
 template <int kStep>
-CARBON_RANDOM_CLONES void normal_cosines(const uint32_t* __restrict__ words, int64_t count, double* __restrict__ cosine) {
+CARBON_RANDOM_CLONES void normal_cosines(const uint32_t* __restrict__ words, int64_t count,
+                                         double* __restrict__ cosine) {
   for (int64_t l = 0; l < count; ++l) {
     const double t = uniform_of(words[kStep * l + 1]) * 4.0;
     const int q = static_cast<int>(t);
@@ -174,7 +175,8 @@ CARBON_RANDOM_CLONES void normal_cosines(const uint32_t* __restrict__ words, int
 
 template <typename F>
 CARBON_RANDOM_CLONES uint32_t normal_values(const double* __restrict__ radius, const double* __restrict__ cosine,
-                                            int64_t count, double mean, double std, typename F::Bits* __restrict__ out) {
+                                            int64_t count, double mean, double std,
+                                            typename F::Bits* __restrict__ out) {
   uint32_t all_ok = 1;
   for (int64_t l = 0; l < count; ++l) {
     uint32_t ok;
@@ -212,7 +214,8 @@ CARBON_RANDOM_CLONES void bernoulli_tensor_values(const uint32_t* __restrict__ w
                                                   const typename F::Bits* __restrict__ probs,
                                                   typename F::Bits* __restrict__ out) {
   const auto one = static_cast<typename F::Bits>(encode(1.0, F::get()));
-  for (int64_t i = 0; i < count; ++i) out[i] = uniform_of(words[i]) < decode_any<F>(probs[i]) ? one : typename F::Bits{0};
+  for (int64_t i = 0; i < count; ++i)
+    out[i] = uniform_of(words[i]) < decode_any<F>(probs[i]) ? one : typename F::Bits{0};
 }
 
 template <typename F>
@@ -233,15 +236,15 @@ CARBON_RANDOM_CLONES uint32_t dropout_values(const uint32_t* __restrict__ words,
 
 // ---- one chunk ------------------------------------------------------------------
 
-// Elements per block of each kind (trunc_normal: one element per
-// kChunkBlocks-th of a chunk; its attempt j uses block 64 i + j).
+// Elements per chunk, divided by kChunkBlocks: the values of a Philox block
+// (trunc_normal: 1, a chunk holds kChunkBlocks elements).
 constexpr int values_per_block(Kind kind) {
   return kind == Kind::kNormal ? 2 : (kind == Kind::kTruncNormal ? 1 : 4);
 }
 
-// trunc_normal's chunk c: elements [256 c, 256 c + 256), attempt 0 in blocks
-// 64 i = 2^14 c + 64 j. Their low words do not wrap: 2^14 c mod 2^32 is at
-// most 2^32 - 2^14, and 64 j < 2^14.
+// trunc_normal's chunk c: elements i = 256 c + j, j < 256, whose attempt 0
+// is block 64 i = 2^14 c + 64 j (64 = trunc_normal_attempts()). Their low
+// words do not wrap: 2^14 c mod 2^32 is at most 2^32 - 2^14, and 64 j < 2^14.
 template <typename F>
 void run_trunc_normal_chunk(const Params& params, uint64_t seed, uint64_t offset, int64_t chunk, int64_t n,
                             typename F::Bits* out) {
@@ -256,7 +259,8 @@ void run_trunc_normal_chunk(const Params& params, uint64_t seed, uint64_t offset
   normal_cosines<4>(words, count, cosine);
   trunc_normal_first_values<F>(radius, cosine, count, params.a, params.b, params.c, params.d, redo, out + first);
   for (int64_t l = 0; l < count; ++l)
-    if (redo[l]) random_item<Kind::kTruncNormal, F>(params, seed, offset, static_cast<uint64_t>(first + l), n, nullptr, out);
+    if (redo[l])
+      random_item<Kind::kTruncNormal, F>(params, seed, offset, static_cast<uint64_t>(first + l), n, nullptr, out);
 }
 
 template <Kind kKind, typename F>
