@@ -1,10 +1,11 @@
 """carbon's random numbers against torch's, side by side.
 
-    python benchmarks/bench_random.py [--device cpu|cuda|all] [--quick] [--budget S]
+    python benchmarks/bench_random.py [--device cpu|cuda|all] [--quick] [--budget S] [--threads N]
 
 For each size and dtype, one run times torch and carbon in interleaved rounds
 (benchmarks/_timing.py): rand, randn, dropout forward, dropout forward +
-backward. It prints a table of median times and the ratio carbon / torch.
+backward, bernoulli (scalar p), trunc_normal (torch.nn.init.trunc_normal_).
+It prints a table of median times and the ratio carbon / torch.
 (Carbon's draws are the same bits on every device; torch's are not.)
 """
 
@@ -51,6 +52,9 @@ def bench_case(device: str, case: Case, budget_s: float) -> List[dict]:
         ("randn", lambda: torch.randn(n, dtype=dtype, device=device), lambda: carbon.randn(n, dtype=dtype, device=device, generator=gen)),
         ("dropout", lambda: F.dropout(x, 0.1), lambda: carbon.dropout(x, 0.1, generator=gen)),
         ("dropout fwd+bwd", fwd_bwd(lambda t: F.dropout(t, 0.1)), fwd_bwd(lambda t: carbon.dropout(t, 0.1, generator=gen))),
+        ("bernoulli", lambda: torch.bernoulli(x, 0.3), lambda: carbon.bernoulli(x, 0.3, generator=gen)),
+        ("trunc_normal", lambda: torch.nn.init.trunc_normal_(torch.empty(n, dtype=dtype, device=device), 0.0, 0.02, -0.04, 0.04),
+         lambda: carbon.random.trunc_normal((n,), 0.0, 0.02, -0.04, 0.04, generator=gen, dtype=dtype, device=device)),
     ]
     out = []
     for name, tfn, cfn in ops:
@@ -65,7 +69,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
     parser.add_argument("--quick", action="store_true", help="one small case")
     parser.add_argument("--budget", type=float, default=1.0, help="seconds of timing per case and op")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     devices = ["cpu"] if args.device == "cpu" else (["cuda"] if args.device == "cuda" else ["cpu", "cuda"])
     devices = [d for d in devices if d == "cpu" or torch.cuda.is_available()]
     print(f"torch {torch.__version__}, carbon {carbon.__version__}, {torch.get_num_threads()} CPU threads, load {machine_load()}")

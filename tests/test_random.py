@@ -270,6 +270,79 @@ def test_dropout_keeps_about_1_minus_p():
     assert torch.all((y == 0) | (y == carbon.round_to(torch.tensor([1 / 0.75], dtype=torch.float64).float(), torch.float32)))
 
 
+# ---------------------------------------------------------------- CPU chunks and fast paths
+# The CPU kernels (csrc/random/random_cpu.cpp) work on chunks of 256 Philox
+# blocks (1024 uniform / 512 normal values) with a branch-free rounding that
+# covers zero, normal and overflowing results and redo a chunk with the
+# definition otherwise. These draws cross chunk boundaries, end in ragged
+# tails and take both paths; the reference is element by element.
+
+CHUNK_SIZES = (1023, 1024, 1025, 2 * 1024 + 7)
+
+
+@pytest.mark.parametrize("n", CHUNK_SIZES)
+@pytest.mark.parametrize("dtype,low,high", [
+    (torch.float32, 0.0, 1.0),
+    (torch.bfloat16, -3.0, 5.0),
+    (torch.float32, -1e-40, 1e-40),   # subnormal results: the general rounding
+    (torch.float16, -1e5, 1e5),       # overflow to +-inf
+    (torch.float16, 0.0, 0.0),        # all zeros
+])
+def test_uniform_chunks_against_reference(n, dtype, low, high):
+    seed, offset = 2**64 - 1, 2**32 + 3
+    got = carbon.random.uniform((n,), low, high, generator=gen(seed, offset), dtype=dtype)
+    want = [round_bits(low + (high - low) * float(ref.uniform01(w)), dtype) for w in ref.words(seed, offset, n)]
+    assert bits(got) == want
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_normal_chunks_against_reference(dtype):
+    seed, offset, n = 2**63 + 1, 2**40, 512 + 9  # one chunk and a ragged one
+    got_bits = bits(carbon.randn(n, generator=gen(seed, offset), dtype=dtype))
+    for i in list(range(500, n)) + list(range(0, 12)):
+        z = ref.box_muller(*ref.normal_uniforms(seed, offset, i))
+        if got_bits[i] != round_bits(_fraction(z), dtype):
+            assert _midpoint_distance(z, dtype) < 2**-18, i
+
+
+def test_normal_tiny_std_takes_the_general_rounding():
+    # mean + std z with std = 1e-42: float32 subnormals (and zeros), exactly
+    # RN(double(std * z)) where the binary64 z is within 2^-46 of Box-Muller.
+    seed, offset, n = 8, 1, 600
+    std = 1e-42
+    got = carbon.random.normal((n,), 0.0, std, generator=gen(seed, offset), dtype=torch.float32)
+    ulp = 2.0**-149
+    for i in range(0, n, 7):
+        z = float(ref.box_muller(*ref.normal_uniforms(seed, offset, i)))
+        assert abs(got[i].item() - std * z) <= ulp / 2 * (1 + 2**-20), i
+    assert (got.abs() < 2.0**-126).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bernoulli_special_probabilities(dtype):
+    seed, offset, n = 2**64 - 1, 2**33 + 1, 1030
+    specials = [0.0, -0.0, 1.0, 2.0**-24, 2.0**-25, 3 * 2.0**-26, 1e-40, 6e-8, float("nan"), float("inf"), -1.0, 2.0]
+    probs = torch.rand(n, generator=torch.Generator().manual_seed(0)).to(dtype)
+    probs[::3] = torch.tensor(specials * n)[: len(probs[::3])].to(dtype)
+    got = carbon.bernoulli(probs, generator=gen(seed, offset))
+    want = []
+    for w, pb in zip(ref.words(seed, offset, n), probs.tolist()):
+        want.append(1.0 if not math.isnan(pb) and (math.isinf(pb) or ref.uniform01(w) < Fraction(pb)) else 0.0)
+    assert got.tolist() == want
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("p", [0.1, 0.9999])
+def test_dropout_special_inputs(dtype, p):
+    seed, offset, n = 0, 2**62, 2 * 1024 + 3
+    x = torch.randn(n, generator=torch.Generator().manual_seed(1)) * 100
+    x[: n // 3] = 0.0  # ReLU-like zeros
+    specials = [-0.0, float("inf"), -float("inf"), float("nan"), 1e-40, -6e-8, 3e38, 65504.0, 1e-45]
+    x[n // 3 :: 5] = torch.tensor(specials * n)[: len(x[n // 3 :: 5])]
+    x = x.to(dtype)
+    assert bits(carbon.dropout(x, p, generator=gen(seed, offset))) == _dropout_reference(x, p, seed, offset)
+
+
 # ---------------------------------------------------------------- generator state
 
 

@@ -1,10 +1,8 @@
-// Carbon's random ops: argument checks and the CPU kernels (docs/contract.md
-// §10). Every value is a function of (seed, offset, element index) computed
-// by the shared code of philox.h, so the threads' split of the work (and the
-// device) plays no role.
+// Carbon's random ops: argument checks and dispatch (docs/contract.md §10).
+// Every value is a function of (seed, offset, element index) computed by the
+// shared code of philox.h (the CPU kernels, random_cpu.cpp, in vectorized
+// loops), so the threads' split of the work (and the device) plays no role.
 #include "random.h"
-
-#include <ATen/Parallel.h>
 
 #include <cmath>
 
@@ -155,30 +153,6 @@ random::Params dropout_params(const at::Tensor& x, double p) {
 }
 
 }  // namespace
-
-namespace random {
-
-void random_cpu(const Params& params, const at::Tensor& in, at::Tensor& out) {
-  const int64_t n = out.numel();
-  const uint64_t seed = params.state.seed;
-  const uint64_t offset = params.state.offset;
-  with_format(format_of(out.scalar_type()), [&](auto fmt) {
-    using F = decltype(fmt);
-    using Bits = typename F::Bits;
-    const Bits* ip = in.defined() ? static_cast<const Bits*>(in.const_data_ptr()) : nullptr;
-    Bits* op = static_cast<Bits*>(out.mutable_data_ptr());
-    with_kind(params.kind, [&](auto kind_tag) {
-      constexpr Kind kKind = decltype(kind_tag)::value;
-      const int64_t grain = kKind == Kind::kTruncNormal ? 512 : 2048;
-      at::parallel_for(0, work_items(kKind, n), grain, [&](int64_t begin, int64_t end) {
-        for (int64_t item = begin; item < end; ++item)
-          random_item<kKind, F>(params, seed, offset, static_cast<uint64_t>(item), n, ip, op);
-      });
-    });
-  });
-}
-
-}  // namespace random
 
 // ---- the ops: (seed, offset) as ints, or the state tensor (*_state_op) ---------
 
