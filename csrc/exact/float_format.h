@@ -227,6 +227,35 @@ CARBON_HD uint32_t round_encode_normal(double v, const FloatFormat& f, uint32_t*
   return sign | encode_normal(r & ~kSignBit, f);
 }
 
+// encode(round_double(v, f), f), branch-free so that loops over it vectorize,
+// for every v except NaN and values whose rounding is subnormal in f (or
+// reaches the smallest normal from below); for those *ok = 0 and the caller
+// redoes the loop with round_double + encode. Covered:
+//  * |v| in f's normal range: round_normal_bits; a result >= 2^(max_exp+1)
+//    is an overflow, +-inf (RN rounds every such value to infinity);
+//  * |v| = inf: round_normal_bits leaves the bits of inf unchanged (the
+//    added carry stays below the dropped bits, which are zero), so it is the
+//    overflow case above;
+//  * |v| <= 2^(quantum_exp - 1), half the smallest subnormal of f: RN gives
+//    a zero of v's sign (exactly half is a tie, and the even neighbour is 0).
+// (Masked softmax entries, e = 0 and log_softmax = -inf, take this path.)
+// (Callers AND *ok into a flag of the loop: with a reference to that flag
+// GCC does not vectorize the loop.)
+template <typename F>
+CARBON_HD typename F::Bits round_encode_fast(double v, uint32_t* ok) {
+  constexpr FloatFormat f = F::get();
+  const uint64_t u = double_to_bits(v), mag = u & ~kSignBit;
+  const uint64_t rounded = round_normal_bits(mag, f);
+  const uint64_t tiny = static_cast<uint64_t>(quantum_exp(f) - 1 + 1023) << 52;  // 2^(quantum_exp - 1)
+  const bool zero = mag <= tiny;
+  const bool big = (mag >= normal_min_bits(f)) & (mag <= kExpMask);  // normal range or beyond, not NaN
+  const uint32_t sign = static_cast<uint32_t>(u >> 63) << (f.total_bits - 1);
+  const uint32_t inf = ((1u << (f.total_bits - f.precision)) - 1u) << (f.precision - 1);
+  const uint32_t magbits = rounded >= overflow_bits(f) ? inf : encode_normal(rounded, f);
+  *ok = (zero | big) ? 1u : 0u;
+  return static_cast<typename F::Bits>(sign | (zero ? 0u : magbits));
+}
+
 // The same pair for loops where exact zeros are common (optimizer states of
 // unused rows, zero gradients): zero is also accepted, keeping its sign.
 // round_normal_or_zero(x, f, &ok) == round_double(x, f) whenever ok == 1.

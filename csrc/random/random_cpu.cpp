@@ -78,27 +78,6 @@ CARBON_RANDOM_CLONES void philox_words(uint64_t seed, uint64_t offset, uint64_t 
   }
 }
 
-// encode(round_double(v, f), f), branch-free, for every v whose rounding is
-// zero (|v| at most half the smallest subnormal of f, or 0), a normal number
-// of f, or an overflow (+-inf, also for v = +-inf); *ok = 0 for the rest
-// (subnormal results, NaN), where the caller falls back on the definition.
-// (As softmax_cpu.cpp's round_encode_fast; round_normal_bits rounds to
-// nearest even and leaves the bits of inf unchanged.)
-template <typename F>
-inline typename F::Bits round_encode_fast(double v, uint32_t* ok) {
-  constexpr FloatFormat f = F::get();
-  const uint64_t u = double_to_bits(v), mag = u & ~kSignBit;
-  const uint64_t rounded = round_normal_bits(mag, f);
-  const uint64_t tiny = static_cast<uint64_t>(quantum_exp(f) - 1 + 1023) << 52;  // 2^(quantum_exp - 1)
-  const bool zero = mag <= tiny;
-  const bool big = (mag >= normal_min_bits(f)) & (mag <= kExpMask);  // normal range or beyond, not NaN
-  const uint32_t sign = static_cast<uint32_t>(u >> 63) << (f.total_bits - 1);
-  const uint32_t inf = ((1u << (f.total_bits - f.precision)) - 1u) << (f.precision - 1);
-  const uint32_t magbits = rounded >= overflow_bits(f) ? inf : encode_normal(rounded, f);
-  *ok = (zero | big) ? 1u : 0u;
-  return static_cast<typename F::Bits>(sign | (zero ? 0u : magbits));
-}
-
 // decode(bits, f) for every bits, branch-free (selects only): a subnormal is
 // its significand times 2^quantum_exp (exact: a power of two times an integer
 // below 2^23, a normal double), NaN the canonical quiet NaN that decode gives.

@@ -25,35 +25,6 @@ typename F::Bits bits_of(double value) {
 
 int64_t grain_for(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)); }
 
-// encode(round_double(v, f), f), branch-free so that loops over it vectorize,
-// for every v except NaN and values whose rounding is subnormal in f (or
-// reaches the smallest normal from below); for those *ok = 0 and the caller
-// redoes the loop with round_double + encode. Covered:
-//  * |v| in f's normal range: round_normal_bits; a result >= 2^(max_exp+1)
-//    is an overflow, +-inf (RN rounds every such value to infinity);
-//  * |v| = inf: round_normal_bits leaves the bits of inf unchanged (the
-//    added carry stays below the dropped bits, which are zero), so it is the
-//    overflow case above;
-//  * |v| <= 2^(quantum_exp - 1), half the smallest subnormal of f: RN gives
-//    a zero of v's sign (exactly half is a tie, and the even neighbour is 0).
-// Masked softmax entries (e = 0, log_softmax = -inf) take this path too.
-// (Callers AND *ok into a flag of the loop: with a reference to that flag
-// GCC does not vectorize the loop.)
-template <typename F>
-inline typename F::Bits round_encode_fast(double v, uint32_t* ok) {
-  constexpr FloatFormat f = F::get();
-  const uint64_t u = double_to_bits(v), mag = u & ~kSignBit;
-  const uint64_t rounded = round_normal_bits(mag, f);
-  const uint64_t tiny = static_cast<uint64_t>(quantum_exp(f) - 1 + 1023) << 52;  // 2^(quantum_exp - 1)
-  const bool zero = mag <= tiny;
-  const bool big = (mag >= normal_min_bits(f)) & (mag <= kExpMask);  // normal range or beyond, not NaN
-  const uint32_t sign = static_cast<uint32_t>(u >> 63) << (f.total_bits - 1);
-  const uint32_t inf = ((1u << (f.total_bits - f.precision)) - 1u) << (f.precision - 1);
-  const uint32_t magbits = rounded >= overflow_bits(f) ? inf : encode_normal(rounded, f);
-  *ok = (zero | big) ? 1u : 0u;
-  return static_cast<typename F::Bits>(sign | (zero ? 0u : magbits));
-}
-
 // round_encode_fast for values v >= +0 (e_j, p_j = EXP(y_j), softmax
 // outputs), with fewer instructions: no sign, and overflow, inf, -0 and NaN
 // (never produced there, or only by exceptional inputs) go to the caller's
