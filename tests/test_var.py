@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import carbon
-from tests.oracle import as_bits, bits_to_float, round_bits
+from tests.oracle import as_bits, bits_to_float, round_bits, row_quotient_bits
 
 NAN_BITS = 0x7FC00000
 
@@ -29,7 +29,7 @@ def oracle(row, correction):
     if infs:
         return NAN_BITS, (NAN_BITS if len(infs) == 2 else round_bits(infs.pop(), torch.float32))
     exact = [Fraction(v) for v in row]
-    mean_bits = round_bits(sum(exact) / n, torch.float32)
+    mean_bits = row_quotient_bits(row, n, torch.float32)  # the contract's mean, zero signs included
     mu = Fraction(bits_to_float(mean_bits, torch.float32))
     s = sum((v - mu) ** 2 for v in exact)
     divisor = max(0, n - correction)
@@ -78,7 +78,7 @@ def test_cancellation_takes_the_exact_tier():
 def test_special_rows():
     nan, inf = math.nan, math.inf
     x = torch.tensor([[1.0, nan, 2.0], [1.0, inf, 2.0], [-inf, 1.0, inf], [-inf, 0.0, -inf], [3e38, 3e38, -3e38],
-                      [0.0, -0.0, 0.0], [1e-45, 0.0, -1e-45]])
+                      [0.0, -0.0, 0.0], [-0.0, -0.0, -0.0], [1e-45, 0.0, -1e-45]])
     check_op(x, 1)
     check_op(torch.tensor([[5.0], [0.0]]), 1)  # n = 1, correction 1: 0/0 = NaN
     check_op(torch.tensor([[5.0, 7.0]]), 3)  # n < correction: positive sum over 0 = inf
