@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 import carbon.random
+from carbon._autograd import _norm_backward
 
 __all__ = ["ROUTES", "PASS", "NotCovered"]
 
@@ -417,13 +418,9 @@ def _layer_norm(a: dict):
 
 
 def _layer_norm_backward(a: dict):
-    g, x, shape, mean, rstd, w = a["grad_out"], a["input"], list(a["normalized_shape"]), a["mean"], a["rstd"], a["weight"]
     mask = [bool(m) for m in a["output_mask"]]
-    mask[1] = mask[1] and w is not None
-    if not any(mask):
-        return None, None, None
-    outs = carbon_ops.norm_backward(g, x, shape, mean, rstd, w, mask)  # one pass over x and g on the CPU
-    return tuple(o if m else None for o, m in zip(outs, mask))
+    return _norm_backward(a["grad_out"], a["input"], list(a["normalized_shape"]), a["mean"], a["rstd"], a["weight"],
+                          *mask)  # one pass over x and grad_out on the CPU
 
 
 def _rms_norm(a: dict):
@@ -433,12 +430,10 @@ def _rms_norm(a: dict):
 
 
 def _rms_norm_backward(a: dict):
-    g, x, shape, rstd, w = a["grad_out"], a["input"], list(a["normalized_shape"]), a["rstd"], a["weight"]
-    mask = [bool(a["output_mask"][0]), bool(a["output_mask"][1]) and w is not None, False]
-    if not any(mask):
-        return None, None
-    outs = carbon_ops.norm_backward(g, x, shape, None, rstd, w, mask)
-    return (outs[0] if mask[0] else None), (outs[1] if mask[1] else None)
+    mask = a["output_mask"]
+    dx, dw, _ = _norm_backward(a["grad_out"], a["input"], list(a["normalized_shape"]), None, a["rstd"], a["weight"],
+                               bool(mask[0]), bool(mask[1]), False)
+    return dx, dw
 
 
 def _softmax_like(name: str, op: Callable) -> Callable[[dict], Tensor]:

@@ -412,42 +412,6 @@ def _rms_norm_fake(x: Tensor, normalized_shape: Sequence[int], weight: Optional[
     return x.new_empty(x.shape), x.new_empty(lead, dtype=torch.float32)
 
 
-@torch.library.register_fake("carbon::layer_norm_backward")
-def _layer_norm_backward_fake(grad_out: Tensor, x: Tensor, normalized_shape: Sequence[int], mean: Tensor,
-                              rstd: Tensor, weight: Optional[Tensor] = None) -> Tensor:
-    op = "layer_norm_backward"
-    lead = _norm_rows(op, x, normalized_shape)
-    _norm_param(op, "weight", weight, x, normalized_shape)
-    _norm_grad(op, grad_out, x)
-    _norm_stat(op, "mean", mean, x, lead)
-    _norm_stat(op, "rstd", rstd, x, lead)
-    return x.new_empty(x.shape)
-
-
-@torch.library.register_fake("carbon::rms_norm_backward")
-def _rms_norm_backward_fake(grad_out: Tensor, x: Tensor, normalized_shape: Sequence[int], rstd: Tensor,
-                            weight: Optional[Tensor] = None) -> Tensor:
-    op = "rms_norm_backward"
-    lead = _norm_rows(op, x, normalized_shape)
-    _norm_param(op, "weight", weight, x, normalized_shape)
-    _norm_grad(op, grad_out, x)
-    _norm_stat(op, "rstd", rstd, x, lead)
-    return x.new_empty(x.shape)
-
-
-@torch.library.register_fake("carbon::norm_param_grads")
-def _norm_param_grads_fake(grad_out: Tensor, x: Tensor, normalized_shape: Sequence[int], mean: Optional[Tensor],
-                           rstd: Tensor, weight: bool = True, bias: bool = True):
-    op = "norm_param_grads"
-    lead = _norm_rows(op, x, normalized_shape)
-    _norm_grad(op, grad_out, x)
-    if mean is not None:
-        _norm_stat(op, "mean", mean, x, lead)
-    _norm_stat(op, "rstd", rstd, x, lead)
-    shape = list(normalized_shape)
-    return x.new_empty(shape if weight else [0]), x.new_empty(shape if bias else [0])
-
-
 @torch.library.register_fake("carbon::norm_backward")
 def _norm_backward_fake(grad_out: Tensor, x: Tensor, normalized_shape: Sequence[int], mean: Optional[Tensor],
                         rstd: Tensor, weight: Optional[Tensor] = None, output_mask: Sequence[bool] = (True, True, True)):

@@ -72,16 +72,10 @@ TORCH_LIBRARY(carbon, m) {
   m.def("elementwise_backward(Tensor grad, Tensor x, str fn) -> Tensor");
   // ---- end elementwise math ----
 
-  // ---- normalization (csrc/norm/): layer_norm, rms_norm and their backwards
+  // ---- normalization (csrc/norm/): layer_norm, rms_norm, their backward (norm_backward), var_mean_rows
   m.def("layer_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) "
         "-> (Tensor, Tensor, Tensor)");
-  m.def("layer_norm_backward(Tensor grad_out, Tensor x, int[] normalized_shape, Tensor mean, Tensor rstd, "
-        "Tensor? weight=None) -> Tensor");
   m.def("rms_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, float? eps=None) -> (Tensor, Tensor)");
-  m.def("rms_norm_backward(Tensor grad_out, Tensor x, int[] normalized_shape, Tensor rstd, Tensor? weight=None) "
-        "-> Tensor");
-  m.def("norm_param_grads(Tensor grad_out, Tensor x, int[] normalized_shape, Tensor? mean, Tensor rstd, "
-        "bool weight=True, bool bias=True) -> (Tensor, Tensor)");
   m.def("var_mean_rows(Tensor x, int correction=1) -> (Tensor, Tensor)");
   m.def("norm_backward(Tensor grad_out, Tensor x, int[] normalized_shape, Tensor? mean, Tensor rstd, "
         "Tensor? weight=None, bool[3] output_mask=[True, True, True]) -> (Tensor, Tensor, Tensor)");
@@ -177,10 +171,7 @@ void bind_kernels(torch::Library& m) {
   // ---- end elementwise math ----
   // ---- normalization
   m.impl("layer_norm", &carbon::layer_norm);
-  m.impl("layer_norm_backward", &carbon::layer_norm_backward);
   m.impl("rms_norm", &carbon::rms_norm);
-  m.impl("rms_norm_backward", &carbon::rms_norm_backward);
-  m.impl("norm_param_grads", &carbon::norm_param_grads);
   m.impl("var_mean_rows", &carbon::var_mean_rows);
   m.impl("norm_backward", &carbon::norm_backward);
   // ---- indexed accumulation ----

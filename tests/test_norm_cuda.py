@@ -25,6 +25,17 @@ def same(gpu, cpu, context):
     assert_same_bits(gpu.cpu(), cpu, context)
 
 
+def same_all(gpus, cpus, context):
+    for name, g, c in zip(("dx", "dweight", "dbias"), gpus, cpus):
+        same(g, c, f"{context} {name}")
+
+
+backward = torch.ops.carbon.norm_backward
+# dx alone, the column sums alone, and all three: on the CPU the first two take
+# separate kernels and the last the fused pass.
+MASKS = ([True, False, False], [False, True, True], [True, True, True])
+
+
 def adversarial_rows(dtype):
     a = tie_square() if dtype == F32 else 1.0
     rows = [
@@ -52,14 +63,16 @@ def test_forward_and_backward_match_cpu(dtype, n):
         gpu = torch.ops.carbon.layer_norm(x.cuda(), [n], w.cuda(), b.cuda(), eps)
         for name, g, c in zip(("y", "mean", "rstd"), gpu, cpu):
             same(g, c, f"layer_norm {name} n={n} eps={eps}")
-        same(torch.ops.carbon.layer_norm_backward(dy.cuda(), x.cuda(), [n], gpu[1], gpu[2], w.cuda()),
-             torch.ops.carbon.layer_norm_backward(dy, x, [n], cpu[1], cpu[2], w), f"layer_norm dx n={n}")
+        for mask in MASKS:
+            same_all(backward(dy.cuda(), x.cuda(), [n], gpu[1], gpu[2], w.cuda(), mask),
+                     backward(dy, x, [n], cpu[1], cpu[2], w, mask), f"layer_norm backward n={n} mask={mask}")
         rc = torch.ops.carbon.rms_norm(x, [n], w, eps)
         rg = torch.ops.carbon.rms_norm(x.cuda(), [n], w.cuda(), eps)
         same(rg[0], rc[0], f"rms_norm y n={n}")
         same(rg[1], rc[1], f"rms_norm rstd n={n}")
-        same(torch.ops.carbon.rms_norm_backward(dy.cuda(), x.cuda(), [n], rg[1], w.cuda()),
-             torch.ops.carbon.rms_norm_backward(dy, x, [n], rc[1], w), f"rms_norm dx n={n}")
+        for mask in MASKS:
+            same_all(backward(dy.cuda(), x.cuda(), [n], None, rg[1], w.cuda(), mask),
+                     backward(dy, x, [n], None, rc[1], w, mask), f"rms_norm backward n={n} mask={mask}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -75,8 +88,8 @@ def test_adversarial_rows(dtype):
             gpu = torch.ops.carbon.layer_norm(x.cuda(), [64], wc, bc, eps)
             for name, g, c in zip(("y", "mean", "rstd"), gpu, cpu):
                 same(g, c, f"adversarial layer_norm {name}")
-            same(torch.ops.carbon.layer_norm_backward(dy.cuda(), x.cuda(), [64], gpu[1], gpu[2], wc),
-                 torch.ops.carbon.layer_norm_backward(dy, x, [64], cpu[1], cpu[2], weight), "adversarial dx")
+            same_all(backward(dy.cuda(), x.cuda(), [64], gpu[1], gpu[2], wc),
+                     backward(dy, x, [64], cpu[1], cpu[2], weight), "adversarial backward")
             for g, c in zip(torch.ops.carbon.rms_norm(x.cuda(), [64], wc, eps), torch.ops.carbon.rms_norm(x, [64], weight, eps)):
                 same(g, c, "adversarial rms_norm")
 

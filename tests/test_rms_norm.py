@@ -139,7 +139,9 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.carbon.rms_norm.default, (x, [2, 4], w, None))
     torch.library.opcheck(torch.ops.carbon.rms_norm.default, (x.half(), [4], None, 0.25))
     _, rstd = torch.ops.carbon.rms_norm(x, [2, 4], w, None)
-    torch.library.opcheck(torch.ops.carbon.rms_norm_backward.default, (torch.ones_like(x), x, [2, 4], rstd, w))
+    torch.library.opcheck(torch.ops.carbon.norm_backward.default, (torch.ones_like(x), x, [2, 4], None, rstd, w))
+    torch.library.opcheck(torch.ops.carbon.norm_backward.default, (torch.ones_like(x), x, [2, 4], None, rstd, w,
+                                                                  [True, False, False]))
 
 
 def test_errors():

@@ -150,37 +150,6 @@ std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& x, at::IntArrayRef
   return {y.view(x.sizes()), a.rstd.view(r.lead)};
 }
 
-at::Tensor layer_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, at::IntArrayRef normalized_shape,
-                               const at::Tensor& mean, const at::Tensor& rstd,
-                               const std::optional<at::Tensor>& weight) {
-  const char* op = "layer_norm_backward";
-  const Rows r = check_x(op, x, normalized_shape);
-  NormArgs a;
-  a.weight = check_param(op, "weight", weight, x, normalized_shape);
-  const at::Tensor dy = check_grad(op, grad_out, x).view({r.rows, r.n});
-  a.mean = check_stat(op, "mean", mean, x, r);
-  a.rstd = check_stat(op, "rstd", rstd, x, r);
-  a.x = x.contiguous().view({r.rows, r.n});
-  at::Tensor dx = at::empty({r.rows, r.n}, a.x.options());
-  if (r.rows > 0 && r.n > 0) run_backward(a, dy, dx);
-  return dx.view(x.sizes());
-}
-
-at::Tensor rms_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, at::IntArrayRef normalized_shape,
-                             const at::Tensor& rstd, const std::optional<at::Tensor>& weight) {
-  const char* op = "rms_norm_backward";
-  const Rows r = check_x(op, x, normalized_shape);
-  NormArgs a;
-  a.rms = true;
-  a.weight = check_param(op, "weight", weight, x, normalized_shape);
-  const at::Tensor dy = check_grad(op, grad_out, x).view({r.rows, r.n});
-  a.rstd = check_stat(op, "rstd", rstd, x, r);
-  a.x = x.contiguous().view({r.rows, r.n});
-  at::Tensor dx = at::empty({r.rows, r.n}, a.x.options());
-  if (r.rows > 0 && r.n > 0) run_backward(a, dy, dx);
-  return dx.view(x.sizes());
-}
-
 namespace {
 
 // dw / db (each undefined when not wanted): the column sums, by the device's
@@ -208,26 +177,6 @@ void check_param_grad_rows(const char* op, const Rows& r) {
 }
 
 }  // namespace
-
-std::tuple<at::Tensor, at::Tensor> norm_param_grads(const at::Tensor& grad_out, const at::Tensor& x,
-                                                    at::IntArrayRef normalized_shape,
-                                                    const std::optional<at::Tensor>& mean, const at::Tensor& rstd,
-                                                    bool weight, bool bias) {
-  const char* op = "norm_param_grads";
-  const Rows r = check_x(op, x, normalized_shape);
-  check_param_grad_rows(op, r);
-  NormArgs a;
-  a.rms = !(mean.has_value() && mean->defined());
-  const at::Tensor dy = check_grad(op, grad_out, x).view({r.rows, r.n});
-  if (!a.rms) a.mean = check_stat(op, "mean", *mean, x, r);
-  a.rstd = check_stat(op, "rstd", rstd, x, r);
-  a.x = x.contiguous().view({r.rows, r.n});
-  at::Tensor dw = weight ? at::empty({r.n}, x.options()) : at::Tensor();
-  at::Tensor db = bias ? at::empty({r.n}, x.options()) : at::Tensor();
-  param_grads(a, r, dy, dw, db);
-  const at::Tensor none = at::empty({0}, x.options());
-  return {weight ? dw.view(normalized_shape) : none, bias ? db.view(normalized_shape) : none};
-}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward(const at::Tensor& grad_out, const at::Tensor& x,
                                                              at::IntArrayRef normalized_shape,

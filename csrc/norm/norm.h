@@ -13,27 +13,15 @@ namespace carbon {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm(const at::Tensor& x, at::IntArrayRef normalized_shape,
                                                           const std::optional<at::Tensor>& weight,
                                                           const std::optional<at::Tensor>& bias, double eps);
-// dx (dtype of x).
-at::Tensor layer_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, at::IntArrayRef normalized_shape,
-                               const at::Tensor& mean, const at::Tensor& rstd,
-                               const std::optional<at::Tensor>& weight);
 // (y, rstd).
 std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& x, at::IntArrayRef normalized_shape,
                                             const std::optional<at::Tensor>& weight, std::optional<double> eps);
-at::Tensor rms_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, at::IntArrayRef normalized_shape,
-                             const at::Tensor& rstd, const std::optional<at::Tensor>& weight);
-// (dweight, dbias): RN(sum over rows of grad_out * xhat), RN(sum over rows of
-// grad_out), each of shape normalized_shape in x's dtype; one not asked for
-// is an empty tensor. mean undefined: rms_norm's xhat.
-std::tuple<at::Tensor, at::Tensor> norm_param_grads(const at::Tensor& grad_out, const at::Tensor& x,
-                                                    at::IntArrayRef normalized_shape,
-                                                    const std::optional<at::Tensor>& mean, const at::Tensor& rstd,
-                                                    bool weight, bool bias);
 
 // (dx, dweight, dbias) in one call; output_mask says which are wanted (one not
 // asked for is an empty tensor). mean undefined: rms_norm (then dbias is still
-// the column sum of grad_out). The same values as the three ops above; on the
-// CPU one pass over x and grad_out computes them all.
+// the column sum of grad_out). dweight = RN(sum over rows of grad_out * xhat),
+// dbias = RN(sum over rows of grad_out), in x's dtype. When dx and a column sum
+// are both wanted, one CPU pass over x and grad_out computes them all.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward(const at::Tensor& grad_out, const at::Tensor& x,
                                                              at::IntArrayRef normalized_shape,
                                                              const std::optional<at::Tensor>& mean,
