@@ -26,6 +26,7 @@ from torch import Tensor
 
 import carbon.random
 from carbon._autograd import _norm_backward
+from carbon._conv import conv_backward, conv_forward
 
 __all__ = ["ROUTES", "PASS", "NotCovered"]
 
@@ -286,6 +287,25 @@ def _dot(a: dict) -> Tensor:
     if not _float_mm("dot", x, y):
         return PASS
     return carbon_ops.mm(x.unsqueeze(0), y.unsqueeze(1)).reshape(())
+
+
+def _conv_args(name: str, a: dict, *tensors: Optional[Tensor]) -> tuple:
+    if a["transposed"]:
+        raise NotCovered(f"{name} transposed (ConvTranspose): not covered")
+    _need_carbon_dtype(name, *tensors)
+    return list(a["stride"]), list(a["padding"]), list(a["dilation"]), a["groups"]
+
+
+def _convolution(a: dict) -> Tensor:
+    x, w, b = a["input"], a["weight"], a["bias"]
+    stride, padding, dilation, groups = _conv_args("convolution", a, x, w, b)
+    return conv_forward(x, w, b, stride, padding, dilation, groups)
+
+
+def _convolution_backward(a: dict) -> tuple:
+    g, x, w = a["grad_output"], a["input"], a["weight"]
+    stride, padding, dilation, groups = _conv_args("convolution_backward", a, g, x, w)
+    return conv_backward(g, x, w, stride, padding, dilation, groups, [bool(m) for m in a["output_mask"]])
 
 
 # ---- reductions ---------------------------------------------------------------------------------------------------
@@ -753,6 +773,7 @@ def _foreach(base: str) -> Callable[[dict], List[Tensor]]:
 ROUTES: Dict[str, Callable] = {
     # matmul
     "mm": _mm, "bmm": _bmm, "addmm": _addmm, "baddbmm": _baddbmm, "mv": _mv, "dot": _dot,
+    "convolution": _convolution, "convolution_backward": _convolution_backward,
     # reductions
     "sum": _sum, "mean": _mean, "linalg_vector_norm": _vector_norm, "_foreach_norm": _foreach_norm,
     # normalization, softmax, losses

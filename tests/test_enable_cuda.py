@@ -53,3 +53,18 @@ def test_tiny_gpt_logits_on_cuda_equal_the_cpu():
         cpu = model(idx)
         gpu = model.cuda()(idx.cuda())
     assert torch.equal(as_bits(cpu), as_bits(gpu))
+
+
+def test_convolution_and_its_gradients_on_cuda_equal_the_cpu():
+    gen = torch.Generator().manual_seed(2)
+    x, w, b = torch.randn(4, 6, 13, 11, generator=gen), torch.randn(8, 3, 3, 2, generator=gen), torch.randn(8, generator=gen)
+    g = torch.randn(4, 8, 7, 11, generator=gen)
+
+    def run(device):
+        leaves = [t.to(device).requires_grad_() for t in (x, w, b)]
+        with carbon.enabled():
+            y = F.conv2d(*leaves, stride=(2, 1), padding=(1, 1), dilation=(1, 2), groups=2)
+            y.backward(g.to(device))
+        return [y.detach().cpu()] + [t.grad.cpu() for t in leaves]
+    for c, d in zip(run("cpu"), run("cuda")):
+        assert torch.equal(as_bits(c), as_bits(d))

@@ -1,0 +1,120 @@
+"""Convolutions as exact matrix products (docs/contract.md §3, "Convolutions").
+
+A convolution output is a dot product over one window of the zero-padded
+input; copying every window into a row (im2col: copies only, no arithmetic)
+turns the whole convolution into one `carbon.mm` per group, so each output is
+the correctly rounded exact sum of its window's products (plus the bias)
+and does not depend on the batch, the thread count or the device.
+
+The gradients are exact sums too:
+
+- weight: Σ over every batch element and output position of g · window, one
+  `carbon.bmm` over all of them (never a sum of per-sample rounded parts);
+- input: the transposed convolution, computed as a stride-1 convolution of
+  the gradient spread out by the stride (zeros between and around its
+  values) with the flipped, transposed weight. The zeros add +0·w terms; they
+  change no value, only (as the contract states) the sign of an all-zero sum
+  and a 0·∞ with an infinite weight;
+- bias: `carbon.sum` over the batch and every output position.
+
+Used by carbon.enable's `convolution` / `convolution_backward` routes.
+Transposed convolutions (ConvTranspose*d) are not covered.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["conv_forward", "conv_backward"]
+
+aten = torch.ops.aten
+carbon_ops = torch.ops.carbon
+
+
+def _windows(x: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
+             padding: Sequence[int], groups: int) -> Tuple[Tensor, List[int]]:
+    """Every window of x [N, C, *L] zero-padded by `padding`, as rows:
+    [groups, N * prod(out), (C / groups) * prod(kernel)], ordered (n, out...)
+    per row and (c, k...) per column, and the output sizes."""
+    d = len(kernel)
+    pads: List[int] = []
+    for i in reversed(range(d)):  # constant_pad_nd lists the last dimension first
+        pads += [padding[i], padding[i]]
+    xp = aten.constant_pad_nd(x, pads, 0.0) if any(pads) else x.contiguous()  # +0 padding
+    n, c = xp.shape[:2]
+    size = xp.shape[2:]
+    out = [(size[i] - dilation[i] * (kernel[i] - 1) - 1) // stride[i] + 1 for i in range(d)]
+    sn, sc, *sl = xp.stride()
+    cg = c // groups
+    view = xp.as_strided([groups, n, *out, cg, *kernel],
+                         [cg * sc, sn, *(sl[i] * stride[i] for i in range(d)), sc,
+                          *(sl[i] * dilation[i] for i in range(d))])
+    return view.reshape(groups, n * math.prod(out), cg * math.prod(kernel)), out
+
+
+def _grouped_rows(t: Tensor, groups: int) -> Tensor:
+    """[N, G*Og, *S] -> [G, N * prod(S), Og] (a copy)."""
+    n, o = t.shape[:2]
+    spatial = list(t.shape[2:])
+    v = t.reshape(n, groups, o // groups, *spatial).movedim(1, 0).movedim(2, -1)
+    return v.reshape(groups, n * math.prod(spatial), o // groups)
+
+
+def conv_forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: Sequence[int],
+                 padding: Sequence[int], dilation: Sequence[int], groups: int) -> Tensor:
+    """out[n, o, p] = RN(bias[o] + Σ_{c, k} xpad[n, g·Cg + c, p·s + k·dil] · w[o, c, k]), one rounding."""
+    kernel = list(weight.shape[2:])
+    rows, out = _windows(x, kernel, stride, dilation, padding, groups)
+    o = weight.shape[0]
+    w = weight.reshape(groups, o // groups, -1).transpose(1, 2)  # [G, Cg*K, Og]
+    if bias is None:
+        y = carbon_ops.bmm(rows, w)
+    else:
+        y = carbon_ops.baddbmm(bias.reshape(groups, 1, o // groups), rows, w)
+    n = x.shape[0]
+    # [G, N*P, Og] -> [N, G*Og, *P]
+    y = y.reshape(groups, n, *out, o // groups).movedim(0, 1).movedim(2 + len(out), 2)
+    return y.reshape(n, o, *out)
+
+
+def _input_gradient(g: Tensor, weight: Tensor, input_size: Sequence[int], stride: Sequence[int],
+                    padding: Sequence[int], dilation: Sequence[int], groups: int) -> Tensor:
+    d = len(input_size)
+    kernel = list(weight.shape[2:])
+    reach = [dilation[i] * (kernel[i] - 1) for i in range(d)]
+    padded = [input_size[i] + 2 * padding[i] for i in range(d)]
+    # g[t] at position t*s + reach of a zero tensor long enough for a stride-1
+    # convolution over every padded input position.
+    spread = g.new_zeros([g.shape[0], g.shape[1], *(padded[i] + reach[i] for i in range(d))])
+    out = list(g.shape[2:])
+    index = [slice(None), slice(None)] + [slice(reach[i], reach[i] + (out[i] - 1) * stride[i] + 1, stride[i])
+                                          for i in range(d)]
+    spread[tuple(index)] = g
+    o, cg = weight.shape[:2]
+    flipped = weight.flip(list(range(2, 2 + d)))
+    # [G*Og, Cg, *K] -> [G*Cg, Og, *K]: the convolution from gradient channels to input channels.
+    transposed = flipped.reshape(groups, o // groups, cg, *kernel).transpose(1, 2).reshape(groups * cg, o // groups, *kernel)
+    full = conv_forward(spread, transposed, None, [1] * d, [0] * d, dilation, groups)
+    crop = [slice(None), slice(None)] + [slice(padding[i], padding[i] + input_size[i]) for i in range(d)]
+    return full[tuple(crop)].contiguous()
+
+
+def conv_backward(grad: Tensor, x: Tensor, weight: Tensor, stride: Sequence[int], padding: Sequence[int],
+                  dilation: Sequence[int], groups: int,
+                  mask: Sequence[bool]) -> Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+    """(grad_input, grad_weight, grad_bias) for the entries of `mask` that are set."""
+    d = x.dim() - 2
+    grad_input = grad_weight = grad_bias = None
+    if mask[0]:
+        grad_input = _input_gradient(grad, weight, list(x.shape[2:]), stride, padding, dilation, groups)
+    if mask[1]:
+        rows, _ = _windows(x, list(weight.shape[2:]), stride, dilation, padding, groups)  # [G, N*P, Cg*K]
+        g_rows = _grouped_rows(grad, groups).transpose(1, 2)  # [G, Og, N*P]
+        grad_weight = carbon_ops.bmm(g_rows, rows, weight.dtype).reshape(weight.shape)
+    if mask[2]:
+        grad_bias = carbon_ops.sum(grad, [0] + list(range(2, 2 + d)), False, grad.dtype)
+    return grad_input, grad_weight, grad_bias
