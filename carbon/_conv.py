@@ -1,8 +1,8 @@
 """Convolutions as exact matrix products (docs/contract.md §3, "Convolutions").
 
 A convolution output is a dot product over one window of the zero-padded
-input; copying every window into a row (im2col: copies only, no arithmetic)
-turns the whole convolution into one `carbon.mm` per group, so each output is
+input; copying every window into a column (im2col: copies only, no
+arithmetic) turns the whole convolution into one `carbon.mm` per group, so each output is
 the correctly rounded exact sum of its window's products (plus the bias)
 and does not depend on the batch, the thread count or the device.
 
@@ -35,11 +35,13 @@ aten = torch.ops.aten
 carbon_ops = torch.ops.carbon
 
 
-def _windows(x: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
+def _columns(x: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
              padding: Sequence[int], groups: int) -> Tuple[Tensor, List[int]]:
-    """Every window of x [N, C, *L] zero-padded by `padding`, as rows:
-    [groups, N * prod(out), (C / groups) * prod(kernel)], ordered (n, out...)
-    per row and (c, k...) per column, and the output sizes."""
+    """Every window of x [N, C, L...] zero-padded by `padding`, as columns:
+    [groups, (C / groups) * prod(kernel), N * prod(out)], rows ordered (c, k...)
+    and columns (n, out...), and the output sizes. (Columns rather than rows:
+    the copy's innermost loop then runs along an output row, not along the
+    few kernel taps, which makes the copy several times faster.)"""
     d = len(kernel)
     pads: List[int] = []
     for i in reversed(range(d)):  # constant_pad_nd lists the last dimension first
@@ -50,14 +52,14 @@ def _windows(x: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: 
     out = [(size[i] - dilation[i] * (kernel[i] - 1) - 1) // stride[i] + 1 for i in range(d)]
     sn, sc, *sl = xp.stride()
     cg = c // groups
-    view = xp.as_strided([groups, n, *out, cg, *kernel],
-                         [cg * sc, sn, *(sl[i] * stride[i] for i in range(d)), sc,
-                          *(sl[i] * dilation[i] for i in range(d))])
-    return view.reshape(groups, n * math.prod(out), cg * math.prod(kernel)), out
+    view = xp.as_strided([groups, cg, *kernel, n, *out],
+                         [cg * sc, sc, *(sl[i] * dilation[i] for i in range(d)), sn,
+                          *(sl[i] * stride[i] for i in range(d))])
+    return view.reshape(groups, cg * math.prod(kernel), n * math.prod(out)), out
 
 
 def _grouped_rows(t: Tensor, groups: int) -> Tensor:
-    """[N, G*Og, *S] -> [G, N * prod(S), Og] (a copy)."""
+    """[N, G*Og, S...] -> [G, N * prod(S), Og] (a copy)."""
     n, o = t.shape[:2]
     spatial = list(t.shape[2:])
     v = t.reshape(n, groups, o // groups, *spatial).movedim(1, 0).movedim(2, -1)
@@ -66,19 +68,18 @@ def _grouped_rows(t: Tensor, groups: int) -> Tensor:
 
 def conv_forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: Sequence[int],
                  padding: Sequence[int], dilation: Sequence[int], groups: int) -> Tensor:
-    """out[n, o, p] = RN(bias[o] + Σ_{c, k} xpad[n, g·Cg + c, p·s + k·dil] · w[o, c, k]), one rounding."""
+    """out[n, o, q] = RN(bias[o] + Σ_{c, k} xpad[n, g·Cg + c, q·s + k·dil] · w[o, c, k]), one rounding."""
     kernel = list(weight.shape[2:])
-    rows, out = _windows(x, kernel, stride, dilation, padding, groups)
+    cols, out = _columns(x, kernel, stride, dilation, padding, groups)
     o = weight.shape[0]
-    w = weight.reshape(groups, o // groups, -1).transpose(1, 2)  # [G, Cg*K, Og]
+    w = weight.reshape(groups, o // groups, -1)  # [G, Og, Cg*K]
     if bias is None:
-        y = carbon_ops.bmm(rows, w)
+        y = carbon_ops.bmm(w, cols)
     else:
-        y = carbon_ops.baddbmm(bias.reshape(groups, 1, o // groups), rows, w)
+        y = carbon_ops.baddbmm(bias.reshape(groups, o // groups, 1), w, cols)
+    # [G, Og, N*Q] -> [N, G*Og, Q...]
     n = x.shape[0]
-    # [G, N*P, Og] -> [N, G*Og, *P]
-    y = y.reshape(groups, n, *out, o // groups).movedim(0, 1).movedim(2 + len(out), 2)
-    return y.reshape(n, o, *out)
+    return y.reshape(o, n, *out).movedim(1, 0).contiguous()
 
 
 def _input_gradient(g: Tensor, weight: Tensor, input_size: Sequence[int], stride: Sequence[int],
@@ -112,9 +113,10 @@ def conv_backward(grad: Tensor, x: Tensor, weight: Tensor, stride: Sequence[int]
     if mask[0]:
         grad_input = _input_gradient(grad, weight, list(x.shape[2:]), stride, padding, dilation, groups)
     if mask[1]:
-        rows, _ = _windows(x, list(weight.shape[2:]), stride, dilation, padding, groups)  # [G, N*P, Cg*K]
-        g_rows = _grouped_rows(grad, groups).transpose(1, 2)  # [G, Og, N*P]
-        grad_weight = carbon_ops.bmm(g_rows, rows, weight.dtype).reshape(weight.shape)
+        cols, _ = _columns(x, list(weight.shape[2:]), stride, dilation, padding, groups)  # [G, Cg*K, N*Q]
+        # The transposed gradient, [G, Cg*K, Og], from two contiguous operands.
+        grad_weight_t = carbon_ops.bmm(cols, _grouped_rows(grad, groups), weight.dtype)
+        grad_weight = grad_weight_t.transpose(1, 2).reshape(weight.shape)
     if mask[2]:
         grad_bias = carbon_ops.sum(grad, [0] + list(range(2, 2 + d)), False, grad.dtype)
     return grad_input, grad_weight, grad_bias

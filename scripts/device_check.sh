@@ -21,6 +21,7 @@
 #                   python benchmarks/bench_random.py --device cuda --quick --budget 0.2
 #                   python benchmarks/bench_optim.py --device cuda --budget 0.5
 #                   python benchmarks/bench_enable.py --device cuda --budget 4   (GPT-2 small step)
+#                   python benchmarks/bench_conv.py --device cuda --budget 0.2
 #   6. demo         python -m carbon demo --steps 8 --batch-size 8 --no-progress  (a short run; its golden check
 #                   compares the CUDA fingerprint with tests/demo_golden.txt, recorded on the CPU)
 # A failing step is recorded and the next one still runs; the summary table is
@@ -42,16 +43,17 @@ T_ENV="${T_ENV:-10}"
 T_BUILD="${T_BUILD:-145}"
 T_SMOKE="${T_SMOKE:-15}"
 T_TESTS="${T_TESTS:-90}"
-T_BENCH="${T_BENCH:-30}"
+T_BENCH="${T_BENCH:-25}"
 T_REDUCE="${T_REDUCE:-15}"
 T_NORM="${T_NORM:-15}"
-T_ELEM="${T_ELEM:-20}"
+T_ELEM="${T_ELEM:-15}"
 T_SOFTMAX="${T_SOFTMAX:-20}"
 T_ATTN="${T_ATTN:-25}"
 T_SCATTER="${T_SCATTER:-20}"
 T_RANDOM="${T_RANDOM:-20}"
 T_OPTIM="${T_OPTIM:-20}"
 T_ENABLE="${T_ENABLE:-15}"
+T_CONV="${T_CONV:-10}"
 T_DEMO="${T_DEMO:-20}"
 
 declare -a STEP_NAMES=() STEP_STATUS=() STEP_SECS=()
@@ -155,6 +157,8 @@ record "$STEP_RC"
 run_step optim "$T_OPTIM" "$PY" benchmarks/bench_optim.py --device cuda --budget 0.5
 record "$STEP_RC"
 run_step enable "$T_ENABLE" "$PY" benchmarks/bench_enable.py --device cuda --budget 4
+record "$STEP_RC"
+run_step conv "$T_CONV" "$PY" benchmarks/bench_conv.py --device cuda --budget 0.2
 record "$STEP_RC"
 
 # ---- 6. demo -----------------------------------------------------------------
