@@ -347,6 +347,67 @@ def _cumsum(a: dict) -> Any:
     return aten.movedim(out.reshape(moved.shape), -1, dim % x.dim())
 
 
+def _product_chain(x: Tensor, dim: int, dtype: Optional[torch.dtype]) -> Tensor:
+    """The partial products along ``dim`` in index order, each rounded once:
+    p_0 = x_0, p_k = RN(p_(k-1) · x_k) -- in float32 for bfloat16/float16 (as
+    torch computes them), rounded to the output dtype at the end. One IEEE
+    multiplication per step on every device (a Python loop over ``dim``: meant
+    for short dimensions such as diffusion schedules)."""
+    out_dtype = dtype or x.dtype
+    work = _opmath(aten._to_copy(x, dtype=out_dtype) if x.dtype != out_dtype else x)
+    moved = aten.movedim(x.to(work), dim, 0)
+    out = aten.empty_like(moved)
+    if moved.shape[0] > 0:
+        acc = aten.clone(moved[0])
+        out[0] = acc
+        for k in range(1, moved.shape[0]):
+            acc = aten.mul(acc, moved[k])
+            out[k] = acc
+    return aten.movedim(out, 0, dim).to(out_dtype)
+
+
+def _product_args(name: str, x: Tensor, dtype: Optional[torch.dtype]) -> bool:
+    """False: an integer product, exact (wrapping) as torch computes it."""
+    if not x.is_floating_point() and (dtype is None or not dtype.is_floating_point):
+        return False
+    if dtype is not None and dtype not in _CARBON_DTYPES:
+        raise NotCovered(f"{name} to {dtype}")
+    _need_carbon_dtype(name, x)
+    return True
+
+
+def _cumprod(a: dict) -> Any:
+    x, dim, dtype = a["self"], a["dim"], a.get("dtype")
+    if not _product_args("cumprod", x, dtype):
+        return PASS
+    if x.dim() == 0:
+        return _product_chain(x.reshape([1]), 0, dtype).reshape(())
+    return _product_chain(x, dim % x.dim(), dtype)
+
+
+def _prod(a: dict) -> Any:
+    """The last partial product of _product_chain (all elements: row-major order)."""
+    x, dim, keepdim, dtype = a["self"], a.get("dim"), a.get("keepdim", False), a.get("dtype")
+    if not _product_args("prod", x, dtype):
+        return PASS
+    if dim is None:
+        flat = x.reshape([-1])
+        if flat.numel() == 0:
+            return aten.ones((), dtype=dtype or x.dtype, device=x.device)
+        return _product_chain(flat, 0, dtype)[-1].clone()
+    d = dim % max(x.dim(), 1)
+    xs = x.reshape([1]) if x.dim() == 0 else x
+    if xs.shape[d] == 0:
+        shape = list(xs.shape)
+        shape[d] = 1
+        r = aten.ones(shape, dtype=dtype or x.dtype, device=x.device)
+    else:
+        r = aten.narrow(_product_chain(xs, d, dtype), d, xs.shape[d] - 1, 1).contiguous()
+    if x.dim() == 0:
+        return r.reshape(())
+    return r if keepdim else r.squeeze(d)
+
+
 def _vector_norm(a: dict) -> Tensor:
     x, ord_, dim, keepdim, dtype = a["self"], a["ord"], a["dim"], a["keepdim"], a.get("dtype")
     _need_carbon_dtype("linalg_vector_norm", x)
@@ -390,13 +451,11 @@ def _foreach_norm(a: dict) -> List[Tensor]:
             for t in a["self"]]
 
 
-def _var_mean(a: dict):
-    """(var, mean) over ``dim`` as carbon.var_mean_rows defines them (float32
-    input): mean = RN32(exact mean), var = RN32(exact sum (x - mean)^2 / (n - c))."""
+def _var_mean32(a: dict):
+    """(var, mean) over ``dim`` in float32 as carbon.var_mean_rows defines them:
+    mean = RN32(exact mean), var = RN32(exact sum (x - mean)^2 / (n - c))."""
     x = a["self"]
     _need_carbon_dtype("var", x)
-    if x.dtype != torch.float32:
-        raise NotCovered(f"var / std of {x.dtype}: carbon rounds the statistics to float32 only")
     correction = a.get("correction")
     if correction is None:
         correction = 1 if a.get("unbiased", True) else 0
@@ -416,17 +475,25 @@ def _var_mean(a: dict):
     return var.reshape(shape), mean.reshape(shape)
 
 
+# bfloat16 / float16 statistics: the float32 results above, rounded once more
+# to x's dtype (torch too computes them in float32 and rounds at the end).
+
+def _var_mean(a: dict):
+    var, mean = _var_mean32(a)
+    return var.to(a["self"].dtype), mean.to(a["self"].dtype)
+
+
 def _var(a: dict) -> Tensor:
-    return _var_mean(a)[0]
+    return _var_mean32(a)[0].to(a["self"].dtype)
 
 
 def _std(a: dict) -> Tensor:
-    return aten.sqrt(_var_mean(a)[0])
+    return aten.sqrt(_var_mean32(a)[0]).to(a["self"].dtype)
 
 
 def _std_mean(a: dict):
-    var, mean = _var_mean(a)
-    return aten.sqrt(var), mean
+    var, mean = _var_mean32(a)
+    return aten.sqrt(var).to(a["self"].dtype), mean.to(a["self"].dtype)
 
 
 # ---- normalization, softmax, losses ------------------------------------------------------------------------------
@@ -471,39 +538,68 @@ def _softmax_backward(op: Callable) -> Callable[[dict], Tensor]:
     return lambda a: op(a["grad_output"], a["output"], a["dim"], a["input_dtype"])
 
 
-def _nll_loss_forward(a: dict):
-    lsm, target, weight, reduction, ignore = a["self"], a["target"], a["weight"], a["reduction"], a["ignore_index"]
-    _need_carbon_dtype("nll_loss_forward", lsm)
-    if weight is not None:
-        raise NotCovered("nll_loss with class weights")
+def _nll_rows(a: dict):
+    """(rows [N, C], targets [N], kept [N]) of nll_loss's arguments; a 1-D input is one row."""
+    lsm, target = a["self"], a["target"]
     rows = lsm.unsqueeze(0) if lsm.dim() == 1 else lsm
     t = target.reshape(-1) if lsm.dim() == 1 else target
-    keep = aten.ne(t, ignore)
-    picked = aten.gather(rows, 1, aten.where(keep, t, 0).unsqueeze(1)).squeeze(1)
+    return rows, t, aten.ne(t, a["ignore_index"])
+
+
+def _nll_loss_forward(a: dict):
+    lsm, weight, reduction = a["self"], a["weight"], a["reduction"]
+    _need_carbon_dtype("nll_loss_forward", lsm, weight)
+    rows, t, keep = _nll_rows(a)
+    safe_t = aten.where(keep, t, 0)
+    picked = aten.gather(rows, 1, safe_t.unsqueeze(1)).squeeze(1)
     losses = aten.where(keep, aten.neg(picked), 0.0).to(lsm.dtype)
-    count = aten.sum(keep)  # an int64 tensor on the device: exact, no host sync
-    total_weight = count.to(lsm.dtype)
+    if weight is not None:  # RN(w[t] · (−x[t])): one rounding; ignored rows weigh +0
+        wt = aten.where(keep, aten.index_select(weight, 0, safe_t), 0.0).to(lsm.dtype)
+        losses = aten.mul(wt, losses)
+        total_weight = carbon_ops.sum(wt, None, False, None)  # exact sum, one rounding
+    else:
+        count = aten.sum(keep)  # an int64 tensor on the device: exact, no host sync
+        total_weight = count.to(lsm.dtype)
     if reduction == 0:
         return (losses.reshape(()) if lsm.dim() == 1 else losses), aten.zeros((), dtype=lsm.dtype, device=lsm.device)
-    if reduction == 1:  # RN(exact sum / count), one rounding (NaN when every row is ignored)
-        return carbon_ops.sum_divided(losses, count), total_weight
-    return carbon_ops.sum(losses, None, False, None), total_weight
+    if reduction == 2:
+        return carbon_ops.sum(losses, None, False, None), total_weight
+    if weight is not None:  # RN(RN(exact Σ losses) / RN(exact Σ w[t])): torch's quotient of the two sums
+        return true_divide(carbon_ops.sum(losses, None, False, None), total_weight), total_weight
+    return carbon_ops.sum_divided(losses, count), total_weight  # RN(exact sum / count), one rounding
 
 
 def _nll_loss_backward(a: dict) -> Tensor:
-    g, lsm, target, weight, reduction, ignore = (a["grad_output"], a["self"], a["target"], a["weight"],
-                                                 a["reduction"], a["ignore_index"])
-    if weight is not None:
-        raise NotCovered("nll_loss_backward with class weights")
-    rows = lsm.unsqueeze(0) if lsm.dim() == 1 else lsm
-    t = target.reshape(-1) if lsm.dim() == 1 else target
-    keep = aten.ne(t, ignore)
+    g, lsm, weight, reduction = a["grad_output"], a["self"], a["weight"], a["reduction"]
+    rows, t, keep = _nll_rows(a)
+    safe_t = aten.where(keep, t, 0)
     gl = g.reshape(-1) if reduction == 0 else g.expand(t.shape)
-    if reduction == 1:  # RN(-g / count): one IEEE division (count, a float32 integer, is exact below 2^24)
+    if reduction == 1:  # RN(g / total_weight): one IEEE division (a count is exact in float32 below 2^24)
         gl = true_divide(gl, a["total_weight"])
-    vals = aten.where(keep, aten.neg(gl), 0.0).to(lsm.dtype)
-    out = aten.zeros_like(rows).scatter(1, aten.where(keep, t, 0).unsqueeze(1), vals.unsqueeze(1))
+    vals = aten.neg(gl)
+    if weight is not None:  # torch's order: RN(w[t] · −(g / total_weight))
+        vals = aten.mul(aten.index_select(weight, 0, safe_t), vals)
+    vals = aten.where(keep, vals, 0.0).to(lsm.dtype)
+    out = aten.zeros_like(rows).scatter(1, safe_t.unsqueeze(1), vals.unsqueeze(1))
     return out.reshape(lsm.shape)
+
+
+def _nll_loss2d(handler: Callable[[dict], Any]) -> Callable[[dict], Any]:
+    """nll_loss2d (input [N, C, H, W], target [N, H, W]) as nll_loss over the N·H·W rows."""
+    def route(a: dict) -> Any:
+        b = dict(a)
+        lsm = a["self"]
+        b["self"] = aten.movedim(lsm, 1, -1).reshape([-1, lsm.shape[1]])
+        b["target"] = a["target"].reshape(-1)
+        if "grad_output" in a and a["reduction"] == 0:
+            b["grad_output"] = a["grad_output"].reshape(-1)
+        out = handler(b)
+        if "grad_output" in a:  # the input gradient, back to [N, C, H, W]
+            n, c, h, w = lsm.shape
+            return aten.movedim(out.reshape([n, h, w, c]), -1, 1).contiguous()
+        loss, total = out
+        return (loss.reshape(a["target"].shape) if a["reduction"] == 0 else loss), total
+    return route
 
 
 # ---- elementwise functions --------------------------------------------------------------------------------------
@@ -785,8 +881,9 @@ ROUTES: Dict[str, Callable] = {
     "_softmax_backward_data": _softmax_backward(carbon_ops.softmax_backward),
     "_log_softmax_backward_data": _softmax_backward(carbon_ops.log_softmax_backward),
     "nll_loss_forward": _nll_loss_forward, "nll_loss_backward": _nll_loss_backward,
+    "nll_loss2d_forward": _nll_loss2d(_nll_loss_forward), "nll_loss2d_backward": _nll_loss2d(_nll_loss_backward),
     "mse_loss": _mse_loss, "mse_loss_backward": _mse_loss_backward,
-    "cumsum": _cumsum, "var": _var, "std": _std, "var_mean": _var_mean, "std_mean": _std_mean,
+    "cumsum": _cumsum, "cumprod": _cumprod, "prod": _prod, "var": _var, "std": _std, "var_mean": _var_mean, "std_mean": _std_mean,
     # elementwise
     "exp": _unary("exp", carbon_ops.exp), "log": _unary("log", carbon_ops.log),
     "tanh": _unary("tanh", carbon_ops.tanh), "sigmoid": _unary("sigmoid", carbon_ops.sigmoid),

@@ -399,6 +399,77 @@ def test_nll_loss_mean_on_log_probabilities_is_one_rounding_of_the_exact_mean():
         assert torch.isnan(F.nll_loss(lsm.detach(), torch.full((9,), -100)))
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_class_weighted_cross_entropy_follows_its_definition(reduction):
+    """F.cross_entropy(x, t, weight=w): loss_i = RN32(w[t_i] · −lsm[i, t_i]); sum: RN32(exact Σ loss_i);
+    mean: RN32(RN32(exact Σ loss_i) / RN32(exact Σ w[t_i])); input gradient through
+    RN32(w[t_i] · −RN32(g / total)) (mean) or RN32(w[t_i] · −g)."""
+    x = _randn(9, 7, seed=9, scale=3.0).requires_grad_(True)
+    t = torch.tensor([0, 3, -100, 6, 2, -100, 1, 1, 5])
+    w = _randn(7, seed=10).abs() + 0.25
+    with carbon.enabled():
+        lsm = F.log_softmax(x, dim=-1)
+        lsm.retain_grad()
+        loss = F.nll_loss(lsm, t, weight=w, reduction=reduction)
+        (loss.sum() if reduction == "none" else loss).backward()
+    keep = [i for i in range(9) if t[i] != -100]
+    losses = {i: rn32(Fraction(w[t[i]].item()) * -Fraction(lsm[i, t[i]].item())) for i in keep}
+    total = rn32(sum(Fraction(w[t[i]].item()) for i in keep))
+    if reduction == "none":
+        want = [losses.get(i, Fraction(0)) for i in range(9)]
+        assert_bits_equal(loss, _bits(want, torch.float32))
+        coef = {i: Fraction(-1) for i in keep}
+    elif reduction == "sum":
+        assert as_bits(loss).item() & 0xFFFFFFFF == round_bits(sum(losses.values()), torch.float32)
+        coef = {i: Fraction(-1) for i in keep}
+    else:
+        assert as_bits(loss).item() & 0xFFFFFFFF == round_bits(rn32(sum(losses.values())) / total, torch.float32)
+        coef = {i: -rn32(1 / total) for i in keep}
+    want = [[rn32(Fraction(w[t[i]].item()) * coef[i]) if (i in keep and j == t[i]) else Fraction(0) for j in range(7)]
+            for i in range(9)]
+    assert_bits_equal(lsm.grad, _bits([v for row in want for v in row], torch.float32).reshape(9, 7))
+
+
+def test_weighted_cross_entropy_over_pixels_equals_the_flattened_rows():
+    """nll_loss2d ([N, C, H, W] scores, as in segmentation) is nll_loss over the N·H·W rows."""
+    x = _randn(2, 5, 3, 4, seed=11, scale=2.0)
+    t = torch.randint(0, 5, (2, 3, 4), generator=torch.Generator().manual_seed(12))
+    t[0, 1, 2] = -100
+    w = _randn(5, seed=13).abs() + 0.5
+    results = []
+    for pixels in (True, False):
+        leaf = x.clone().requires_grad_(True)
+        with carbon.enabled():
+            if pixels:
+                loss = F.cross_entropy(leaf, t, weight=w)
+            else:
+                loss = F.cross_entropy(leaf.movedim(1, -1).reshape(-1, 5), t.reshape(-1), weight=w)
+            loss.backward()
+        results.append((as_bits(loss), as_bits(leaf.grad)))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cumprod_and_prod_are_chains_of_rounded_products(dtype):
+    """p_0 = x_0, p_k = RN32(p_(k−1) · x_k) in index order (float32 for bfloat16, rounded at the end)."""
+    x = (_randn(4, 9, seed=14).abs() + 0.5).to(dtype)
+    with carbon.enabled():
+        cum, total, rows, keep = torch.cumprod(x, 1), torch.prod(x), x.prod(0), x.prod(1, keepdim=True)
+    values = x.double().tolist()
+
+    def chain(seq):
+        out, p = [], None
+        for v in seq:
+            p = Fraction(v) if p is None else rn32(p * Fraction(v))
+            out.append(p)
+        return out
+    want = [chain(r) for r in values]
+    assert_bits_equal(cum, _bits([v for r in want for v in r], dtype).reshape(4, 9))
+    assert_bits_equal(keep, _bits([r[-1] for r in want], dtype).reshape(4, 1))
+    assert_bits_equal(rows, _bits([chain(c)[-1] for c in zip(*values)], dtype))
+    assert_bits_equal(total, _bits([chain([v for r in values for v in r])[-1]], dtype).reshape(()))
+
+
 def test_dpo_style_logsigmoid_and_softplus_are_carbons_functions():
     """-F.logsigmoid(beta * margin) (DPO, pairwise reward models) and
     F.softplus: forward and backward against the mpmath reference."""
@@ -430,8 +501,8 @@ def test_dpo_style_logsigmoid_and_softplus_are_carbons_functions():
 def test_strict_refuses_an_uncovered_op_by_name():
     x = _randn(10)
     with carbon.enabled():
-        with pytest.raises(carbon.NotExactError, match=r"aten\.cumprod"):
-            torch.cumprod(x, 0)
+        with pytest.raises(carbon.NotExactError, match=r"aten\.logcumsumexp"):
+            torch.logcumsumexp(x, 0)
         with pytest.raises(carbon.NotExactError, match=r"aten\.expm1"):
             torch.expm1(x)
         # integer arithmetic is exact: allowed
@@ -441,12 +512,12 @@ def test_strict_refuses_an_uncovered_op_by_name():
 def test_non_strict_warns_once_per_op_and_runs_torch():
     x = _randn(10)
     with carbon.enabled(strict=False):
-        with pytest.warns(RuntimeWarning, match=r"aten\.cumprod"):
-            first = torch.cumprod(x, 0)
+        with pytest.warns(RuntimeWarning, match=r"aten\.logcumsumexp"):
+            first = torch.logcumsumexp(x, 0)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            torch.cumprod(x, 0)  # no second warning
-    assert torch.equal(first, torch.cumprod(x, 0))
+            torch.logcumsumexp(x, 0)  # no second warning
+    assert torch.equal(first, torch.logcumsumexp(x, 0))
 
 
 def test_float64_is_refused_in_strict_mode():

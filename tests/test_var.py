@@ -146,9 +146,21 @@ def test_advantage_normalisation_gradients_are_thread_invariant(restore_num_thre
     assert torch.equal(grads[0], grads[1])
 
 
-def test_bf16_var_is_refused_under_strict_enable():
-    with carbon.enabled(), pytest.raises(carbon.NotExactError, match="var"):
-        torch.ones(4, dtype=torch.bfloat16).var()
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_var_and_std_under_enable_round_the_float32_statistics(dtype):
+    """bfloat16 / float16: the float32 results above, rounded once more to the input's dtype."""
+    x = rows_of(9, 6, 40, dtype=dtype, offset=0.5)
+    with carbon.enabled():
+        var, (std, mean) = x.var(-1), torch.std_mean(x, dim=-1)
+    assert var.dtype == std.dtype == mean.dtype == dtype
+    bits = 0xFFFF
+    for r, row in enumerate(x.double().tolist()):
+        vb, mb = oracle(row, 1)
+        var32, mean32 = bits_to_float(vb, torch.float32), bits_to_float(mb, torch.float32)
+        std32 = bits_to_float(round_bits(math.sqrt(var32), torch.float32), torch.float32)
+        assert as_bits(var)[r].item() & bits == round_bits(var32, dtype), r
+        assert as_bits(mean)[r].item() & bits == round_bits(mean32, dtype), r
+        assert as_bits(std)[r].item() & bits == round_bits(std32, dtype), r
 
 
 def test_errors_and_opcheck():
