@@ -17,8 +17,11 @@ The gradients are exact sums too:
   and a 0·∞ with an infinite weight;
 - bias: `carbon.sum` over the batch and every output position.
 
+Transposed convolutions (ConvTranspose*d) are the same two computations
+with the roles swapped: their forward is the input-gradient computation
+above (bias inside the rounding), their input gradient a convolution.
+
 Used by carbon.enable's `convolution` / `convolution_backward` routes.
-Transposed convolutions (ConvTranspose*d) are not covered.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["conv_forward", "conv_backward"]
+__all__ = ["conv_forward", "conv_backward", "conv_transpose_forward", "conv_transpose_backward"]
 
 aten = torch.ops.aten
 carbon_ops = torch.ops.carbon
@@ -82,8 +85,10 @@ def conv_forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: Sequ
     return y.reshape(o, n, *out).movedim(1, 0).contiguous()
 
 
-def _input_gradient(g: Tensor, weight: Tensor, input_size: Sequence[int], stride: Sequence[int],
-                    padding: Sequence[int], dilation: Sequence[int], groups: int) -> Tensor:
+def _transposed_conv(g: Tensor, weight: Tensor, bias: Optional[Tensor], input_size: Sequence[int],
+                     stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int) -> Tensor:
+    """The transposed convolution of g [N, O, Q...] with a convolution weight [O, Cg, K...] onto
+    input_size: the convolution's input gradient, and ConvTranspose's forward (plus its bias)."""
     d = len(input_size)
     kernel = list(weight.shape[2:])
     reach = [dilation[i] * (kernel[i] - 1) for i in range(d)]
@@ -99,24 +104,57 @@ def _input_gradient(g: Tensor, weight: Tensor, input_size: Sequence[int], stride
     flipped = weight.flip(list(range(2, 2 + d)))
     # [G*Og, Cg, *K] -> [G*Cg, Og, *K]: the convolution from gradient channels to input channels.
     transposed = flipped.reshape(groups, o // groups, cg, *kernel).transpose(1, 2).reshape(groups * cg, o // groups, *kernel)
-    full = conv_forward(spread, transposed, None, [1] * d, [0] * d, dilation, groups)
+    full = conv_forward(spread, transposed, bias, [1] * d, [0] * d, dilation, groups)
     crop = [slice(None), slice(None)] + [slice(padding[i], padding[i] + input_size[i]) for i in range(d)]
     return full[tuple(crop)].contiguous()
 
 
+def _weight_gradient(grad: Tensor, x: Tensor, weight: Tensor, stride: Sequence[int], padding: Sequence[int],
+                     dilation: Sequence[int], groups: int) -> Tensor:
+    """dw[o, c, k] = RN(Σ_{n, q} grad[n, o, q] · xpad[n, g·Cg + c, q·s + k·dil]): one exact sum per weight."""
+    cols, _ = _columns(x, list(weight.shape[2:]), stride, dilation, padding, groups)  # [G, Cg*K, N*Q]
+    # The transposed gradient, [G, Cg*K, Og], from two contiguous operands.
+    grad_weight_t = carbon_ops.bmm(cols, _grouped_rows(grad, groups), weight.dtype)
+    return grad_weight_t.transpose(1, 2).reshape(weight.shape)
+
+
+def _bias_gradient(grad: Tensor) -> Tensor:
+    return carbon_ops.sum(grad, [0] + list(range(2, grad.dim())), False, grad.dtype)
+
+
+Gradients = Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]
+
+
 def conv_backward(grad: Tensor, x: Tensor, weight: Tensor, stride: Sequence[int], padding: Sequence[int],
-                  dilation: Sequence[int], groups: int,
-                  mask: Sequence[bool]) -> Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+                  dilation: Sequence[int], groups: int, mask: Sequence[bool]) -> Gradients:
     """(grad_input, grad_weight, grad_bias) for the entries of `mask` that are set."""
-    d = x.dim() - 2
-    grad_input = grad_weight = grad_bias = None
-    if mask[0]:
-        grad_input = _input_gradient(grad, weight, list(x.shape[2:]), stride, padding, dilation, groups)
-    if mask[1]:
-        cols, _ = _columns(x, list(weight.shape[2:]), stride, dilation, padding, groups)  # [G, Cg*K, N*Q]
-        # The transposed gradient, [G, Cg*K, Og], from two contiguous operands.
-        grad_weight_t = carbon_ops.bmm(cols, _grouped_rows(grad, groups), weight.dtype)
-        grad_weight = grad_weight_t.transpose(1, 2).reshape(weight.shape)
-    if mask[2]:
-        grad_bias = carbon_ops.sum(grad, [0] + list(range(2, 2 + d)), False, grad.dtype)
-    return grad_input, grad_weight, grad_bias
+    return (_transposed_conv(grad, weight, None, list(x.shape[2:]), stride, padding, dilation, groups)
+            if mask[0] else None,
+            _weight_gradient(grad, x, weight, stride, padding, dilation, groups) if mask[1] else None,
+            _bias_gradient(grad) if mask[2] else None)
+
+
+def conv_transpose_size(x: Tensor, weight: Tensor, stride: Sequence[int], padding: Sequence[int],
+                        output_padding: Sequence[int], dilation: Sequence[int]) -> List[int]:
+    kernel = weight.shape[2:]
+    return [(x.shape[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (kernel[i] - 1) + output_padding[i] + 1
+            for i in range(x.dim() - 2)]
+
+
+def conv_transpose_forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: Sequence[int],
+                           padding: Sequence[int], output_padding: Sequence[int], dilation: Sequence[int],
+                           groups: int) -> Tensor:
+    """ConvTranspose (weight [Cin, Cout/G, K...]): the input gradient of the convolution from the output
+    back to x, with the bias inside the single rounding."""
+    size = conv_transpose_size(x, weight, stride, padding, output_padding, dilation)
+    return _transposed_conv(x, weight, bias, size, stride, padding, dilation, groups)
+
+
+def conv_transpose_backward(grad: Tensor, x: Tensor, weight: Tensor, stride: Sequence[int],
+                            padding: Sequence[int], dilation: Sequence[int], groups: int,
+                            mask: Sequence[bool]) -> Gradients:
+    """ConvTranspose's gradients: the input's is the convolution of grad with the same weight; the
+    weight's the convolution weight gradient with the roles of grad (the windowed input) and x swapped."""
+    return (conv_forward(grad, weight, None, stride, padding, dilation, groups) if mask[0] else None,
+            _weight_gradient(x, grad, weight, stride, padding, dilation, groups) if mask[1] else None,
+            _bias_gradient(grad) if mask[2] else None)

@@ -42,7 +42,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import carbon
-from carbon import _enable_allow
+from carbon import _enable_allow, _enable_norms
 from carbon._enable_routes import PASS, ROUTES, NotCovered
 
 __all__ = ["enable", "disable", "enabled", "is_enabled", "NotExactError"]
@@ -207,6 +207,9 @@ def _dropout(input, p=0.5, training=True, inplace=False):
 
 _FUNCTIONS: Dict[Callable, Callable] = {
     F.cross_entropy: _cross_entropy,
+    F.batch_norm: _enable_norms.batch_norm,
+    F.group_norm: _enable_norms.group_norm,
+    F.instance_norm: _enable_norms.instance_norm,
     torch._C._nn.scaled_dot_product_attention: _sdpa,
     F.dropout: _dropout,
     F.rms_norm: _rms_norm,

@@ -45,8 +45,9 @@ ALLOWED = PER_TENSOR | frozenset({
     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "logical_xor", "isnan",
     "isinf", "isfinite", "isneginf", "isposinf", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
     "any", "all", "equal", "is_nonzero", "is_same_size", "_is_all_true", "_is_any_true",
-    # reductions without rounding
-    "amax", "amin", "max", "min", "argmax", "argmin", "aminmax", "count_nonzero",
+    # reductions without rounding (max pooling: the window's maximum and its index; the backward is routed)
+    "amax", "amin", "max", "min", "argmax", "argmin", "aminmax", "count_nonzero", "max_pool2d_with_indices",
+    "max_pool3d_with_indices", "max_pool2d", "max_pool1d", "adaptive_max_pool2d",
     # bookkeeping
     "_assert_async", "_functional_assert_async", "_assert_scalar", "sym_size", "sym_stride", "sym_numel",
     "sym_storage_offset", "record_stream", "_foreach_zero", "_foreach_copy", "_foreach_neg", "_foreach_abs",

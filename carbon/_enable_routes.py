@@ -26,7 +26,7 @@ from torch import Tensor
 
 import carbon.random
 from carbon._autograd import _norm_backward
-from carbon._conv import conv_backward, conv_forward
+from carbon._conv import conv_backward, conv_forward, conv_transpose_backward, conv_transpose_forward
 
 __all__ = ["ROUTES", "PASS", "NotCovered"]
 
@@ -290,8 +290,6 @@ def _dot(a: dict) -> Tensor:
 
 
 def _conv_args(name: str, a: dict, *tensors: Optional[Tensor]) -> tuple:
-    if a["transposed"]:
-        raise NotCovered(f"{name} transposed (ConvTranspose): not covered")
     _need_carbon_dtype(name, *tensors)
     return list(a["stride"]), list(a["padding"]), list(a["dilation"]), a["groups"]
 
@@ -299,13 +297,17 @@ def _conv_args(name: str, a: dict, *tensors: Optional[Tensor]) -> tuple:
 def _convolution(a: dict) -> Tensor:
     x, w, b = a["input"], a["weight"], a["bias"]
     stride, padding, dilation, groups = _conv_args("convolution", a, x, w, b)
+    if a["transposed"]:
+        return conv_transpose_forward(x, w, b, stride, padding, list(a["output_padding"]), dilation, groups)
     return conv_forward(x, w, b, stride, padding, dilation, groups)
 
 
 def _convolution_backward(a: dict) -> tuple:
     g, x, w = a["grad_output"], a["input"], a["weight"]
     stride, padding, dilation, groups = _conv_args("convolution_backward", a, g, x, w)
-    return conv_backward(g, x, w, stride, padding, dilation, groups, [bool(m) for m in a["output_mask"]])
+    mask = [bool(m) for m in a["output_mask"]]
+    backward = conv_transpose_backward if a["transposed"] else conv_backward
+    return backward(g, x, w, stride, padding, dilation, groups, mask)
 
 
 # ---- reductions ---------------------------------------------------------------------------------------------------
@@ -670,6 +672,61 @@ def _scatter_add(a: dict) -> Tensor:
     return carbon_ops.scatter_add(x, a["dim"], a["index"], a["src"])
 
 
+def _max_pool_backward(spatial: int) -> Callable[[dict], Tensor]:
+    """Each window's gradient to the position of its maximum; a position shared by overlapping windows
+    receives the exact sum of their gradients, rounded once (carbon.scatter_add into zeros)."""
+    def handler(a: dict) -> Tensor:
+        g, x, idx = a["grad_output"], a["self"], a["indices"]
+        _need_carbon_dtype("max_pool_backward", g)
+        planes = math.prod(x.shape[:-spatial])  # indices are flat within each (sample, channel) plane
+        zeros = aten.zeros([planes, math.prod(x.shape[-spatial:])], dtype=g.dtype, device=g.device)
+        src = g.reshape([planes, -1]).contiguous()
+        return carbon_ops.scatter_add(zeros, 1, idx.reshape([planes, -1]), src).reshape(x.shape)
+    return handler
+
+
+def _pool_regions(size: int, out: int) -> List[tuple]:
+    """torch's adaptive pooling regions along one dimension: [floor(i*size/out), ceil((i+1)*size/out))."""
+    return [((i * size) // out, -((-(i + 1) * size) // out)) for i in range(out)]
+
+
+def _adaptive_avg_pool2d(a: dict) -> Tensor:
+    """Each output the exact mean of its region, rounded once (carbon.mean)."""
+    x = a["self"]
+    _need_carbon_dtype("_adaptive_avg_pool2d", x)
+    oh, ow = list(a["output_size"])
+    h, w = x.shape[-2:]
+    if h % oh == 0 and w % ow == 0:  # a regular tiling: one call
+        tiles = x.reshape(list(x.shape[:-2]) + [oh, h // oh, ow, w // ow])
+        return carbon_ops.mean(tiles, [-3, -1], False, None)
+    rows = []
+    for h0, h1 in _pool_regions(h, oh):
+        rows.append(aten.stack([carbon_ops.mean(x[..., h0:h1, w0:w1].contiguous(), [-2, -1], False, None)
+                                for w0, w1 in _pool_regions(w, ow)], -1))
+    return aten.stack(rows, -2)
+
+
+def _adaptive_avg_pool2d_backward(a: dict) -> Tensor:
+    """RN(g / |region|) to every position of the region (one IEEE division); where regions overlap
+    (sizes not divisible), the shares are added region by region in row-major order, each addition
+    rounded."""
+    g, x = a["grad_output"], a["self"]
+    oh, ow = g.shape[-2:]
+    h, w = x.shape[-2:]
+    if h % oh == 0 and w % ow == 0:
+        share = true_divide(g, torch.full((), float((h // oh) * (w // ow)), dtype=torch.float32, device=g.device))
+        share = share.to(g.dtype)
+        return share.reshape(list(g.shape[:-2]) + [oh, 1, ow, 1]).expand(
+            list(g.shape[:-2]) + [oh, h // oh, ow, w // ow]).reshape(x.shape).contiguous()
+    out = aten.zeros_like(x, memory_format=torch.contiguous_format)
+    for i, (h0, h1) in enumerate(_pool_regions(h, oh)):
+        for j, (w0, w1) in enumerate(_pool_regions(w, ow)):
+            count = torch.full((), float((h1 - h0) * (w1 - w0)), dtype=torch.float32, device=g.device)
+            share = true_divide(g[..., i:i + 1, j:j + 1], count).to(g.dtype)
+            out[..., h0:h1, w0:w1] = aten.add(out[..., h0:h1, w0:w1], share)
+    return out
+
+
 def _index_put(a: dict) -> Any:
     x, indices, values = a["self"], a["indices"], a["values"]
     if not a.get("accumulate", False) or not x.is_floating_point():
@@ -899,6 +956,9 @@ ROUTES: Dict[str, Callable] = {
     # indexed accumulation
     "index_add": _index_add, "scatter_add": _scatter_add, "index_put": _index_put, "_index_put_impl": _index_put,
     "embedding_dense_backward": _embedding_backward,
+    "max_pool2d_with_indices_backward": _max_pool_backward(2),
+    "max_pool3d_with_indices_backward": _max_pool_backward(3),
+    "_adaptive_avg_pool2d": _adaptive_avg_pool2d, "_adaptive_avg_pool2d_backward": _adaptive_avg_pool2d_backward,
     # randomness (carbon.Generator)
     "rand": _rand, "randn": _randn, "randint": _randint, "randperm": _randperm, "uniform": _uniform_,
     "normal": _normal_, "random": _random_, "bernoulli": _bernoulli, "multinomial": _multinomial,

@@ -59,10 +59,13 @@ def forward_bits(x, w, bias, stride, padding, dilation, groups) -> torch.Tensor:
     return bits_tensor(result, x.dtype).reshape(n_, o_, *out)
 
 
-def input_grad_bits(grad, x, w, stride, padding, dilation, groups) -> torch.Tensor:
+def input_grad_bits(grad, x, w, stride, padding, dilation, groups, bias=None) -> torch.Tensor:
     """dx[n, ci, i] = RN(Σ_{o in ci's group, k} gs[n, o, i + pad − k·dil] · w[o, ci − g·Cg, k]) with
-    gs[u] = grad[u / s] where every u_d is a multiple of s_d in [0, (OUT_d − 1)·s_d], else +0."""
+    gs[u] = grad[u / s] where every u_d is a multiple of s_d in [0, (OUT_d − 1)·s_d], else +0.
+    x gives only the shape and dtype. With `bias` (one more term per ci) this is ConvTranspose's
+    output for the input `grad`."""
     gv, wv = _values(grad), _values(w)
+    bv = None if bias is None else _values(bias)
     n_, c_ = x.shape[:2]
     o_, cg = w.shape[:2]
     size, kernel, out = list(x.shape[2:]), list(w.shape[2:]), list(grad.shape[2:])
@@ -80,6 +83,8 @@ def input_grad_bits(grad, x, w, stride, padding, dilation, groups) -> torch.Tens
                         inside = all(u[j] >= 0 and u[j] % stride[j] == 0 and u[j] // stride[j] < out[j] for j in range(d))
                         value = _at(gv[n][o], [u[j] // stride[j] for j in range(d)]) if inside else 0.0
                         terms.append((value, _at(wv[o][c], k)))
+                if bv is not None:
+                    terms.append((bv[ci],))
                 result.append(exact_sum_bits(terms, x.dtype))
     return bits_tensor(result, x.dtype).reshape(x.shape)
 

@@ -2,7 +2,7 @@
 output and the input, weight and bias gradients of conv1d/2d/3d equal the
 exact-sum oracle (tests/conv_reference.py) bit for bit, for strides, padding,
 dilation and groups; a sample's output does not depend on its batch; the
-same bits at 1 and 2 threads; transposed convolutions and float64 are
+same bits at 1 and 2 threads; transposed convolutions likewise; float64 is
 refused in strict mode."""
 
 from __future__ import annotations
@@ -120,13 +120,44 @@ def test_a_small_cnn_trains_to_the_same_bits_at_one_and_two_threads(restore_num_
     assert all(torch.equal(a, b) for a, b in zip(one, two))
 
 
-def test_transposed_convolution_and_float64_are_refused():
-    x, wt, w = _randn(1, 2, 5, 5), _randn(2, 3, 3, 3), _randn(3, 2, 3, 3)
+# (N, Cin, Cout, input size, kernel, stride, padding, output_padding, dilation, groups)
+TRANSPOSED = [
+    (2, 3, 4, (6,), (3,), (2,), (1,), (1,), (1,), 1),
+    (2, 4, 6, (4, 5), (3, 2), (2, 1), (1, 0), (1, 0), (1, 2), 2),
+    (1, 2, 2, (3, 2, 3), (2, 2, 2), (2, 1, 2), (0, 1, 0), (0, 0, 1), (1, 1, 1), 1),
+]
+
+
+@pytest.mark.parametrize("case", TRANSPOSED, ids=lambda c: f"{len(c[3])}d-s{c[5]}-p{c[6]}-op{c[7]}-g{c[9]}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_transposed_convolution_equals_the_exact_oracle(case, dtype):
+    """ConvTranspose's output is the input gradient of the convolution from its output back to x (bias
+    inside the rounding); its input gradient is that convolution of g; its weight gradient the
+    convolution's weight gradient with g as the windowed input and x as the gradient."""
+    n, ci, co, size, kernel, stride, padding, out_pad, dilation, groups = case
+    x = _randn(n, ci, *size, dtype=dtype, seed=21)
+    w = _randn(ci, co // groups, *kernel, dtype=dtype, seed=22)
+    b = _randn(co, dtype=dtype, seed=23)
+    conv_t = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[len(size)]
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
     with carbon.enabled():
-        with pytest.raises(carbon.NotExactError, match="transposed"):
-            F.conv_transpose2d(x, wt)
-        with pytest.raises(carbon.NotExactError, match="float64"):
-            F.conv2d(x.double(), w.double())
+        y = conv_t(*leaves, stride, padding, out_pad, groups, dilation)
+    g = _randn(*y.shape, dtype=dtype, seed=24)
+    with carbon.enabled():
+        y.backward(g)
+    out_like = torch.empty(y.shape, dtype=dtype)
+    assert_bits_equal(y.detach(), ref.input_grad_bits(x, out_like, w, stride, padding, dilation, groups, bias=b),
+                      "forward", dtype=dtype)
+    assert_bits_equal(leaves[0].grad, ref.forward_bits(g, w, None, stride, padding, dilation, groups), "input gradient")
+    assert_bits_equal(leaves[1].grad, ref.weight_grad_bits(x, g, w, stride, padding, dilation, groups),
+                      "weight gradient")
+    assert_bits_equal(leaves[2].grad, ref.bias_grad_bits(g), "bias gradient")
+
+
+def test_float64_is_refused():
+    x, w = _randn(1, 2, 5, 5), _randn(3, 2, 3, 3)
+    with carbon.enabled(), pytest.raises(carbon.NotExactError, match="float64"):
+        F.conv2d(x.double(), w.double())
 
 
 def test_empty_batch():
