@@ -68,3 +68,22 @@ def test_convolution_and_its_gradients_on_cuda_equal_the_cpu():
         return [y.detach().cpu()] + [t.grad.cpu() for t in leaves]
     for c, d in zip(run("cpu"), run("cuda")):
         assert torch.equal(as_bits(c), as_bits(d))
+
+
+def test_small_resnet_training_on_cuda_equals_the_cpu(restore_num_threads):
+    """Convolutions, batch and group norm, max and adaptive pooling (tests/test_enable_cnn.py)."""
+    from tests.test_enable_cnn import TinyResNet
+
+    def train(device):
+        with carbon.enabled(seed=0):
+            model = TinyResNet().to(device)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            x, t = torch.randn(8, 3, 16, 16, device=device), torch.randint(0, 10, (8,), device=device)
+            for _ in range(3):
+                opt.zero_grad()
+                F.cross_entropy(model(x), t).backward()
+                opt.step()
+        return {k: as_bits(v) for k, v in model.state_dict().items() if v.is_floating_point()}
+    cpu, gpu = train("cpu"), train("cuda")
+    for name in cpu:
+        assert torch.equal(cpu[name], gpu[name]), name
