@@ -23,6 +23,7 @@ __all__ = ["ALLOWED", "PER_TENSOR", "why_not_exact"]
 PER_TENSOR = frozenset({
     "neg", "abs", "mul", "sqrt", "maximum", "minimum", "fmax", "fmin", "clamp", "clamp_min", "clamp_max",
     "relu", "threshold", "threshold_backward", "hardtanh", "hardtanh_backward", "leaky_relu",
+    "_prelu_kernel", "_prelu_kernel_backward",
     "leaky_relu_backward", "sign", "sgn", "signbit", "floor", "ceil", "trunc", "round", "fmod", "copysign",
     "nan_to_num", "zero", "fill", "copy", "clone", "where", "masked_fill",
 })
@@ -40,6 +41,7 @@ ALLOWED = PER_TENSOR | frozenset({
     "flip", "roll", "repeat", "repeat_interleave", "constant_pad_nd", "index_fill", "take", "nonzero",
     "sort", "argsort", "topk", "unique", "_unique2", "unique_consecutive", "tile", "split_with_sizes_copy",
     "unbind_copy", "narrow_copy", "tril_indices", "triu_indices", "select_backward", "slice_backward",
+    "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
     "diagonal_backward", "expand_copy", "permute_copy", "t_copy", "transpose_copy", "view_copy",
     # comparisons and logic
     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "logical_xor", "isnan",

@@ -26,7 +26,9 @@ from torch import Tensor
 
 import carbon.random
 from carbon._autograd import _norm_backward
-from carbon._conv import conv_backward, conv_forward, conv_transpose_backward, conv_transpose_forward
+from carbon._conv import _columns as conv_columns
+from carbon._conv import (conv_backward, conv_forward, conv_transpose_backward, conv_transpose_forward,
+                          conv_transpose_size)
 
 __all__ = ["ROUTES", "PASS", "NotCovered"]
 
@@ -656,6 +658,138 @@ def _silu_backward(a: dict) -> Tensor:
     return carbon_ops.elementwise_backward(a["grad_output"], a["self"], "silu")
 
 
+# Piecewise activations. torch's kernels differ by device (CUDA multiplies by RN(1/6) where the CPU
+# divides by 6, and may contract into fma), so each is spelled out as single rounded operations in the
+# input's dtype (bfloat16 / float16: each computed in float32 and rounded to the dtype).
+
+def _six_like(x: Tensor, value: float) -> Tensor:
+    return torch.full((), value, dtype=x.dtype, device=x.device)
+
+
+def _hardsigmoid(a: dict) -> Tensor:
+    """RN(clamp(RN(x + 3), 0, 6) / 6)."""
+    x = a["self"]
+    _need_carbon_dtype("hardsigmoid", x)
+    return aten.div.Tensor(aten.clamp(aten.add(x, 3), 0, 6), _six_like(x, 6.0))
+
+
+def _hardsigmoid_backward(a: dict) -> Tensor:
+    """RN(g / 6) where −3 < x < 3, else 0."""
+    g, x = a["grad_output"], a["self"]
+    inside = aten.logical_and(aten.gt(x, -3), aten.lt(x, 3))
+    return aten.where(inside, aten.div.Tensor(g, _six_like(g, 6.0)), 0.0).to(g.dtype)
+
+
+def _hardswish(a: dict) -> Tensor:
+    """RN(RN(x · clamp(RN(x + 3), 0, 6)) / 6)."""
+    x = a["self"]
+    _need_carbon_dtype("hardswish", x)
+    return aten.div.Tensor(aten.mul(x, aten.clamp(aten.add(x, 3), 0, 6)), _six_like(x, 6.0))
+
+
+def _hardswish_backward(a: dict) -> Tensor:
+    """0 where x < −3; RN(g · RN(RN(x / 3) + 0.5)) where x ≤ 3; g above (torch's branches)."""
+    g, x = a["grad_output"], a["self"]
+    middle = aten.mul(g, aten.add(aten.div.Tensor(x, _six_like(x, 3.0)), 0.5))
+    return aten.where(aten.lt(x, -3), 0.0, aten.where(aten.le(x, 3), middle, g)).to(g.dtype)
+
+
+def _mish(a: dict) -> Tensor:
+    """RN(x · TANH(SOFTPLUS(x))) with carbon's tanh and softplus (§6)."""
+    x = a["self"]
+    _need_carbon_dtype("mish", x)
+    return aten.mul(x, carbon_ops.tanh(carbon_ops.softplus(x)))
+
+
+def _mish_backward(a: dict) -> Tensor:
+    """t = TANH(SOFTPLUS(x)), s = SIGMOID(x): RN(g · RN(RN(RN(s · x) · RN(1 − RN(t · t))) + t))."""
+    g, x = a["grad_output"], a["self"]
+    t = carbon_ops.tanh(carbon_ops.softplus(x))
+    s = carbon_ops.sigmoid(x)
+    return aten.mul(g, aten.add(aten.mul(aten.mul(s, x), aten.rsub(aten.mul(t, t), 1)), t))
+
+
+def _glu(a: dict) -> Tensor:
+    """First half a, second half b along dim: RN(a · SIGMOID(b))."""
+    x = a["self"]
+    _need_carbon_dtype("glu", x)
+    first, second = aten.chunk(x, 2, a.get("dim", -1))
+    return aten.mul(first, carbon_ops.sigmoid(second))
+
+
+def _glu_backward(a: dict) -> Tensor:
+    """d first = RN(g · s); d second = RN(RN(RN(RN(1 − s) · s) · first) · g), s = SIGMOID(second)."""
+    g, x, dim = a["grad_output"], a["self"], a.get("dim", -1)
+    first, second = aten.chunk(x, 2, dim)
+    s = carbon_ops.sigmoid(second)
+    return aten.cat([aten.mul(g, s), aten.mul(aten.mul(aten.mul(aten.rsub(s, 1), s), first), g)], dim)
+
+
+# ---- pooling and upsampling -----------------------------------------------------------------------------------------
+
+def _pool_pair(v: Any, default: Optional[List[int]] = None) -> List[int]:
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    if not v:
+        return list(default or [])
+    return v * 2 if len(v) == 1 else v
+
+
+def _avg_pool2d_args(a: dict) -> tuple:
+    kernel = _pool_pair(a["kernel_size"])
+    stride = _pool_pair(a.get("stride", []), kernel)
+    padding = _pool_pair(a.get("padding", 0))
+    if a.get("ceil_mode", False) or a.get("divisor_override") is not None:
+        raise NotCovered("avg_pool2d with ceil_mode or divisor_override")
+    if not a.get("count_include_pad", True) and any(padding):
+        raise NotCovered("avg_pool2d with padding and count_include_pad=False")
+    return kernel, stride, padding
+
+
+def _avg_pool2d(a: dict) -> Tensor:
+    """Each output RN(exact Σ window / (kh·kw)), padding counted as +0 (count_include_pad): carbon.mean
+    over each window, copied into columns as for a convolution."""
+    x = a["self"]
+    _need_carbon_dtype("avg_pool2d", x)
+    kernel, stride, padding = _avg_pool2d_args(a)
+    batched = x if x.dim() == 4 else x.unsqueeze(0)
+    n, c = batched.shape[:2]
+    cols, out = conv_columns(batched, kernel, stride, [1, 1], padding, 1)  # [1, C*K, N*P]
+    means = carbon_ops.mean(cols.reshape([c, kernel[0] * kernel[1], n] + out), [1], False, None)  # [C, N, P...]
+    y = aten.movedim(means, 0, 1).contiguous()
+    return y if x.dim() == 4 else y.squeeze(0)
+
+
+def _avg_pool2d_backward(a: dict) -> Tensor:
+    """RN(exact Σ over the windows containing the position of RN(g / (kh·kw))): each window's share
+    (one IEEE division), then one exact sum per input position (a transposed convolution with unit
+    weights)."""
+    g, x = a["grad_output"], a["self"]
+    kernel, stride, padding = _avg_pool2d_args(a)
+    gb, xb = (g, x) if x.dim() == 4 else (g.unsqueeze(0), x.unsqueeze(0))
+    c = xb.shape[1]
+    share = aten.div.Tensor(gb, torch.full((), float(kernel[0] * kernel[1]), dtype=gb.dtype, device=gb.device))
+    ones = aten.ones([c, 1] + kernel, dtype=gb.dtype, device=gb.device)
+    out = conv_transpose_forward(share, ones, None, stride, padding,
+                                 [xb.shape[2 + i] - conv_transpose_size(share, ones, stride, padding, [0, 0], [1, 1])[i]
+                                  for i in range(2)], [1, 1], c)
+    return out if x.dim() == 4 else out.squeeze(0)
+
+
+def _upsample_nearest_backward(a: dict) -> Tensor:
+    """Integer scale factors: each input's gradient is the exact sum of its block of outputs, rounded
+    once (carbon.sum). Other factors raise."""
+    g = a["grad_output"]
+    _need_carbon_dtype("upsample_nearest_backward", g)
+    out_size, in_size = list(a["output_size"]), list(a["input_size"])
+    d = len(out_size)
+    if any(o % i for o, i in zip(out_size, in_size[2:])):
+        raise NotCovered("upsample_nearest backward with a non-integer scale factor")
+    shape = list(g.shape[:2])
+    for o, i in zip(out_size, in_size[2:]):
+        shape += [i, o // i]
+    return carbon_ops.sum(g.reshape(shape), [3 + 2 * k for k in range(d)], False, None)
+
+
 # ---- indexed accumulation ---------------------------------------------------------------------------------------
 
 def _index_add(a: dict) -> Tensor:
@@ -959,6 +1093,12 @@ ROUTES: Dict[str, Callable] = {
     "max_pool2d_with_indices_backward": _max_pool_backward(2),
     "max_pool3d_with_indices_backward": _max_pool_backward(3),
     "_adaptive_avg_pool2d": _adaptive_avg_pool2d, "_adaptive_avg_pool2d_backward": _adaptive_avg_pool2d_backward,
+    "avg_pool2d": _avg_pool2d, "avg_pool2d_backward": _avg_pool2d_backward,
+    **{f"upsample_nearest{d}d_backward": _upsample_nearest_backward for d in (1, 2, 3)},
+    # piecewise activations
+    "hardsigmoid": _hardsigmoid, "hardsigmoid_backward": _hardsigmoid_backward, "hardswish": _hardswish,
+    "hardswish_backward": _hardswish_backward, "mish": _mish, "mish_backward": _mish_backward, "glu": _glu,
+    "glu_backward": _glu_backward,
     # randomness (carbon.Generator)
     "rand": _rand, "randn": _randn, "randint": _randint, "randperm": _randperm, "uniform": _uniform_,
     "normal": _normal_, "random": _random_, "bernoulli": _bernoulli, "multinomial": _multinomial,

@@ -194,3 +194,88 @@ def test_a_small_resnet_trains_to_the_same_bits_at_one_and_two_threads(restore_n
         batch = model(x)
         alone = torch.cat([model(x[i:i + 1]) for i in range(6)])
     assert torch.equal(as_bits(batch), as_bits(alone))
+
+
+def _values(t: torch.Tensor) -> list:
+    return t.detach().double().reshape(-1).tolist()
+
+
+def test_hard_activations_are_single_roundings_in_order():
+    x = torch.cat([torch.tensor([-3.0, 3.0, -2.9999998, 2.9999998, 0.0, -0.0]), _randn(200, seed=20, scale=4.0)])
+    leaf = x.clone().requires_grad_()
+    g = _randn(x.numel(), seed=21)
+    with carbon.enabled():
+        hs, hw = F.hardsigmoid(leaf), F.hardswish(leaf)
+        (hs * g).sum().backward()
+        hs_grad = leaf.grad.clone()
+        leaf.grad = None
+        (hw * g).sum().backward()
+    six = Fraction(6)
+    want_hs, want_hw, want_dhs, want_dhw = [], [], [], []
+    for v, gv in zip(_values(x), _values(g)):
+        clamped = min(max(rn32(Fraction(v) + 3), Fraction(0)), six)
+        want_hs.append(round_bits(clamped / six, F32))
+        product = Fraction(v) * clamped
+        # x · 0 keeps x's sign (−0 for negative x below −3), and −0 / 6 = −0
+        want_hw.append(round_bits(rn32(product) / six, F32) if product else (0x80000000 if math.copysign(1, v) < 0 else 0))
+        want_dhs.append(round_bits(Fraction(gv) / six, F32) if -3 < v < 3 else 0)
+        # g · 1 is exact: the sum's multiplication by the upstream ones changes nothing
+        if v < -3:
+            want_dhw.append(0)
+        elif v <= 3:
+            want_dhw.append(round_bits(Fraction(gv) * rn32(rn32(Fraction(v) / 3) + Fraction(1, 2)), F32))
+        else:
+            want_dhw.append(round_bits(gv, F32))
+    assert_bits_equal(hs, bits_tensor(want_hs, F32), "hardsigmoid")
+    assert_bits_equal(hw, bits_tensor(want_hw, F32), "hardswish")
+    assert_bits_equal(hs_grad, bits_tensor(want_dhs, F32), "hardsigmoid gradient")
+    assert_bits_equal(leaf.grad, bits_tensor(want_dhw, F32), "hardswish gradient")
+
+
+def test_mish_and_glu_compose_carbons_functions_with_rounded_products():
+    x = _randn(300, seed=22, scale=3.0)
+    t = carbon.tanh(carbon.softplus(x))  # outside enable: carbon's own functions (tested in test_elementwise)
+    s = carbon.sigmoid(x[150:])
+    with carbon.enabled():
+        mish, glu = F.mish(x), F.glu(x, 0)
+    assert_bits_equal(mish, bits_tensor([round_bits(Fraction(a) * Fraction(b), F32)
+                                         for a, b in zip(_values(x), _values(t))], F32), "mish")
+    assert_bits_equal(glu, bits_tensor([round_bits(Fraction(a) * Fraction(b), F32)
+                                        for a, b in zip(_values(x[:150]), _values(s))], F32), "glu")
+
+
+def test_average_pooling_is_the_exact_window_mean_and_its_gradient_exact_sums_of_shares():
+    x = _randn(2, 2, 7, 7, seed=23, scale=3.0).requires_grad_()
+    with carbon.enabled():
+        y = F.avg_pool2d(x, 3, 2, 1)
+    g = _randn(*y.shape, seed=24)
+    with carbon.enabled():
+        y.backward(g)
+    xs, gs = x.detach().double().reshape(4, 7, 7).tolist(), g.double().reshape(4, 4, 4).tolist()
+    want_y, terms = [], {}
+    for p in range(4):
+        for i in range(4):
+            for j in range(4):
+                window = [(r, q) for r in range(2 * i - 1, 2 * i + 2) for q in range(2 * j - 1, 2 * j + 2)]
+                values = [xs[p][r][q] if 0 <= r < 7 and 0 <= q < 7 else 0.0 for r, q in window]  # padding: +0
+                want_y.append(row_quotient_bits(values, 9, F32))
+                share = float(rn32(Fraction(gs[p][i][j]) / 9))
+                for r, q in window:
+                    terms.setdefault((p, r, q), []).append(share)
+    want_dx = [row_quotient_bits(terms.get((p, r, q), []), 1, F32) for p in range(4) for r in range(7) for q in range(7)]
+    assert_bits_equal(y, bits_tensor(want_y, F32).reshape(y.shape), "avg_pool2d")
+    assert_bits_equal(x.grad, bits_tensor(want_dx, F32).reshape(x.shape), "avg_pool2d gradient")
+
+
+def test_nearest_upsampling_gradient_sums_each_block_exactly():
+    x = _randn(2, 3, 4, 5, seed=25).requires_grad_()
+    with carbon.enabled():
+        y = F.interpolate(x, scale_factor=(2, 3), mode="nearest")
+    g = _randn(*y.shape, seed=26, scale=1e3) + _randn(*y.shape, seed=27, scale=1e-4)
+    with carbon.enabled():
+        y.backward(g)
+    assert torch.equal(y, x.detach().repeat_interleave(2, 2).repeat_interleave(3, 3))
+    gs = g.double().reshape(6, 8, 15).tolist()
+    want = [row_quotient_bits([gs[p][2 * r + a][3 * q + b] for a in range(2) for b in range(3)], 1, F32)
+            for p in range(6) for r in range(4) for q in range(5)]
+    assert_bits_equal(x.grad, bits_tensor(want, F32).reshape(x.shape), "upsample_nearest2d gradient")
