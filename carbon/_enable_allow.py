@@ -54,7 +54,7 @@ ALLOWED = PER_TENSOR | frozenset({
     "_assert_async", "_functional_assert_async", "_assert_scalar", "sym_size", "sym_stride", "sym_numel",
     "sym_storage_offset", "record_stream", "_foreach_zero", "_foreach_copy", "_foreach_neg", "_foreach_abs",
     "_foreach_maximum", "_foreach_minimum", "_foreach_clamp_min", "_foreach_clamp_max", "_foreach_sign",
-    "_has_compatible_shallow_copy_type",
+    "_has_compatible_shallow_copy_type", "as_strided",
     # mixed precision: g * inv_scale (one rounding) and a non-finite check; scale * factor
     "_amp_foreach_non_finite_check_and_unscale", "_amp_update_scale", "_nested_tensor_from_mask_left_aligned", "detach", "alias",
 })

@@ -175,6 +175,13 @@ def _pow(a: dict) -> Any:
             raise NotCovered("pow of a number to an integer tensor exponent")
         _need_carbon_dtype("pow", e)
         return carbon_ops.pow_scalar_tensor(float(x), e)
+    if isinstance(e, Tensor) and isinstance(x, Tensor) and x.dim() == 0 and x.device.type == "cpu" and x.is_floating_point():
+        # a 0-dim CPU base (BLOOM's ALiBi slopes, base ** arange): a number base, read without a device sync
+        _need_carbon_dtype("pow", x)
+        exponent = e if e.is_floating_point() else aten._to_copy(e, dtype=x.dtype)
+        return carbon_ops.pow_scalar_tensor(x.item(), exponent).to(torch.result_type(x, e))
+    if isinstance(e, Tensor) and e.dim() == 0 and e.device.type == "cpu":
+        return _pow({"self": x, "exponent": e.item()})  # a 0-dim CPU exponent: a number exponent
     if isinstance(e, Tensor):
         raise NotCovered("pow with a tensor base and a tensor exponent")
     if not x.is_floating_point():  # an integer tensor to a float power: torch's result dtype, converted first
@@ -194,6 +201,53 @@ def _pow(a: dict) -> Any:
         return true_divide(aten.ones_like(x), result) if e < 0 else result
     _need_carbon_dtype("pow", x)
     return carbon_ops.pow_tensor_scalar(x, float(e))
+
+
+def _reduce_loss(loss: Tensor, reduction: int) -> Tensor:
+    if reduction == 0:
+        return loss
+    return carbon_ops.sum(loss, None, False, None) if reduction == 2 else carbon_ops.mean(loss, None, False, None)
+
+
+def _bce_with_logits(a: dict) -> Tensor:
+    """loss = RN(RN(RN(1 − y)·x) + RN(lw·SOFTPLUS(−x))) with lw = RN(RN(RN(pw − 1)·y) + 1) (lw = 1 without
+    pos_weight, and no product), times RN(w·loss) with a weight; mean / sum exact with one rounding. Its
+    gradient is autograd's formula (sigmoid, products) on routed ops."""
+    x, y, w, pw = a["self"], a["target"], a.get("weight"), a.get("pos_weight")
+    _need_carbon_dtype("binary_cross_entropy_with_logits", x, y, w, pw)
+    soft = carbon_ops.softplus(aten.neg(x))
+    if pw is not None:
+        soft = aten.mul(aten.add(aten.mul(aten.sub(pw, 1), y), 1), soft)
+    loss = aten.add(aten.mul(aten.rsub(y, 1), x), soft)
+    if w is not None:
+        loss = aten.mul(w, loss)
+    return _reduce_loss(loss, a.get("reduction", 1))
+
+
+def _bce(a: dict) -> Tensor:
+    """loss = RN(RN(RN(y − 1)·max(LOG1P(−x), −100)) − RN(y·max(LOG(x), −100))) (torch's clamp at −100),
+    times RN(w·loss) with a weight; mean / sum exact with one rounding."""
+    x, y, w = a["self"], a["target"], a.get("weight")
+    _need_carbon_dtype("binary_cross_entropy", x, y, w)
+    log_x = aten.clamp_min(carbon_ops.log(x), -100)
+    log_1mx = aten.clamp_min(carbon_ops.log1p(aten.neg(x)), -100)
+    loss = aten.sub(aten.mul(aten.sub(y, 1), log_1mx), aten.mul(y, log_x))
+    if w is not None:
+        loss = aten.mul(w, loss)
+    return _reduce_loss(loss, a.get("reduction", 1))
+
+
+def _bce_backward(a: dict) -> Tensor:
+    """RN(RN(g·RN(x − y)) / max(RN(RN(1 − x)·x), 10⁻¹²)), times RN(·w) with a weight, and for mean
+    RN(· / numel) (torch's order)."""
+    g, x, y, w, reduction = a["grad_output"], a["self"], a["target"], a.get("weight"), a.get("reduction", 1)
+    denominator = aten.clamp_min(aten.mul(aten.rsub(x, 1), x), 1e-12)
+    d = aten.div.Tensor(aten.mul(g, aten.sub(x, y)), denominator)
+    if w is not None:
+        d = aten.mul(d, w)
+    if reduction == 1:
+        d = true_divide(d, torch.full((), float(x.numel()), dtype=_opmath(d), device=d.device))
+    return d.to(x.dtype)
 
 
 def _mse_loss(a: dict) -> Tensor:
@@ -448,6 +502,46 @@ def _norm_over_dims(x: Tensor, dims: List[int], keepdim: bool) -> Tensor:
         for d in sorted(dims):
             r = r.unsqueeze(d)
     return r
+
+
+def _norm(a: dict) -> Tensor:
+    """aten.norm (torch.norm, weight_norm's norm_except_dim): the vector-norm route with p = 2 or inf."""
+    p = a.get("p")
+    dim = a.get("dim")
+    return _vector_norm({"self": a["self"], "ord": 2 if p is None else p, "dim": list(dim) if dim is not None else None,
+                         "keepdim": a.get("keepdim", False), "dtype": a.get("dtype")})
+
+
+def _weight_norm_slices(t: Tensor, dim: int) -> Tensor:
+    """Rows [S, K]: one per index of ``dim`` (every element in one row when dim = −1, torch's 'whole tensor')."""
+    if dim == -1:
+        return t.reshape([1, -1])
+    return aten.movedim(t, dim, 0).reshape([t.shape[dim], -1])
+
+
+def _slice_shape(v: Tensor, dim: int) -> List[int]:
+    return [1] * v.dim() if dim == -1 else [v.shape[d] if d == dim else 1 for d in range(v.dim())]
+
+
+def _weight_norm(a: dict) -> tuple:
+    """weight_norm: norms = RN(√RN(exact Σ v² over each slice)) (the vector-norm route), w = RN(v·RN(g / norms))."""
+    v, g, dim = a["v"], a["g"], a.get("dim", 0)
+    _need_carbon_dtype("_weight_norm_interface", v, g)
+    rows = _weight_norm_slices(v, dim)
+    norms = _norm_over_dims(rows, [1], False).reshape(_slice_shape(v, dim))
+    return aten.mul(v, aten.div.Tensor(g, norms)), norms
+
+
+def _weight_norm_backward(a: dict) -> tuple:
+    """torch's formula with exact slice sums: grad_g = RN(RN(exact Σ grad_w·v) / norms),
+    grad_v = RN(RN(g / norms)·RN(grad_w − RN(v·RN(grad_g / norms))))."""
+    gw, v, g, norms, dim = a["grad_w"], a["saved_v"], a["saved_g"], a["saved_norms"], a.get("dim", 0)
+    shape = _slice_shape(v, dim)
+    gw_rows, v_rows = _weight_norm_slices(gw, dim), _weight_norm_slices(v, dim)
+    dots = carbon_ops.bmm(gw_rows.unsqueeze(1).contiguous(), v_rows.unsqueeze(2).contiguous(), None)  # exact dots
+    grad_g = aten.div.Tensor(dots.reshape(shape), norms)
+    grad_v = aten.mul(aten.div.Tensor(g, norms), aten.sub(gw, aten.mul(v, aten.div.Tensor(grad_g, norms))))
+    return grad_v, grad_g.to(g.dtype)
 
 
 def _foreach_norm(a: dict) -> List[Tensor]:
@@ -775,6 +869,80 @@ def _avg_pool2d_backward(a: dict) -> Tensor:
     return out if x.dim() == 4 else out.squeeze(0)
 
 
+def _interpolation_matrix(size_in: int, size_out: int, align_corners: bool, scale: Optional[float],
+                          device: torch.device) -> Tensor:
+    """[size_out, size_in] float32 weights of linear interpolation along one dimension, torch's rule in
+    binary64: scale = (in − 1)/(out − 1) with align_corners, else 1/scale_factor if given, else in/out;
+    src = scale·dst (align_corners) or max(scale·(dst + 0.5) − 0.5, 0); i0 = ⌊src⌋, i1 = min(i0 + 1, in − 1),
+    λ1 = src − i0, λ0 = 1 − λ1; each entry RN32 of its binary64 weight (λ0 + λ1 where i0 = i1)."""
+    if align_corners:
+        step = (size_in - 1) / (size_out - 1) if size_out > 1 else 0.0
+    else:
+        step = 1.0 / scale if scale is not None and scale > 0 else size_in / size_out
+    rows = [[0.0] * size_in for _ in range(size_out)]
+    for dst in range(size_out):
+        src = step * dst if align_corners else max(step * (dst + 0.5) - 0.5, 0.0)
+        i0 = min(int(math.floor(src)), size_in - 1)
+        i1 = min(i0 + 1, size_in - 1)
+        lam1 = src - i0
+        rows[dst][i0] += 1.0 - lam1
+        rows[dst][i1] += lam1
+    return torch.tensor(rows, dtype=torch.float64).to(device=device, dtype=torch.float32)
+
+
+def _linear_upsample_args(a: dict, spatial: int, in_sizes: List[int]) -> tuple:
+    out_sizes = a.get("output_size")
+    factors = a.get("scale_factors")
+    if factors is None:
+        keys = {1: ["scales"], 2: ["scales_h", "scales_w"], 3: ["scales_d", "scales_h", "scales_w"]}[spatial]
+        factors = [a.get(k) for k in keys]
+    if not out_sizes:
+        out_sizes = [int(math.floor(i * f)) for i, f in zip(in_sizes, factors)]
+    return list(out_sizes), list(factors), bool(a["align_corners"])
+
+
+def _along(t: Tensor, dim: int, matrix: Tensor, out_dtype: torch.dtype) -> Tensor:
+    """RN(exact Σ_k matrix[j, k] · t[..., k, ...]) along ``dim``: one carbon.mm."""
+    moved = aten.movedim(t, dim, -1)
+    lead = list(moved.shape[:-1])
+    rows = moved.reshape([-1, moved.shape[-1]])
+    out = carbon_ops.mm(rows, aten.t(matrix), out_dtype)
+    return aten.movedim(out.reshape(lead + [matrix.shape[0]]), -1, dim)
+
+
+def _upsample_linear(spatial: int) -> Callable[[dict], Tensor]:
+    """linear / bilinear / trilinear upsampling as separable exact products: along each spatial dimension
+    from the last, RN(exact Σ of interpolation weight · value) (two terms; carbon.mm with the float32
+    interpolation matrix); float32 between the passes, the input's dtype after the last."""
+    def handler(a: dict) -> Tensor:
+        x = a["input"] if "input" in a else a["self"]
+        _need_carbon_dtype("upsample", x)
+        in_sizes = list(x.shape[-spatial:])
+        out_sizes, factors, align = _linear_upsample_args(a, spatial, in_sizes)
+        t = x
+        for k in reversed(range(spatial)):
+            dim = x.dim() - spatial + k
+            matrix = _interpolation_matrix(in_sizes[k], out_sizes[k], align, factors[k], x.device)
+            t = _along(t, dim, matrix, x.dtype if k == 0 else torch.float32)
+        return t.contiguous()
+    return handler
+
+
+def _upsample_linear_backward(spatial: int) -> Callable[[dict], Tensor]:
+    """The transposed products: along each spatial dimension from the last, RN(exact Σ_j weight[j, k] · g_j)."""
+    def handler(a: dict) -> Tensor:
+        g = a["grad_output"]
+        in_sizes = list(a["input_size"])[-spatial:]
+        out_sizes, factors, align = _linear_upsample_args(a, spatial, in_sizes)
+        t = g
+        for k in reversed(range(spatial)):
+            dim = g.dim() - spatial + k
+            matrix = _interpolation_matrix(in_sizes[k], out_sizes[k], align, factors[k], g.device)
+            t = _along(t, dim, aten.t(matrix), g.dtype if k == 0 else torch.float32)
+        return t.contiguous()
+    return handler
+
+
 def _upsample_nearest_backward(a: dict) -> Tensor:
     """Integer scale factors: each input's gradient is the exact sum of its block of outputs, rounded
     once (carbon.sum). Other factors raise."""
@@ -788,6 +956,28 @@ def _upsample_nearest_backward(a: dict) -> Tensor:
     for o, i in zip(out_size, in_size[2:]):
         shape += [i, o // i]
     return carbon_ops.sum(g.reshape(shape), [3 + 2 * k for k in range(d)], False, None)
+
+
+def _linspace(a: dict) -> Any:
+    """torch's two-sided formula in binary64, rounded once to the dtype: step = (end − start) / (steps − 1),
+    v_i = start + step·i for i < steps / 2, else end − step·(steps − 1 − i). (torch computes it in float32,
+    and CUDA may contract it into an fma.)"""
+    start, end, steps = a["start"], a["end"], a["steps"]
+    dtype = a.get("dtype") or torch.get_default_dtype()
+    if isinstance(start, Tensor) or isinstance(end, Tensor):
+        raise NotCovered("linspace with tensor bounds")
+    if not dtype.is_floating_point:
+        return PASS
+    if dtype not in _CARBON_DTYPES:
+        raise NotCovered(f"linspace in {dtype}")
+    device = a.get("device") or torch.device("cpu")
+    if steps <= 1:
+        return torch.full([steps], float(start), dtype=dtype, device=device)
+    step = (float(end) - float(start)) / (steps - 1)
+    i = aten.arange(steps, dtype=torch.float64, device=device)
+    low = aten.add(aten.mul(i, step), float(start))
+    high = aten.rsub(aten.mul(aten.rsub(i, steps - 1), step), float(end))
+    return aten.where(aten.lt(i, steps // 2), low, high).to(dtype)
 
 
 # ---- indexed accumulation ---------------------------------------------------------------------------------------
@@ -862,14 +1052,42 @@ def _adaptive_avg_pool2d_backward(a: dict) -> Tensor:
 
 
 def _index_put(a: dict) -> Any:
-    x, indices, values = a["self"], a["indices"], a["values"]
+    """x[indices] += values with accumulate=True (the backward of advanced indexing): every destination
+    element gets RN(x + exact Σ of its values), duplicates included (carbon.index_add over the indexed
+    dimensions flattened into one). Integer index tensors, broadcast together, on adjacent dimensions
+    (torch's rule for where the broadcast dimensions go then keeps them in place); boolean masks are
+    first turned into integer indices as torch does."""
+    x, indices, values = a["self"], list(a["indices"]), a["values"]
     if not a.get("accumulate", False) or not x.is_floating_point():
         return PASS
-    index = indices[0] if len(indices) == 1 else None
-    if index is None or index.dim() != 1 or index.dtype not in (torch.int64, torch.int32):
-        raise NotCovered("index_put with accumulate=True other than rows of dim 0 picked by one 1-D integer index")
-    index = aten.where(aten.lt(index, 0), aten.add(index, x.shape[0]), index)  # torch's negative indices
-    return carbon_ops.index_add(x, 0, index, values.expand((index.shape[0], *x.shape[1:])))
+    expanded: List[Optional[Tensor]] = []
+    for i in indices:
+        if i is not None and i.dtype == torch.bool:  # a mask over len(i.shape) dims: its nonzero coordinates
+            expanded.extend(aten.nonzero(i).unbind(1))
+        else:
+            expanded.append(i)
+    expanded += [None] * (x.dim() - len(expanded))
+    used = [d for d, i in enumerate(expanded) if i is not None]
+    if not used or used != list(range(used[0], used[-1] + 1)):
+        raise NotCovered("index_put with accumulate=True on non-adjacent indexed dimensions")
+    if any(expanded[d].dtype not in (torch.int64, torch.int32) for d in used):
+        raise NotCovered("index_put with accumulate=True and a non-integer index")
+    first, k = used[0], len(used)
+    sizes = [x.shape[d] for d in used]
+    idx = aten.broadcast_tensors([expanded[d] for d in used])
+    flat = None
+    for d, (ix, size) in enumerate(zip(idx, sizes)):
+        ix = aten.where(aten.lt(ix, 0), aten.add(ix, size), ix).to(torch.int64)  # torch's negative indices
+        flat = ix if flat is None else aten.add(aten.mul(flat, size), ix)
+    bshape = list(idx[0].shape)
+    rest_before, rest_after = list(x.shape[:first]), list(x.shape[first + k:])
+    target = aten.movedim(x, list(range(first, first + k)), list(range(k))).reshape([-1] + rest_before + rest_after)
+    vals = values.expand(rest_before + bshape + rest_after)
+    vals = aten.movedim(vals, list(range(first, first + len(bshape))), list(range(len(bshape))))
+    vals = vals.reshape([-1] + rest_before + rest_after)
+    out = carbon_ops.index_add(target.contiguous(), 0, flat.reshape([-1]), vals.contiguous())
+    out = out.reshape(sizes + rest_before + rest_after)
+    return aten.movedim(out, list(range(k)), list(range(first, first + k))).contiguous()
 
 
 def _embedding_backward(a: dict) -> Tensor:
@@ -1062,7 +1280,8 @@ ROUTES: Dict[str, Callable] = {
     "mm": _mm, "bmm": _bmm, "addmm": _addmm, "baddbmm": _baddbmm, "mv": _mv, "dot": _dot,
     "convolution": _convolution, "convolution_backward": _convolution_backward,
     # reductions
-    "sum": _sum, "mean": _mean, "linalg_vector_norm": _vector_norm, "_foreach_norm": _foreach_norm,
+    "sum": _sum, "mean": _mean, "linalg_vector_norm": _vector_norm, "norm": _norm,
+    "_weight_norm_interface": _weight_norm, "_weight_norm_interface_backward": _weight_norm_backward, "_foreach_norm": _foreach_norm,
     # normalization, softmax, losses
     "native_layer_norm": _layer_norm, "native_layer_norm_backward": _layer_norm_backward,
     "_fused_rms_norm": _rms_norm, "_fused_rms_norm_backward": _rms_norm_backward,
@@ -1074,6 +1293,8 @@ ROUTES: Dict[str, Callable] = {
     "nll_loss_forward": _nll_loss_forward, "nll_loss_backward": _nll_loss_backward,
     "nll_loss2d_forward": _nll_loss2d(_nll_loss_forward), "nll_loss2d_backward": _nll_loss2d(_nll_loss_backward),
     "mse_loss": _mse_loss, "mse_loss_backward": _mse_loss_backward,
+    "binary_cross_entropy_with_logits": _bce_with_logits, "binary_cross_entropy": _bce,
+    "binary_cross_entropy_backward": _bce_backward,
     "cumsum": _cumsum, "cumprod": _cumprod, "prod": _prod, "var": _var, "std": _std, "var_mean": _var_mean, "std_mean": _std_mean,
     # elementwise
     "exp": _unary("exp", carbon_ops.exp), "log": _unary("log", carbon_ops.log),
@@ -1095,11 +1316,16 @@ ROUTES: Dict[str, Callable] = {
     "_adaptive_avg_pool2d": _adaptive_avg_pool2d, "_adaptive_avg_pool2d_backward": _adaptive_avg_pool2d_backward,
     "avg_pool2d": _avg_pool2d, "avg_pool2d_backward": _avg_pool2d_backward,
     **{f"upsample_nearest{d}d_backward": _upsample_nearest_backward for d in (1, 2, 3)},
+    "upsample_linear1d": _upsample_linear(1), "upsample_bilinear2d": _upsample_linear(2),
+    "upsample_trilinear3d": _upsample_linear(3), "upsample_linear1d_backward": _upsample_linear_backward(1),
+    "upsample_bilinear2d_backward": _upsample_linear_backward(2),
+    "upsample_trilinear3d_backward": _upsample_linear_backward(3),
     # piecewise activations
     "hardsigmoid": _hardsigmoid, "hardsigmoid_backward": _hardsigmoid_backward, "hardswish": _hardswish,
     "hardswish_backward": _hardswish_backward, "mish": _mish, "mish_backward": _mish_backward, "glu": _glu,
     "glu_backward": _glu_backward,
     # randomness (carbon.Generator)
+    "linspace": _linspace,
     "rand": _rand, "randn": _randn, "randint": _randint, "randperm": _randperm, "uniform": _uniform_,
     "normal": _normal_, "random": _random_, "bernoulli": _bernoulli, "multinomial": _multinomial,
     "native_dropout": _native_dropout, "native_dropout_backward": _native_dropout_backward,
