@@ -169,8 +169,9 @@ def _setup_attention_logits(ctx: Any, inputs: tuple, output: Tensor) -> None:
 
 
 def _attention_logits_backward(ctx: Any, grad: Tensor) -> tuple:
-    # d/ds of RN32(s * scale + m) is the same step without the mask: RN32(dz * scale).
-    return torch.ops.carbon.attention_logits(grad.float(), ctx.scale, None, False), None, None, None
+    # d/ds of RN32(s * scale + m) is the same step without the mask: RN32(dz * scale); d/dm is dz itself.
+    grad_mask = grad if _needs(ctx, 2) else None
+    return torch.ops.carbon.attention_logits(grad.float(), ctx.scale, None, False), None, grad_mask, None
 
 
 torch.library.register_autograd(

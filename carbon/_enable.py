@@ -188,12 +188,10 @@ def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-
 
 
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    # A learned mask (T5's relative position bias) needs its gradient, which carbon's fused op does not
-    # give: torch's math decomposition then runs, op by op, on routed ops (its matmuls, softmax, dropout).
-    mask_grad = isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad and torch.is_grad_enabled()
-    # Grouped or broadcast key/value heads (GQA, Falcon's multi-query attention) likewise.
+    # Grouped or broadcast key/value heads (GQA, Falcon's multi-query attention): torch's math decomposition
+    # runs instead, op by op, on routed ops (its matmuls, softmax and dropout).
     shared_heads = key.shape[:-2] != query.shape[:-2] or value.shape[:-2] != query.shape[:-2]
-    if enable_gqa or mask_grad or shared_heads or query.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+    if enable_gqa or shared_heads or query.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return None
     return carbon.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
 

@@ -21,7 +21,7 @@ __all__ = ["ALLOWED", "PER_TENSOR", "why_not_exact"]
 # Python/CPU scalar in mul is rounded to the tensor's compute type first, the
 # same on every device.
 PER_TENSOR = frozenset({
-    "neg", "abs", "mul", "sqrt", "maximum", "minimum", "fmax", "fmin", "clamp", "clamp_min", "clamp_max",
+    "neg", "abs", "mul", "maximum", "minimum", "fmax", "fmin", "clamp", "clamp_min", "clamp_max",
     "relu", "threshold", "threshold_backward", "hardtanh", "hardtanh_backward", "leaky_relu",
     "_prelu_kernel", "_prelu_kernel_backward",
     "leaky_relu_backward", "sign", "sgn", "signbit", "floor", "ceil", "trunc", "round", "fmod", "copysign",

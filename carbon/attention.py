@@ -14,7 +14,7 @@ batch size and thread count. docs/contract.md §9 states the definition.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
@@ -32,12 +32,33 @@ def _additive_mask(mask: Tensor, shape: tuple, batch: int) -> Tensor:
     if mask.dtype == torch.bool:
         mask = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill(~mask, -math.inf)
     try:
-        full = mask.expand(shape)
+        mask.expand(shape)
     except RuntimeError:
         raise ValueError(
             f"carbon.scaled_dot_product_attention: attn_mask of shape {tuple(mask.shape)} does not broadcast to {shape}"
         ) from None
-    return full.reshape(batch, shape[-2], shape[-1])
+    return _BroadcastMask.apply(mask, shape, batch)
+
+
+class _BroadcastMask(torch.autograd.Function):
+    """mask.expand(shape) viewed as [batch, L, S]. Its gradient (for a learned
+    mask, e.g. T5's relative position bias) sums the logits' gradient over the
+    broadcast dimensions exactly, with one rounding to the mask's dtype
+    (carbon.sum), where autograd's expand would add in float32."""
+
+    @staticmethod
+    def forward(ctx: Any, mask: Tensor, shape: tuple, batch: int) -> Tensor:
+        ctx.mask_shape, ctx.dtype, ctx.full = tuple(mask.shape), mask.dtype, tuple(shape)
+        return mask.expand(shape).reshape(batch, shape[-2], shape[-1])
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor):
+        full = grad.reshape(ctx.full)
+        lead = len(ctx.full) - len(ctx.mask_shape)
+        dims = list(range(lead)) + [lead + i for i, n in enumerate(ctx.mask_shape) if n == 1 and ctx.full[lead + i] != 1]
+        if not dims:
+            return full.to(ctx.dtype), None, None
+        return torch.ops.carbon.sum(full, dims, False, ctx.dtype).reshape(ctx.mask_shape), None, None
 
 
 # Query rows per block of _CausalScores (a module attribute so that tests can
@@ -101,7 +122,8 @@ def scaled_dot_product_attention(
     float32 whatever the input dtype; the output has query's dtype. A fully
     masked row gives zeros (not NaN). dropout_p > 0 applies carbon.dropout
     to the probabilities (one draw of carbon.default_generator, as torch
-    uses its default generator); attn_mask gradients are not supported."""
+    uses its default generator). A float attn_mask that requires grad gets
+    the logits' gradient, summed exactly over its broadcast dimensions."""
     op = "carbon.scaled_dot_product_attention"
     if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"{op}: dropout_p must be in [0, 1], got {dropout_p}")
@@ -124,8 +146,6 @@ def scaled_dot_product_attention(
         raise ValueError(f"{op}: expected all tensors on one device, got {query.device}, {key.device}, {value.device}")
     if is_causal and attn_mask is not None:
         raise ValueError(f"{op}: pass either attn_mask or is_causal, not both")
-    if attn_mask is not None and attn_mask.requires_grad:
-        raise NotImplementedError(f"{op}: gradients with respect to attn_mask are not supported")
     batch = math.prod(lead)
     q3, k3, v3 = query.reshape(batch, L, E), key.reshape(batch, S, E), value.reshape(batch, S, -1)
     if is_causal and q3.device.type == "cpu" and L > _CAUSAL_CHUNK:

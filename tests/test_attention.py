@@ -122,6 +122,24 @@ def test_gradients_match_definition(dtype):
         assert_bits_equal(g, as_bits(e), f"d{name}", dtype=dtype)
 
 
+def test_learned_mask_gradient_is_the_exact_sum_of_the_logit_gradients():
+    """A float attn_mask broadcast over batch and heads (T5's position bias) gets dz, the logits'
+    gradient, summed exactly over the broadcast dimensions with one rounding."""
+    from oracle import row_quotient_bits, bits_tensor
+
+    q, k, v = _qkv((2, 2, 5, 3), seed=9)
+    mask = torch.randn(5, 5, generator=generator(10))
+    grad_out = torch.randn(2, 2, 5, 3, generator=generator(11))
+    leaf = mask.clone().requires_grad_()
+    out = carbon.scaled_dot_product_attention(q, k, v, attn_mask=leaf)
+    out.backward(grad_out)
+    _, (q3, k3, v3, p, sigma) = reference_attention(q, k, v, mask=mask)
+    dp = _from_bits(bmm_bits(grad_out.reshape(4, 5, 3), v3.transpose(1, 2), out_dtype=torch.float32), torch.float32)
+    dz = _from_bits(softmax_backward_bits(dp, p, -1, torch.float32), torch.float32).double().tolist()
+    want = [row_quotient_bits([dz[b][i][j] for b in range(4)], 1, torch.float32) for i in range(5) for j in range(5)]
+    assert_bits_equal(leaf.grad, bits_tensor(want, torch.float32).reshape(5, 5), "mask gradient")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("L,S", [(11, 11), (9, 13), (13, 6)])
 def test_causal_scores_in_blocks_of_queries(monkeypatch, dtype, L, S):
