@@ -187,6 +187,22 @@ def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-
     return carbon.cross_entropy(input, target, reduction, ignore_index, label_smoothing)
 
 
+def _linear(input, weight, bias=None):
+    """F.linear as carbon.linear for every input layout: torch decomposes it into addmm (bias inside the
+    one rounding) for 2-d and contiguous 3-d inputs but into matmul + add (two roundings) otherwise, so
+    the same rows would get other bits in another layout. Under autocast, torch's casts apply: fall through."""
+    dtypes = {t.dtype for t in (input, weight, bias) if t is not None}
+    if len(dtypes) != 1 or input.dtype not in (torch.float32, torch.bfloat16, torch.float16) or weight.dim() != 2:
+        return None
+    try:
+        if torch.is_autocast_enabled(input.device.type):
+            return None
+    except TypeError:  # older torch: no device_type argument
+        if torch.is_autocast_enabled():
+            return None
+    return carbon.linear(input, weight, bias)
+
+
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     # Grouped or broadcast key/value heads (GQA, Falcon's multi-query attention): torch's math decomposition
     # runs instead, op by op, on routed ops (its matmuls, softmax and dropout).
@@ -209,6 +225,7 @@ def _dropout(input, p=0.5, training=True, inplace=False):
 
 
 _FUNCTIONS: Dict[Callable, Callable] = {
+    F.linear: _linear,
     F.cross_entropy: _cross_entropy,
     F.batch_norm: _enable_norms.batch_norm,
     F.group_norm: _enable_norms.group_norm,
@@ -347,6 +364,10 @@ def _switch_settings() -> List[Tuple[Callable[[], Any], Callable[[Any], None], A
                 (cuda.math_sdp_enabled, cuda.enable_math_sdp, True)]
     if hasattr(cuda, "cudnn_sdp_enabled"):
         settings.append((cuda.cudnn_sdp_enabled, cuda.enable_cudnn_sdp, False))
+    # oneDNN's CPU LSTM / GRU kernels (mkldnn_rnn_layer): without them, nn.LSTM and nn.GRU decompose into
+    # matmuls, sigmoid and tanh, all routed. Every other op oneDNN would run is routed before it is chosen.
+    if hasattr(torch._C, "_get_mkldnn_enabled"):
+        settings.append((torch._C._get_mkldnn_enabled, torch._C._set_mkldnn_enabled, False))
     mha = getattr(torch.backends, "mha", None)
     if mha is not None and hasattr(mha, "set_fastpath_enabled"):
         settings.append((mha.get_fastpath_enabled, mha.set_fastpath_enabled, False))

@@ -41,7 +41,10 @@ ALLOWED = PER_TENSOR | frozenset({
     "flip", "roll", "repeat", "repeat_interleave", "constant_pad_nd", "index_fill", "take", "nonzero",
     "sort", "argsort", "topk", "unique", "_unique2", "unique_consecutive", "tile", "split_with_sizes_copy",
     "unbind_copy", "narrow_copy", "tril_indices", "triu_indices", "select_backward", "slice_backward",
-    "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
+    "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "unsafe_split", "unsafe_split_with_sizes",
+    "unsafe_chunk", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "native_channel_shuffle", "diagonal_copy",
+    "reflection_pad1d", "reflection_pad2d", "reflection_pad3d", "replication_pad1d", "replication_pad2d",
+    "replication_pad3d",
     "diagonal_backward", "expand_copy", "permute_copy", "t_copy", "transpose_copy", "view_copy",
     # comparisons and logic
     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "logical_xor", "isnan",
@@ -55,6 +58,8 @@ ALLOWED = PER_TENSOR | frozenset({
     "sym_storage_offset", "record_stream", "_foreach_zero", "_foreach_copy", "_foreach_neg", "_foreach_abs",
     "_foreach_maximum", "_foreach_minimum", "_foreach_clamp_min", "_foreach_clamp_max", "_foreach_sign",
     "_has_compatible_shallow_copy_type", "as_strided",
+    # in-place metadata changes (their out-of-place forms are views)
+    "transpose", "t", "squeeze", "unsqueeze", "swapaxes", "swapdims",
     # mixed precision: g * inv_scale (one rounding) and a non-finite check; scale * factor
     "_amp_foreach_non_finite_check_and_unscale", "_amp_update_scale", "_nested_tensor_from_mask_left_aligned", "detach", "alias",
 })

@@ -262,6 +262,142 @@ def _bce_backward(a: dict) -> Tensor:
     return d.to(x.dtype)
 
 
+def _logsumexp(a: dict) -> Tensor:
+    """Like log_softmax's row sum (§8): m = max, S = RN32(exact Σ EXP(RN32(x − m))), result
+    RN(LOG(S) + m) (m taken as 0 when it is ±∞, so that an all −∞ row gives −∞ and +∞ gives +∞). Its
+    gradient is autograd's g·EXP(x − result) on routed ops."""
+    x, dims, keepdim = a["self"], list(a["dim"]), a.get("keepdim", False)
+    _need_carbon_dtype("logsumexp", x)
+    if x.dim() == 0 or not dims:
+        dims = list(range(x.dim()))
+    m = aten.amax(x, dims, True)
+    m = aten.where(aten.isfinite(m), m, 0.0).to(x.dtype)
+    e = carbon_ops.exp(aten.sub(x, m).to(torch.float32))
+    total = carbon_ops.sum(e, dims, True, torch.float32)
+    r = aten.add(carbon_ops.log(total), m.to(torch.float32)).to(x.dtype)
+    return r if keepdim else aten.squeeze(r, dims)
+
+
+def _xlogy(a: dict) -> Tensor:
+    """x·log(y) as RN(x·LOG(y)) (carbon's log), 0 where x = 0 and y is not NaN (torch's rule)."""
+    x, y = a["self"], a["other"]
+    x_t = x if isinstance(x, Tensor) else torch.full((), float(x), device=y.device)
+    y_t = y if isinstance(y, Tensor) else torch.full((), float(y), device=x_t.device)
+    dtype = torch.result_type(x, y)
+    if not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    x_t, y_t = x_t.to(dtype), y_t.to(dtype)
+    _need_carbon_dtype("xlogy", x_t, y_t)
+    product = aten.mul(x_t, carbon_ops.log(y_t))
+    return aten.where(aten.logical_and(aten.eq(x_t, 0), aten.logical_not(aten.isnan(y_t))), 0.0, product).to(dtype)
+
+
+def _smooth_l1(huber: bool) -> Callable[[dict], Tensor]:
+    """d = RN(x − y); |d| < β: RN(RN(RN(d·d)·0.5) / β) (smooth L1) or RN(RN(d·d)·0.5) (Huber, δ = β);
+    else RN(|d| − RN(0.5·β)), times δ for Huber: RN(δ·RN(|d| − RN(0.5·δ))); mean / sum exact."""
+    name = "huber_loss" if huber else "smooth_l1_loss"
+
+    def handler(a: dict) -> Tensor:
+        x, y, reduction = a["self"], a["target"], a.get("reduction", 1)
+        beta = float(a.get("delta", 1.0) if huber else a.get("beta", 1.0))
+        _need_carbon_dtype(name, x, y)
+        d = aten.sub(x, y)
+        ad = aten.abs(d)
+        square = aten.mul(aten.mul(d, d), 0.5)
+        if huber:
+            small, large = square, aten.mul(aten.sub(ad, 0.5 * beta), beta)
+        else:
+            if beta == 0.0:
+                return _reduce_loss(ad, reduction)
+            small, large = aten.div.Tensor(square, _scalar_like(square, beta).to(square.dtype)), aten.sub(ad, 0.5 * beta)
+        return _reduce_loss(aten.where(aten.lt(ad, beta), small, large).to(x.dtype), reduction)
+    return handler
+
+
+def _smooth_l1_backward(huber: bool) -> Callable[[dict], Tensor]:
+    """g·RN(d / β) where |d| < β else g·sign(d) (smooth L1); g·d, else g·RN(δ·sign(d)) (Huber); mean:
+    g first divided by numel, RN(g / n) (torch's order)."""
+    def handler(a: dict) -> Tensor:
+        g, x, y, reduction = a["grad_output"], a["self"], a["target"], a.get("reduction", 1)
+        beta = float(a.get("delta", 1.0) if huber else a.get("beta", 1.0))
+        if reduction == 1:
+            g = true_divide(g, _scalar_like(g, float(x.numel())).to(_opmath(g))).to(g.dtype)
+        d = aten.sub(x, y)
+        ad = aten.abs(d)
+        if huber:
+            inner, outer = d, aten.mul(aten.sign(d), beta)
+        else:
+            inner = aten.div.Tensor(d, _scalar_like(d, beta).to(d.dtype)) if beta != 0.0 else aten.sign(d)
+            outer = aten.sign(d)
+        return aten.mul(aten.where(aten.lt(ad, beta), inner, outer).to(x.dtype), g.expand(x.shape) if reduction else g)
+    return handler
+
+
+def _logit(a: dict) -> Tensor:
+    """RN(LOG(RN(z / RN(1 − z)))) with z = clamp(x, eps, 1 − eps) when eps is given (carbon's log)."""
+    x, eps = a["self"], a.get("eps")
+    _need_carbon_dtype("logit", x)
+    z = x if eps is None else aten.clamp(x, eps, 1.0 - eps)
+    return carbon_ops.log(aten.div.Tensor(z, aten.rsub(z, 1)))
+
+
+def _logit_backward(a: dict) -> Tensor:
+    """RN(g / RN(x·RN(1 − x))) inside [eps, 1 − eps] (0 outside when eps is given; NaN outside [0, 1])."""
+    g, x, eps = a["grad_output"], a["self"], a.get("eps")
+    d = aten.div.Tensor(g, aten.mul(x, aten.rsub(x, 1)))
+    if eps is None:
+        return d
+    inside = aten.logical_and(aten.ge(x, eps), aten.le(x, 1.0 - eps))
+    return aten.where(inside, d, 0.0).to(d.dtype)
+
+
+def _nansum(a: dict) -> Tensor:
+    """The exact sum of the non-NaN values (NaN read as +0), one rounding (carbon.sum)."""
+    x = a["self"]
+    _need_carbon_dtype("nansum", x)
+    clean = aten.where(aten.isnan(x), 0.0, x).to(x.dtype)
+    dims = a.get("dim")
+    return carbon_ops.sum(clean, list(dims) if dims else None, a.get("keepdim", False), a.get("dtype"))
+
+
+def _trace(a: dict) -> Tensor:
+    x = a["self"]
+    if not x.is_floating_point():
+        return PASS
+    _need_carbon_dtype("trace", x)
+    return carbon_ops.sum(aten.diagonal(x).contiguous(), None, False, None)
+
+
+def _addmv(a: dict) -> Any:
+    """bias + M·v, the bias inside the single rounding (carbon.addmm) when beta = alpha = 1."""
+    bias, m, v = a["self"], a["mat"], a["vec"]
+    if not _float_mm("addmv", m, v):
+        return PASS
+    _need_carbon_dtype("addmv", bias)
+    col = v.unsqueeze(1)
+    return _add_product(bias, lambda: carbon_ops.mm(m, col).squeeze(1),
+                        lambda: carbon_ops.addmm(bias.unsqueeze(-1) if bias.dim() == 1 else bias, m, col).squeeze(1),
+                        a["beta"], a["alpha"])
+
+
+def _pad_backward(mode: str, spatial: int) -> Callable[[dict], Tensor]:
+    """Reflection / replication padding's backward: each input position receives the exact sum of the
+    gradients of the output positions copied from it, rounded once (carbon.index_add). The map from output
+    to input positions is torch's own forward applied to the positions' numbers."""
+    def handler(a: dict) -> Tensor:
+        g, x, padding = a["grad_output"], a["self"], list(a["padding"])
+        _need_carbon_dtype(f"{mode}_pad{spatial}d_backward", g)
+        plane = list(x.shape[-spatial:])
+        positions = torch.arange(math.prod(plane), dtype=torch.float64, device=g.device).reshape([1, 1] + plane)
+        op = getattr(aten, f"{mode}_pad{spatial}d")
+        source = op(positions, padding).reshape(-1).to(torch.int64)
+        planes = math.prod(x.shape[:-spatial])
+        zeros = aten.zeros([math.prod(plane), planes], dtype=g.dtype, device=g.device)
+        contrib = aten.t(g.reshape([planes, -1])).contiguous()
+        return aten.t(carbon_ops.index_add(zeros, 0, source, contrib)).reshape(x.shape).contiguous()
+    return handler
+
+
 def _mse_loss(a: dict) -> Tensor:
     x, y, reduction = a["self"], a["target"], a["reduction"]
     _need_carbon_dtype("mse_loss", x, y)
@@ -1221,6 +1357,15 @@ def _normal_(a: dict) -> Tensor:
     return _normal_values(list(x.shape), a["mean"], a["std"], x.dtype, x.device)
 
 
+def _exponential_(a: dict) -> Tensor:
+    """RN(−LOG(RN(1 − u)) / λ) from one uniform draw u (k·2⁻²⁴) per element, as multinomial's race."""
+    x, lambd = a["self"], a.get("lambd", 1.0)
+    _need_random_dtype("exponential_", x.dtype)
+    u = _uniform_values(list(x.shape), 0.0, 1.0, torch.float32, x.device)
+    e = aten.neg(carbon_ops.log(aten.rsub(u, 1.0)))
+    return true_divide(e, _scalar_like(e, float(lambd))).to(x.dtype)
+
+
 def _random_(a: dict) -> Tensor:
     x = a["self"]
     low, high = a.get("from", 0), a.get("to")
@@ -1311,7 +1456,11 @@ ROUTES: Dict[str, Callable] = {
     "_log_softmax_backward_data": _softmax_backward(carbon_ops.log_softmax_backward),
     "nll_loss_forward": _nll_loss_forward, "nll_loss_backward": _nll_loss_backward,
     "nll_loss2d_forward": _nll_loss2d(_nll_loss_forward), "nll_loss2d_backward": _nll_loss2d(_nll_loss_backward),
-    "mse_loss": _mse_loss, "mse_loss_backward": _mse_loss_backward,
+    "mse_loss": _mse_loss, "mse_loss_backward": _mse_loss_backward, "logsumexp": _logsumexp, "xlogy": _xlogy,
+    "smooth_l1_loss": _smooth_l1(False), "smooth_l1_loss_backward": _smooth_l1_backward(False),
+    "huber_loss": _smooth_l1(True), "huber_loss_backward": _smooth_l1_backward(True), "nansum": _nansum,
+    "trace": _trace, "addmv": _addmv, "logit": _logit, "logit_backward": _logit_backward,
+    **{f"{m}_pad{d}d_backward": _pad_backward(m, d) for m in ("reflection", "replication") for d in (1, 2, 3)},
     "binary_cross_entropy_with_logits": _bce_with_logits, "binary_cross_entropy": _bce,
     "binary_cross_entropy_backward": _bce_backward,
     "cumsum": _cumsum, "cumprod": _cumprod, "prod": _prod, "var": _var, "std": _std, "var_mean": _var_mean, "std_mean": _std_mean,
@@ -1346,7 +1495,7 @@ ROUTES: Dict[str, Callable] = {
     # randomness (carbon.Generator)
     "linspace": _linspace,
     "rand": _rand, "randn": _randn, "randint": _randint, "randperm": _randperm, "uniform": _uniform_,
-    "normal": _normal_, "random": _random_, "bernoulli": _bernoulli, "multinomial": _multinomial,
+    "normal": _normal_, "random": _random_, "exponential": _exponential_, "bernoulli": _bernoulli, "multinomial": _multinomial,
     "native_dropout": _native_dropout, "native_dropout_backward": _native_dropout_backward,
     # foreach (torch.optim's multi-tensor paths, grad scaling)
     **{f"_foreach_{b}": _foreach(b) for b in ("add", "sub", "mul", "div", "addcmul", "addcdiv", "lerp", "sqrt", "pow",

@@ -208,3 +208,125 @@ def test_attention_outside_the_fused_op_is_thread_and_batch_invariant(kind, rest
         results.append([as_bits(out)] + [as_bits(t.grad) for t in leaves])
         assert torch.equal(as_bits(first), as_bits(out[:1])), "batch invariance"
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def _bits_of(values, dtype=F32):
+    return bits_tensor([round_bits(v, dtype) for v in values], dtype)
+
+
+def test_logsumexp_is_log_of_the_exact_sum_of_exps_plus_the_max():
+    x = _randn(5, 9, seed=20, scale=4.0)
+    x[1, :] = -math.inf  # an all −∞ row stays −∞
+    with carbon.enabled():
+        got = torch.logsumexp(x, -1)
+    want = []
+    for row in x.tolist():
+        m = max(row)
+        if math.isinf(m):
+            want.append(m)
+            continue
+        exps = carbon.exp(torch.tensor([v - m for v in row]))  # RN32(x − m) is exact here (same binade or below)
+        s = bits_to_float(row_quotient_bits(exps.double().tolist(), 1, F32), F32)
+        log_s = carbon.log(torch.tensor([s])).item()
+        want.append(Fraction(log_s) + Fraction(m))
+    assert_bits_equal(got, _bits_of(want), "logsumexp")
+
+
+def test_smooth_l1_and_huber_losses_follow_their_definitions():
+    x, y = _randn(50, seed=21, scale=2.0), _randn(50, seed=22)
+    with carbon.enabled():
+        s_none = F.smooth_l1_loss(x, y, beta=0.5, reduction="none")
+        s_mean = F.smooth_l1_loss(x, y, beta=0.5)
+        h_none = F.huber_loss(x, y, delta=0.7, reduction="none")
+    want_s, want_h = [], []
+    for xv, yv in zip(_values(x), _values(y)):
+        d = rn32(Fraction(xv) - Fraction(yv))
+        half_sq = rn32(rn32(d * d) / 2)
+        want_s.append(rn32(half_sq / Fraction(0.5)) if abs(d) < 0.5 else rn32(abs(d) - Fraction(0.25)))
+        want_h.append(half_sq if abs(d) < 0.7 else rn32(rn32(abs(d) - rn32(0.35)) * rn32(0.7)))
+    assert_bits_equal(s_none, _bits_of(want_s), "smooth_l1 none")
+    assert_bits_equal(h_none, _bits_of(want_h), "huber none")
+    assert as_bits(s_mean).item() & 0xFFFFFFFF == row_quotient_bits([float(v) for v in want_s], 50, F32)
+
+
+def test_xlogy_nansum_trace_and_addmv_are_exact_compositions():
+    x, y = _randn(6, 6, seed=23), _randn(6, 6, seed=24).abs()
+    x[0, 0] = 0.0
+    logs = carbon.log(y)
+    with carbon.enabled():
+        xl = torch.xlogy(x, y)
+        ns = torch.nansum(torch.where(x > 1, float("nan"), x), 1)
+        tr = torch.trace(x)
+        mv = torch.addmv(y[:, 0], x, y[1])
+    want_xl = [0.0 if a == 0 else Fraction(a) * Fraction(b) for a, b in zip(_values(x), _values(logs))]
+    assert_bits_equal(xl, _bits_of(want_xl).reshape(6, 6), "xlogy")
+    want_ns = [row_quotient_bits([v for v in row if v <= 1] or [0.0], 1, F32) for row in x.tolist()]
+    assert_bits_equal(ns, bits_tensor(want_ns, F32), "nansum")
+    assert as_bits(tr).item() & 0xFFFFFFFF == row_quotient_bits([x[i, i].item() for i in range(6)], 1, F32)
+    want_mv = [round_bits(Fraction(y[i, 0].item()) + sum(Fraction(a) * Fraction(b) for a, b in zip(x[i].tolist(), y[1].tolist())), F32)
+               for i in range(6)]
+    assert_bits_equal(mv, bits_tensor(want_mv, F32), "addmv")
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+def test_padding_gradient_sums_each_source_exactly(mode):
+    x = _randn(2, 7, seed=25).requires_grad_()
+    with carbon.enabled():
+        y = F.pad(x.unsqueeze(0), (3, 4), mode=mode)
+    g = _randn(*y.shape, seed=26, scale=1e3) + _randn(*y.shape, seed=27, scale=1e-4)
+    with carbon.enabled():
+        y.backward(g)
+
+    def source(j):  # output position j of a row padded by 3 on the left
+        i = j - 3
+        if mode == "replicate":
+            return min(max(i, 0), 6)
+        i = -i if i < 0 else i
+        return 12 - i if i > 6 else i
+    want = []
+    for r in range(2):
+        terms = {}
+        for j, gv in enumerate(g[0, r].tolist()):
+            terms.setdefault(source(j), []).append(gv)
+        want += [row_quotient_bits(terms[i], 1, F32) for i in range(7)]
+    assert_bits_equal(x.grad, bits_tensor(want, F32).reshape(2, 7), f"{mode} pad gradient")
+
+
+def test_exponential_draws_are_minus_log_of_one_minus_carbons_uniforms():
+    with carbon.enabled(seed=5):
+        e = torch.empty(1000).exponential_(2.5)
+    with carbon.enabled(seed=5):
+        u = torch.rand(1000)  # the same (first) draw of the same seeded generator
+    logs = carbon.log(1.0 - u)  # 1 − u is exact for u = k·2⁻²⁴
+    assert_bits_equal(e, _bits_of([rn32(-Fraction(v)) / Fraction(2.5) for v in _values(logs)]), "exponential_")
+
+
+def test_lstm_and_gru_run_on_routed_ops_with_the_same_bits_at_one_and_two_threads(restore_num_threads):
+    """(Not batch invariant between batch 1 and larger batches: torch's CPU LSTM projects a batch-1
+    input with addmm and a larger one with mm + add, two definitions; see docs/enable.md.)"""
+    seq = _randn(3, 7, 6, seed=28)
+    results = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        with carbon.enabled(seed=0):
+            lstm, gru = torch.nn.LSTM(6, 5, num_layers=2, batch_first=True), torch.nn.GRU(6, 5, batch_first=True)
+            out = lstm(seq)[0] + gru(seq)[0]
+            out.sum().backward()
+            pair = lstm(seq[1:3])[0] + gru(seq[1:3])[0]
+        assert torch.equal(as_bits(pair), as_bits(out[1:3].detach())), "batches of 2 and 3"
+        results.append([as_bits(out.detach())] + [as_bits(p.grad) for p in list(lstm.parameters()) + list(gru.parameters())])
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    assert torch.backends.mkldnn.enabled  # restored by disable()
+
+
+def test_linear_gives_the_same_bits_for_every_input_layout():
+    """torch decomposes F.linear into addmm for contiguous inputs and matmul + add for others."""
+    x, w, b = _randn(4, 5, 8, seed=29), _randn(3, 8, seed=30), _randn(3, seed=31)
+    strided = x.transpose(0, 1).contiguous().transpose(0, 1)  # same values, not contiguous
+    with carbon.enabled():
+        plain, other, four_d = F.linear(x, w, b), F.linear(strided, w, b), F.linear(x.unsqueeze(0), w, b)
+    assert not strided.is_contiguous()
+    assert torch.equal(as_bits(plain), as_bits(other)) and torch.equal(as_bits(plain), as_bits(four_d[0]))
+    want = [round_bits(Fraction(b[n].item()) + sum(Fraction(p) * Fraction(q) for p, q in zip(row, w[n].tolist())), F32)
+            for row in x.reshape(20, 8).tolist() for n in range(3)]
+    assert_bits_equal(plain, bits_tensor(want, F32).reshape(4, 5, 3), "linear")
