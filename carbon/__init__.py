@@ -16,7 +16,7 @@ from carbon.dropout import dropout
 from carbon import nn, optim
 from carbon.checkpoint import load, save
 from carbon.fingerprint import Fingerprint, fingerprint
-from carbon.elementwise import cos, erf, exp, gelu, log, log1p, log_sigmoid, sigmoid, silu, sin, softplus, tanh
+from carbon.elementwise import cos, erf, exp, expm1, gelu, log, log1p, log_sigmoid, sigmoid, silu, sin, softplus, tanh
 from carbon.norm import layer_norm, rms_norm
 from carbon.ops import addmm, baddbmm, bmm, linear, matmul, mm
 from carbon.attention import scaled_dot_product_attention
@@ -32,7 +32,7 @@ from carbon import diff
 __all__ = [
     "mm", "addmm", "bmm", "baddbmm", "linear", "matmul",
     "sum", "mean", "round_to",
-    "exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu", "sin", "cos", "log1p", "softplus", "log_sigmoid",
+    "exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu", "sin", "cos", "log1p", "softplus", "log_sigmoid", "expm1",
     "layer_norm", "rms_norm",
     "softmax", "log_softmax", "cross_entropy",
     "scaled_dot_product_attention",

@@ -199,7 +199,8 @@ def _elementwise_backward_for(name: str) -> Any:
     return backward
 
 
-for _name in ("exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu", "sin", "cos", "log1p", "softplus", "log_sigmoid"):
+for _name in ("exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu", "sin", "cos", "log1p", "softplus", "log_sigmoid",
+              "expm1"):
     torch.library.register_autograd(f"carbon::{_name}", _elementwise_backward_for(_name), setup_context=_setup_elementwise)
 del _name
 # ============================================================================

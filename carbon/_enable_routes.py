@@ -915,6 +915,43 @@ def _six_like(x: Tensor, value: float) -> Tensor:
     return torch.full((), value, dtype=x.dtype, device=x.device)
 
 
+def _f32_scalar(x: Tensor, value: float) -> Tensor:
+    return torch.full((), value, dtype=torch.float32, device=x.device)
+
+
+def _elu(a: dict) -> Tensor:
+    """ELU / SELU (torch's elu with alpha, scale, input_scale), in float32 and rounded once more to a 16-bit
+    dtype: x > 0: RN(x·RN32(scale)); x ≤ 0: RN(c·EXPM1(RN(x·RN32(input_scale)))) with c = RN32(alpha·scale)."""
+    x = a["self"]
+    _need_carbon_dtype("elu", x)
+    alpha, scale, input_scale = float(a.get("alpha", 1.0)), float(a.get("scale", 1.0)), float(a.get("input_scale", 1.0))
+    x32 = x.to(torch.float32)
+    positive = aten.mul(x32, _f32_scalar(x, scale))
+    negative = aten.mul(_f32_scalar(x, alpha * scale), carbon_ops.expm1(aten.mul(x32, _f32_scalar(x, input_scale))))
+    return aten.where(aten.gt(x32, 0), positive, negative).to(x.dtype)
+
+
+def _elu_backward(a: dict) -> Tensor:
+    """x ≤ 0: RN(RN(RN(g·RN32(input_scale))·c)·EXP(RN(x·RN32(input_scale)))), or from the result y (in-place
+    ELU) RN(RN(g·RN32(input_scale))·RN(y + c)); x > 0: RN(g·RN32(scale)) (torch's order, in float32)."""
+    g, y = a["grad_output"], a["self_or_result"]
+    alpha, scale, input_scale = float(a["alpha"]), float(a["scale"]), float(a["input_scale"])
+    g32, y32 = g.to(torch.float32), y.to(torch.float32)
+    c, iscale = _f32_scalar(g, alpha * scale), _f32_scalar(g, input_scale)
+    if a["is_result"]:
+        negative = aten.mul(aten.mul(g32, iscale), aten.add(y32, c))
+    else:
+        negative = aten.mul(aten.mul(aten.mul(g32, iscale), c), carbon_ops.exp(aten.mul(y32, iscale)))
+    positive = aten.mul(g32, _f32_scalar(g, scale))
+    return aten.where(aten.gt(y32, 0), positive, negative).to(g.dtype)
+
+
+def _celu(a: dict) -> Tensor:
+    """CELU(x, α) = elu(x, α, scale 1, input_scale 1/α), torch's definition."""
+    alpha = float(a.get("alpha", 1.0))
+    return _elu({"self": a["self"], "alpha": alpha, "scale": 1.0, "input_scale": 1.0 / alpha})
+
+
 def _hardsigmoid(a: dict) -> Tensor:
     """RN(clamp(RN(x + 3), 0, 6) / 6)."""
     x = a["self"]
@@ -1469,7 +1506,8 @@ ROUTES: Dict[str, Callable] = {
     "tanh": _unary("tanh", carbon_ops.tanh), "sigmoid": _unary("sigmoid", carbon_ops.sigmoid),
     "erf": _unary("erf", carbon_ops.erf), "silu": _unary("silu", carbon_ops.silu),
     "sin": _unary("sin", carbon_ops.sin), "cos": _unary("cos", carbon_ops.cos),
-    "log1p": _unary("log1p", carbon_ops.log1p), "softplus": _softplus, "softplus_backward": _softplus_backward,
+    "log1p": _unary("log1p", carbon_ops.log1p), "expm1": _unary("expm1", carbon_ops.expm1),
+    "elu": _elu, "elu_backward": _elu_backward, "celu": _celu, "softplus": _softplus, "softplus_backward": _softplus_backward,
     "log_sigmoid_forward": _log_sigmoid_forward, "log_sigmoid_backward": _log_sigmoid_backward,
     "gelu": _gelu, "gelu_backward": _gelu_backward, "silu_backward": _silu_backward,
     "tanh_backward": _tanh_backward, "sigmoid_backward": _sigmoid_backward,

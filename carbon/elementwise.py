@@ -1,5 +1,5 @@
 """Carbon's elementwise math: exp, log, tanh, sigmoid, erf, gelu, silu, sin, cos, log1p,
-softplus, log_sigmoid.
+softplus, log_sigmoid, expm1.
 
 Each returns, elementwise and in the input's dtype (float32, bfloat16 or
 float16), ONE rounding (to nearest, ties to even) of an fp64 evaluation of
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu", "sin", "cos", "log1p", "softplus", "log_sigmoid"]
+__all__ = ["exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu", "sin", "cos", "log1p", "softplus", "log_sigmoid", "expm1"]
 
 
 def exp(x: Tensor) -> Tensor:
@@ -76,6 +76,12 @@ def log1p(x: Tensor) -> Tensor:
     """log(1 + x), elementwise, accurate for small x (keeps the sign of zero;
     -inf at -1, NaN below)."""
     return torch.ops.carbon.log1p(x)
+
+
+def expm1(x: Tensor) -> Tensor:
+    """e^x - 1, elementwise, accurate for small x (keeps the sign of zero; -1 at
+    -inf)."""
+    return torch.ops.carbon.expm1(x)
 
 
 def softplus(x: Tensor) -> Tensor:

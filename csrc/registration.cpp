@@ -6,7 +6,7 @@
 
 #include "attention/attention.h"
 #include "convert/round_to.h"
-// ---- elementwise math (exp, log, tanh, sigmoid, erf, gelu, silu, sin, cos, log1p, softplus, log_sigmoid) ----
+// ---- elementwise math (exp, log, tanh, sigmoid, erf, gelu, silu, sin, cos, log1p, softplus, log_sigmoid, expm1) ----
 #include "elementwise/elementwise.h"
 #include "elementwise/pow.h"
 // ---- end elementwise math ----
@@ -65,6 +65,7 @@ TORCH_LIBRARY(carbon, m) {
   m.def("sin(Tensor x) -> Tensor");
   m.def("cos(Tensor x) -> Tensor");
   m.def("log1p(Tensor x) -> Tensor");
+  m.def("expm1(Tensor x) -> Tensor");
   m.def("softplus(Tensor x) -> Tensor");
   m.def("log_sigmoid(Tensor x) -> Tensor");
   m.def("pow_tensor_scalar(Tensor x, float exponent) -> Tensor");
@@ -163,6 +164,7 @@ void bind_kernels(torch::Library& m) {
   m.impl("sin", &carbon::sin_op);
   m.impl("cos", &carbon::cos_op);
   m.impl("log1p", &carbon::log1p_op);
+  m.impl("expm1", &carbon::expm1_op);
   m.impl("softplus", &carbon::softplus_op);
   m.impl("log_sigmoid", &carbon::log_sigmoid_op);
   m.impl("pow_tensor_scalar", &carbon::pow_tensor_scalar);

@@ -69,7 +69,7 @@ const LD kA = 0.044715L;
 
 Ref reference(int id, float xf) {
   enum { EXP, LOG, TANH, SIG, ERF, GELU, GELUT, SILU, EXPG, LOGG, TANHG, SIGG, ERFG, GELUG, GELUTG, SILUG, SIN, COS, SING, COSG,
-         LOG1P, SOFTPLUS, LOGSIG, LOG1PG, SOFTPLUSG, LOGSIGG };
+         LOG1P, SOFTPLUS, LOGSIG, LOG1PG, SOFTPLUSG, LOGSIGG, EXPM1, EXPM1G };
   const LD x = xf;
   if (id == EXP) return exact(expl(x));
   if (id == LOG) return exact(logl(x));
@@ -95,6 +95,8 @@ Ref reference(int id, float xf) {
     return exact(id == SOFTPLUS ? v : -v);
   }
   if (id == LOG1PG) return x < -1 ? Ref{NAN, 0} : exact(1 / (1 + x), 0x1p-63L);
+  if (id == EXPM1) return exact(expm1l(x));
+  if (id == EXPM1G) return exact(expl(x));
   if (id == SOFTPLUSG) return sigmoidL(x);
   if (id == LOGSIGG) return sigmoidL(-x);
   // gelu, gelu_tanh, silu for 0 < |x| < 2^-60: x/2 + c x^2 + ..., c > 0, where
@@ -180,14 +182,17 @@ double core(int id, double x) {
     case 22: return log_sigmoid_core(x);
     case 23: return log1p_grad_core(x);
     case 24: return softplus_grad_core(x);
-    default: return log_sigmoid_grad_core(x);
+    case 25: return log_sigmoid_grad_core(x);
+    case 26: return expm1_core(x);
+    default: return expm1_grad_core(x);
   }
 }
 const char* kNames[] = {"exp",      "log",      "tanh",      "sigmoid",      "erf",      "gelu",      "gelu_tanh",      "silu",
                         "exp_grad", "log_grad", "tanh_grad", "sigmoid_grad", "erf_grad", "gelu_grad", "gelu_tanh_grad", "silu_grad",
                         "sin",      "cos",      "sin_grad",  "cos_grad",
-                        "log1p",    "softplus", "log_sigmoid", "log1p_grad", "softplus_grad", "log_sigmoid_grad"};
-constexpr int kCount = 26;
+                        "log1p",    "softplus", "log_sigmoid", "log1p_grad", "softplus_grad", "log_sigmoid_grad",
+                        "expm1",    "expm1_grad"};
+constexpr int kCount = 28;
 
 float carbon_float(int id, float x) {
   constexpr FloatFormat f32 = Format<FormatId::kFloat32>::get();

@@ -24,7 +24,7 @@ mp.mp.prec = 256
 REL = Fraction(1, 2**41)  # tolerance around midpoints: 2^-41 relative (2^-17 float32 ulp)
 
 FORWARD = ("exp", "log", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "silu", "sin", "cos", "log1p", "softplus",
-           "log_sigmoid")
+           "log_sigmoid", "expm1")
 A = mp.mpf("0.044715")
 C = mp.sqrt(2 / mp.pi)
 
@@ -81,6 +81,8 @@ def value(name: str, x: float):
         return mp.log1p(mp.exp(X))
     if name == "log_sigmoid":
         return -mp.log1p(mp.exp(-X))
+    if name == "expm1":
+        return mp.expm1(X)
     raise ValueError(name)
 
 
@@ -138,6 +140,9 @@ def derivative(name: str, x: float):
     if name == "log_sigmoid":
         v = _sigmoid(-X)
         return v, v
+    if name == "expm1":
+        v = mp.exp(X)
+        return v, v
     raise ValueError(name)
 
 
@@ -146,13 +151,13 @@ _LIMITS = {
     "exp": (math.inf, 0.0), "log": (math.inf, math.nan), "tanh": (1.0, -1.0), "sigmoid": (1.0, 0.0),
     "erf": (1.0, -1.0), "gelu": (math.inf, -0.0), "gelu_tanh": (math.inf, -0.0), "silu": (math.inf, -0.0),
     "sin": (math.nan, math.nan), "cos": (math.nan, math.nan), "log1p": (math.inf, math.nan),
-    "softplus": (math.inf, 0.0), "log_sigmoid": (-0.0, -math.inf),
+    "softplus": (math.inf, 0.0), "log_sigmoid": (-0.0, -math.inf), "expm1": (math.inf, -1.0),
 }
 _GRAD_LIMITS = {
     "exp": (math.inf, 0.0), "log": (0.0, math.nan), "tanh": (0.0, 0.0), "sigmoid": (0.0, 0.0),
     "erf": (0.0, 0.0), "gelu": (1.0, 0.0), "gelu_tanh": (1.0, 0.0), "silu": (1.0, 0.0),
     "sin": (math.nan, math.nan), "cos": (math.nan, math.nan), "log1p": (0.0, math.nan),
-    "softplus": (1.0, 0.0), "log_sigmoid": (0.0, 1.0),
+    "softplus": (1.0, 0.0), "log_sigmoid": (0.0, 1.0), "expm1": (math.inf, 0.0),
 }
 
 
@@ -190,7 +195,7 @@ def expected_bits(name: str, x: float, dtype: torch.dtype, rel: Fraction = REL) 
         return {fmt_of(dtype).nan_bits}
     if math.isinf(x):
         return {round_bits(_LIMITS[name][0 if x > 0 else 1], dtype)}
-    if x == 0 and name in ("tanh", "erf", "gelu", "gelu_tanh", "silu", "sin", "log1p"):
+    if x == 0 and name in ("tanh", "erf", "gelu", "gelu_tanh", "silu", "sin", "log1p", "expm1"):
         return {round_bits(x, dtype)}  # odd or x*(...): keeps the sign of zero
     v = value(name, x)
     if isinstance(v, float):

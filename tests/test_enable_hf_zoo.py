@@ -4,7 +4,8 @@ CPU threads. Between them they use convolutions (1-d, 2-d, transposed-free
 stems, depthwise), batch / group / layer norm, pooling, bilinear upsampling,
 weight normalization, grouped and multi-query attention, learned attention
 biases (T5), ALiBi (BLOOM), rotary embeddings, advanced-index gradients and
-binary cross-entropy. transformers is a test-only dependency."""
+binary cross-entropy, and Mamba's selective scan (expm1, softplus, cumulative
+sums). transformers is a test-only dependency."""
 
 from __future__ import annotations
 
@@ -77,6 +78,8 @@ MODELS = {
     "resnet": (lambda: T.ResNetForImageClassification(T.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16],
                                                                      depths=[1, 1], num_labels=3)),
                lambda m: m(pixel_values=_pixels(), labels=_labels()).loss),
+    "mamba": (lambda: T.MambaForCausalLM(T.MambaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, state_size=4)),
+              lambda m: m(input_ids=_ids(), labels=_ids()).loss),
     "mobilenet_v2": (lambda: T.MobileNetV2ForImageClassification(T.MobileNetV2Config(image_size=32, depth_multiplier=0.25,
                                                                                      num_labels=3)),
                      lambda m: m(pixel_values=_pixels(), labels=_labels()).loss),

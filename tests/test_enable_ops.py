@@ -330,3 +330,30 @@ def test_linear_gives_the_same_bits_for_every_input_layout():
     want = [round_bits(Fraction(b[n].item()) + sum(Fraction(p) * Fraction(q) for p, q in zip(row, w[n].tolist())), F32)
             for row in x.reshape(20, 8).tolist() for n in range(3)]
     assert_bits_equal(plain, bits_tensor(want, F32).reshape(4, 5, 3), "linear")
+
+
+@pytest.mark.parametrize("kind", ["elu", "selu", "celu"])
+def test_elu_family_uses_carbons_expm1(kind):
+    x = torch.cat([torch.tensor([0.0, -0.0, -1e-6, 1e-6, -30.0, 30.0]), _randn(200, seed=32, scale=3.0)])
+    leaf = x.clone().requires_grad_()
+    g = _randn(x.numel(), seed=33)
+    alpha, scale, input_scale = {"elu": (1.3, 1.0, 1.0), "selu": (1.6732632423543772, 1.0507009873554805, 1.0),
+                                 "celu": (0.7, 1.0, 1 / 0.7)}[kind]
+    with carbon.enabled():
+        y = {"elu": lambda t: F.elu(t, alpha), "selu": F.selu, "celu": lambda t: F.celu(t, alpha)}[kind](leaf)
+        y.backward(g)
+    inner = (x * torch.tensor(input_scale, dtype=F32)) if input_scale != 1.0 else x  # RN32(x·is): IEEE product
+    em, ex = carbon.expm1(inner), carbon.exp(inner)  # carbon's own functions (tested against mpmath)
+    c, s, iscale = rn32(alpha * scale), rn32(scale), rn32(input_scale)
+    want_y, want_g = [], []
+    for xv, ev, eg, gv in zip(_values(x), _values(em), _values(ex), _values(g)):
+        if xv > 0:
+            want_y.append(round_bits(Fraction(xv) * s, F32))
+            want_g.append(round_bits(Fraction(gv) * s, F32))
+        else:
+            want_y.append(round_bits(c * Fraction(ev), F32))
+            want_g.append(round_bits(rn32(rn32(Fraction(gv) * iscale) * c) * Fraction(eg), F32))
+    # x = −0 gives c·(−0) = −0; the Fraction product loses the sign
+    want_y[1] = 0x80000000
+    assert_bits_equal(y, bits_tensor(want_y, F32), kind)
+    assert_bits_equal(leaf.grad, bits_tensor(want_g, F32), f"{kind} gradient")

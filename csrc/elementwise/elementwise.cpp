@@ -69,6 +69,7 @@ const char* op_name(math::Fn fn) {
     case math::Fn::kLog1p: return "log1p";
     case math::Fn::kSoftplus: return "softplus";
     case math::Fn::kLogSigmoid: return "log_sigmoid";
+    case math::Fn::kExpm1: return "expm1";
   }
   return "?";
 }
@@ -125,6 +126,7 @@ at::Tensor silu_op(const at::Tensor& x) { return run(math::Fn::kSilu, x); }
 at::Tensor sin_op(const at::Tensor& x) { return run(math::Fn::kSin, x); }
 at::Tensor cos_op(const at::Tensor& x) { return run(math::Fn::kCos, x); }
 at::Tensor log1p_op(const at::Tensor& x) { return run(math::Fn::kLog1p, x); }
+at::Tensor expm1_op(const at::Tensor& x) { return run(math::Fn::kExpm1, x); }
 at::Tensor softplus_op(const at::Tensor& x) { return run(math::Fn::kSoftplus, x); }
 at::Tensor log_sigmoid_op(const at::Tensor& x) { return run(math::Fn::kLogSigmoid, x); }
 
@@ -140,13 +142,13 @@ at::Tensor elementwise_backward(const at::Tensor& grad, const at::Tensor& x, c10
       {"sigmoid", math::Fn::kSigmoid}, {"erf", math::Fn::kErf},   {"gelu", math::Fn::kGelu},
       {"gelu_tanh", math::Fn::kGeluTanh}, {"silu", math::Fn::kSilu}, {"sin", math::Fn::kSin},
       {"cos", math::Fn::kCos},         {"log1p", math::Fn::kLog1p}, {"softplus", math::Fn::kSoftplus},
-      {"log_sigmoid", math::Fn::kLogSigmoid},
+      {"log_sigmoid", math::Fn::kLogSigmoid}, {"expm1", math::Fn::kExpm1},
   };
   const math::Fn* found = nullptr;
   for (const auto& entry : kNames)
     if (fn_name == entry.first) found = &entry.second;
   TORCH_CHECK_VALUE(found != nullptr, "carbon.elementwise_backward: unknown function '", std::string(fn_name),
-                    "'; expected exp, log, tanh, sigmoid, erf, gelu, gelu_tanh, silu, sin, cos, log1p, softplus or log_sigmoid");
+                    "'; expected exp, log, tanh, sigmoid, erf, gelu, gelu_tanh, silu, sin, cos, log1p, softplus, log_sigmoid or expm1");
   const char* op = "elementwise_backward";
   check_supported_dtype(op, "x", x);
   check_supported_dtype(op, "grad", grad);

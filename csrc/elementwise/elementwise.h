@@ -1,6 +1,6 @@
 // Host-side interface of the elementwise math ops: exp, log, tanh, sigmoid,
 // erf, gelu (erf form or tanh approximation), silu, sin, cos, log1p, softplus,
-// log_sigmoid and their backward.
+// log_sigmoid, expm1 and their backward.
 // out = RN_F(f_core(x)) and grad_x = RN_F(g * f'_core(x)) in x's format F,
 // with the shared host/device cores of elementwise_math.h.
 #pragma once
@@ -25,10 +25,11 @@ at::Tensor silu_op(const at::Tensor& x);
 at::Tensor sin_op(const at::Tensor& x);
 at::Tensor cos_op(const at::Tensor& x);
 at::Tensor log1p_op(const at::Tensor& x);
+at::Tensor expm1_op(const at::Tensor& x);
 at::Tensor softplus_op(const at::Tensor& x);
 at::Tensor log_sigmoid_op(const at::Tensor& x);
 // grad_x of function `fn` ("exp", "log", "tanh", "sigmoid", "erf", "gelu",
-// "gelu_tanh", "silu", "sin", "cos", "log1p", "softplus", "log_sigmoid") at x for the incoming gradient `grad` (same shape and dtype).
+// "gelu_tanh", "silu", "sin", "cos", "log1p", "softplus", "log_sigmoid", "expm1") at x for the incoming gradient `grad` (same shape and dtype).
 at::Tensor elementwise_backward(const at::Tensor& grad, const at::Tensor& x, c10::string_view fn);
 
 // Device kernels over contiguous tensors of one dtype and size. grad is
@@ -56,6 +57,7 @@ void with_fn(math::Fn f, Body&& body) {
     case Fn::kLog1p: return body(std::integral_constant<Fn, Fn::kLog1p>{});
     case Fn::kSoftplus: return body(std::integral_constant<Fn, Fn::kSoftplus>{});
     case Fn::kLogSigmoid: return body(std::integral_constant<Fn, Fn::kLogSigmoid>{});
+    case Fn::kExpm1: return body(std::integral_constant<Fn, Fn::kExpm1>{});
   }
 }
 

@@ -667,10 +667,30 @@ CARBON_HD double log1p_grad_core(double x) {
 CARBON_HD double softplus_grad_core(double x) { return sigmoid_core(x); }
 CARBON_HD double log_sigmoid_grad_core(double x) { return sigmoid_core(-x); }
 
+// ---- expm1 -------------------------------------------------------------------------
+// expm1(x) = e^x - 1 without the cancellation near 0 (ELU, SELU, CELU; Mamba):
+//  * 0 < x <= 1.1: expm1_small(x) (< 2^-51);
+//  * -1.1 <= x < 0: -e / (1 + e) with e = expm1_small(-x) > 0 (e^x - 1 = -(e^-x - 1) / e^-x):
+//    e < 2^-51, 1 + e and the division one rounding each: < 2^-50;
+//  * beyond: exp_core(x) - 1: for x > 1.1, e^x - 1 >= (2/3) e^x, so exp's 2^-49.5 grows by at
+//    most 1.5 (< 2^-48.9 with the subtraction); for x < -1.1, |e^x - 1| >= 2/3 > e^x: < 2^-50.
+// expm1(+-0) = +-0, +inf -> +inf, -inf -> -1, NaN stays NaN. The derivative is e^x.
+CARBON_HD double expm1_core(double x) {
+  if (!(x == x) || x == 0.0) return x;
+  if (abs_value(x) <= 1.1) {
+    if (x > 0.0) return expm1_small(x);
+    const double e = expm1_small(-x);
+    return -e / (1.0 + e);
+  }
+  return exp_core(x) - 1.0;
+}
+CARBON_HD double expm1_grad_core(double x) { return exp_core(x); }
+
 // ---- dispatch ------------------------------------------------------------------
 // The functions as compile-time tags, so kernels specialize per function.
-enum class Fn { kExp, kLog, kTanh, kSigmoid, kErf, kGelu, kGeluTanh, kSilu, kSin, kCos, kLog1p, kSoftplus, kLogSigmoid };
-constexpr int kNumFns = 13;
+enum class Fn { kExp, kLog, kTanh, kSigmoid, kErf, kGelu, kGeluTanh, kSilu, kSin, kCos, kLog1p, kSoftplus, kLogSigmoid,
+                kExpm1 };
+constexpr int kNumFns = 14;
 
 template <Fn kFn>
 CARBON_HD double forward_core(double x) {
@@ -687,6 +707,7 @@ CARBON_HD double forward_core(double x) {
   if constexpr (kFn == Fn::kLog1p) return log1p_core(x);
   if constexpr (kFn == Fn::kSoftplus) return softplus_core(x);
   if constexpr (kFn == Fn::kLogSigmoid) return log_sigmoid_core(x);
+  if constexpr (kFn == Fn::kExpm1) return expm1_core(x);
 }
 
 template <Fn kFn>
@@ -704,6 +725,7 @@ CARBON_HD double grad_core(double x) {
   if constexpr (kFn == Fn::kLog1p) return log1p_grad_core(x);
   if constexpr (kFn == Fn::kSoftplus) return softplus_grad_core(x);
   if constexpr (kFn == Fn::kLogSigmoid) return log_sigmoid_grad_core(x);
+  if constexpr (kFn == Fn::kExpm1) return expm1_grad_core(x);
 }
 
 
