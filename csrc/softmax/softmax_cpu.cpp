@@ -130,7 +130,7 @@ inline double softmax_quotient_by_reciprocal(float e, double S, double y) {
 // doubles.
 constexpr int64_t kExpBlock = 256;
 
-// The undecided values of a block (about 2^-14 of the arguments in [-87,
+// The undecided values of a block (about 2^-16 of the arguments in [-87,
 // 88] are near a rounding boundary): exp32 for each. Many undecided values
 // (results in float32's subnormal range: rows of wide range) take the
 // vectorized exp_f32_core for the whole block and the general rounding.

@@ -4,8 +4,8 @@
 // shorter fp64 evaluation plus a rounding test, with exp32 itself for the
 // few arguments the test leaves undecided.
 //
-// exp_f32_approx(d) = 2^k p(r): the same k as exp_core (the shifter's fma),
-// r = d - k ln2 in ONE fma with ln2 rounded to a double, and p a degree-8
+// exp_f32_approx(d) = 2^k p(r): k = round(d log2e) by the shifter's fma as
+// in exp_core, r = d - k ln2 in ONE fma with ln2 rounded to a double, and p a degree-8
 // polynomial fitted to e^r on [-0.347, 0.347] (Chebyshev interpolation,
 // coefficients rounded to double, constant term 1) instead of exp_core's
 // degree-12 Taylor polynomial and two-constant reduction: 10 fmas, one
@@ -34,8 +34,8 @@
 // c <= 2^-151 means exp_f32_core(d) < 2^-150 (half the smallest subnormal),
 // which RN32 takes to +0. Everything else -- midpoint-near values, results
 // in float32's subnormal range, overflow, NaN -- is "undecided" and the
-// caller uses exp32(d). About 2^-14 of the arguments in [-87, 88] are
-// undecided for being near a midpoint.
+// caller uses exp32(d). About 2^-16 of the float32 values in [-87, 88]
+// (33,450 patterns) are undecided for being near a midpoint.
 //
 // scripts/softmax_exp_check.py checks all 2^32 float32 patterns: every
 // decided result (exp_f32_approx_decided, rounded by round32_decided as in
