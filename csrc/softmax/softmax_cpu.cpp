@@ -4,6 +4,7 @@
 // count.
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "../reduce/chain_tree.h"
 #include "softmax.h"
 #include "../convert/round_to.h"
+#include "softmax_exp_cpu.h"
 #include "softmax_kernel.h"
 
 namespace carbon {
@@ -40,6 +42,22 @@ inline typename F::Bits round_encode_nonneg(double v, uint32_t* ok) {
   const bool zero = u <= tiny;
   *ok = zero ? 1u : rounds_to_normal(u, f);
   return static_cast<typename F::Bits>(zero ? 0u : encode_normal(round_normal_bits(u, f), f));
+}
+
+// round_encode_fast<F>(v, ok) with float32's rounding by the hardware
+// conversion (round32_decided: the same bits wherever round_encode_fast
+// sets *ok, one instruction instead of ~8 integer ones).
+template <typename F>
+inline typename F::Bits round_encode_out(double v, uint32_t* ok) {
+  if constexpr (F::get().precision == 24) {
+    const float r = round32_decided(v);
+    uint32_t bits;
+    std::memcpy(&bits, &r, sizeof bits);
+    *ok = static_cast<uint32_t>(round32_hardware_exact(v));
+    return bits;
+  } else {
+    return round_encode_fast<F>(v, ok);
+  }
 }
 
 // The row kernels are compiled three times: for x86-64-v4 (AVX-512: eight
@@ -103,8 +121,85 @@ inline double softmax_quotient_by_reciprocal(float e, double S, double y) {
   return std::fma(r, y, q);
 }
 
-// One row of n values into o[0, n); t and e are scratch for n values. The
-// exp cores run in a loop of their own (it vectorizes), then are rounded.
+// e_j = EXP(x_j - m) = RN32(exp_f32_core(RN32(x_j - m))) for j in [0, n)
+// into e (softmax's e_j; with m = 0 the p_j = EXP(y_j) of the gradients:
+// y - 0 is y, and EXP(-0) = EXP(+0)). Blocks of kExpBlock values: the
+// cheaper exp_f32_approx in a loop of its own (it vectorizes), then the
+// rounding with its test (softmax_exp_cpu.h); a block with undecided
+// values goes to exp_block_undecided. t is scratch for min(n, kExpBlock)
+// doubles.
+constexpr int64_t kExpBlock = 256;
+
+// The undecided values of a block (about 2^-16 of the arguments in [-87,
+// 88] are near a rounding boundary): exp32 for each. Many undecided values
+// (results in float32's subnormal range: rows of wide range) take the
+// vectorized exp_f32_core for the whole block and the general rounding.
+template <typename T>
+CARBON_CPU_CLONES void exp_block_undecided(const T* x, float m, int64_t len, double* t, float* e) {
+  int64_t undecided = 0;
+  for (int64_t k = 0; k < len; ++k) undecided += exp_f32_approx_decided(t[k]) ? 0 : 1;
+  if (undecided <= 8) {
+    for (int64_t k = 0; k < len; ++k)
+      if (!exp_f32_approx_decided(t[k])) e[k] = exp32(static_cast<float>(element_value(x[k])) - m);
+    return;
+  }
+  for (int64_t k = 0; k < len; ++k) t[k] = math::exp_f32_core(static_cast<float>(element_value(x[k])) - m);
+  for (int64_t k = 0; k < len; ++k) e[k] = round32(t[k]);
+}
+
+template <typename T>
+CARBON_CPU_CLONES void exp_row_f32(const T* x, float m, int64_t n, double* t, float* e) {
+  for (int64_t b = 0; b < n; b += kExpBlock) {
+    const int64_t len = std::min(kExpBlock, n - b);
+    const T* xb = x + b;
+    float* eb = e + b;
+    for (int64_t k = 0; k < len; ++k) t[k] = exp_f32_approx(static_cast<float>(element_value(xb[k])) - m);
+    uint64_t all_decided = 1;
+    for (int64_t k = 0; k < len; ++k) {
+      eb[k] = round32_decided(t[k]);
+      all_decided &= exp_f32_approx_decided(t[k]);
+    }
+    if (!all_decided) exp_block_undecided(xb, m, len, t, eb);
+  }
+}
+
+// The float32 outputs in one pass each, rounded by the hardware conversion
+// where round32_decided applies; false (o to be rewritten) when some output
+// is outside it (subnormal; the general two-pass code then redoes the row).
+//  * log_softmax: RN32(d_j (-) L), the value of log_softmax_value.
+//  * softmax: RN32(e_j / S) from q = RN64(e_j y), y = RN64(1/S), without
+//    the Markstein correction: q is within (e/S) 2^-51.9 of e/S, and no
+//    float32 rounding boundary lies that close to e/S when RN32(q) is normal
+//    and q >= 2^-126. A boundary mid = N 2^g (N odd, 2^24 < N < 2^25, as for
+//    every midpoint >= 2^-126) with e = a 2^al, S = b 2^be (a, b odd,
+//    < 2^24): e - S mid is not 0 (a = b N would exceed 2^24) and is a
+//    multiple of 2^min(al, be + g), so |e/S - mid| >= (e/S) min(2^-24,
+//    2^-49.01) (the second when be + g < al: e ~ S mid gives
+//    2^(al - be - g) ~ b N / a). So RN32(q) = RN32(e/S) = softmax_value.
+template <typename T, bool kLog>
+CARBON_CPU_CLONES bool softmax_outputs_f32(const T* row, int64_t n, const float* e, float m, double S, uint32_t* o) {
+  uint64_t ok = 1;
+  if (kLog) {
+    const double L = log32(static_cast<float>(S));
+    for (int64_t k = 0; k < n; ++k) {
+      const double v = log_softmax_difference(static_cast<float>(element_value(row[k])), m, L);
+      const float r = round32_decided(v);
+      std::memcpy(&o[k], &r, sizeof r);
+      ok &= round32_hardware_exact(v);
+    }
+  } else {
+    const double y = 1.0 / S;
+    for (int64_t k = 0; k < n; ++k) {
+      const double q = static_cast<double>(e[k]) * y;
+      const float r = round32_decided(q);
+      std::memcpy(&o[k], &r, sizeof r);
+      ok &= quotient_rounding_decided(q);
+    }
+  }
+  return ok != 0;
+}
+
+// One row of n values into o[0, n); t and e are scratch for n values.
 template <typename T, typename F, bool kLog>
 CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, double* t, float* e, typename F::Bits* o) {
   constexpr FloatFormat f = F::get();
@@ -116,19 +211,8 @@ CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, double* t, float* e,
     return;
   }
   const float m = mx.m;
-  for (int64_t j = 0; j < n; ++j) t[j] = math::exp_f32_core(static_cast<float>(element_value(row[j])) - m);
+  exp_row_f32(row, m, n, t, e);
   double s[kChains] = {};
-  // e_j = RN32(t_j): the branch-free rounding (vectorizes; masked entries,
-  // t = 0, included), redone in general when some e_j is subnormal.
-  uint32_t all_normal = 1;
-  for (int64_t k = 0; k < n; ++k) {
-    uint32_t ok;
-    const uint32_t bits = round_encode_nonneg<Format<FormatId::kFloat32>>(t[k], &ok);
-    all_normal &= ok;
-    std::memcpy(&e[k], &bits, sizeof bits);
-  }
-  if (!all_normal)
-    for (int64_t k = 0; k < n; ++k) e[k] = round32(t[k]);
   int64_t j = 0;
   for (; j + kChains <= n; j += kChains)
     for (int l = 0; l < kChains; ++l) s[l] = s[l] + e[j + l];
@@ -138,6 +222,9 @@ CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, double* t, float* e,
   if (!softmax_sum_if_decided(sum, chain_depth(n), &S))
     S = reduce_exact_values(
         n, [&](int64_t k) { return static_cast<double>(e[k]); }, sum, false, float32_format());
+  if constexpr (F::get().precision == 24) {
+    if (softmax_outputs_f32<T, kLog>(row, n, e, m, S, o)) return;
+  }
   // The outputs: log_softmax_value / softmax_value in two passes, the fp64
   // value (vectorizes), then the rounding by the normal-range path, or in
   // general when some output is not a normal number.
@@ -184,16 +271,17 @@ void softmax_rows(const T* x, int64_t rows, int64_t n, typename F::Bits* out) {
 
 // RN_f(sum_k v[k]) (divisor 0) or RN_f(sum_k v[k] / divisor) of n float32
 // values: the tiers of carbon.sum / carbon.mean.
-double round_sum_of_floats(const float* v, int64_t n, int64_t divisor, const FloatFormat& f) {
+CARBON_CPU_CLONES double round_sum_of_floats(const float* v, int64_t n, int64_t divisor, const FloatFormat& f) {
   const bool mean = divisor != 0;
   if (n == 0) return empty_reduction(mean);
   double s[kChains] = {}, a[kChains] = {};
   int64_t j = 0;
+  // The chains of s and of a in two loops: GCC vectorizes one array of
+  // chains per loop, not two (the fused loop ran scalar).
   for (; j + kChains <= n; j += kChains)
-    for (int l = 0; l < kChains; ++l) {
-      s[l] = s[l] + v[j + l];
-      a[l] = a[l] + abs_value(v[j + l]);
-    }
+    for (int l = 0; l < kChains; ++l) s[l] = s[l] + v[j + l];
+  for (int64_t i = 0; i + kChains <= n; i += kChains)
+    for (int l = 0; l < kChains; ++l) a[l] = a[l] + abs_value(v[i + l]);
   for (; j < n; ++j) {
     s[0] = s[0] + v[j];
     a[0] = a[0] + abs_value(v[j]);
@@ -213,12 +301,11 @@ CARBON_CPU_CLONES double grad_row_sum(const T* g, const T* y, int64_t n) {
   };
   double s[kChains] = {}, a[kChains] = {};
   int64_t j = 0;
+  // Two loops, as in round_sum_of_floats (one array of chains each vectorizes).
   for (; j + kChains <= n; j += kChains)
-    for (int l = 0; l < kChains; ++l) {
-      const double t = term(j + l);
-      s[l] = s[l] + t;
-      a[l] = a[l] + abs_value(t);
-    }
+    for (int l = 0; l < kChains; ++l) s[l] = s[l] + term(j + l);
+  for (int64_t i = 0; i + kChains <= n; i += kChains)
+    for (int l = 0; l < kChains; ++l) a[l] = a[l] + abs_value(term(i + l));
   for (; j < n; ++j) {
     const double t = term(j);
     s[0] = s[0] + t;
@@ -230,32 +317,28 @@ CARBON_CPU_CLONES double grad_row_sum(const T* g, const T* y, int64_t n) {
   return reduce_exact_values(n, term, abs_sum, false, float32_format());
 }
 
-// One row's gradient; p is scratch for n values (log_softmax only).
+// One row's gradient; t and p are scratch for n values (log_softmax only).
 template <typename T, typename F, bool kLog>
-CARBON_CPU_CLONES void softmax_backward_row(const T* gr, const T* yr, int64_t n, double* p, typename F::Bits* o) {
+CARBON_CPU_CLONES void softmax_backward_row(const T* gr, const T* yr, int64_t n, double* t, float* p,
+                                            typename F::Bits* o) {
   constexpr FloatFormat f = F::get();
-  using F32 = Format<FormatId::kFloat32>;
   const double D = grad_row_sum<T, kLog>(gr, yr, n);
   // The branch-free roundings first (they vectorize); the general ones for
   // the whole row when some value needs them.
   uint32_t ok = 1;
   if (kLog) {
-    for (int64_t k = 0; k < n; ++k) p[k] = math::exp_f32_core(static_cast<float>(element_value(yr[k])));
+    exp_row_f32(yr, 0.0f, n, t, p);  // p_k = EXP(y_k)
     for (int64_t k = 0; k < n; ++k) {
-      uint32_t ok_p, ok_o;
-      const uint32_t bits = round_encode_nonneg<F32>(p[k], &ok_p);
-      float pk;
-      std::memcpy(&pk, &bits, sizeof pk);
-      o[k] = round_encode_fast<F>(log_softmax_grad_unrounded(pk, element_value(gr[k]), D), &ok_o);
-      ok &= ok_p & ok_o;
+      uint32_t ok_o;
+      o[k] = round_encode_out<F>(log_softmax_grad_unrounded(p[k], element_value(gr[k]), D), &ok_o);
+      ok &= ok_o;
     }
     if (ok) return;
-    for (int64_t k = 0; k < n; ++k)
-      o[k] = bits_of<F>(log_softmax_grad_from_p(round32(p[k]), element_value(gr[k]), D, f));
+    for (int64_t k = 0; k < n; ++k) o[k] = bits_of<F>(log_softmax_grad_from_p(p[k], element_value(gr[k]), D, f));
   } else {
     for (int64_t k = 0; k < n; ++k) {
       uint32_t ok_o;
-      o[k] = round_encode_fast<F>(softmax_grad_unrounded(element_value(yr[k]), element_value(gr[k]), D), &ok_o);
+      o[k] = round_encode_out<F>(softmax_grad_unrounded(element_value(yr[k]), element_value(gr[k]), D), &ok_o);
       ok &= ok_o;
     }
     if (ok) return;
@@ -268,9 +351,9 @@ CARBON_CPU_CLONES void softmax_backward_row(const T* gr, const T* yr, int64_t n,
 template <typename T, typename F, bool kLog>
 void softmax_backward_rows(const T* g, const T* y, int64_t rows, int64_t n, typename F::Bits* out) {
   at::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
-    std::vector<double> p(kLog ? n : 0);
+    RowScratch scratch(kLog ? n : 0);
     for (int64_t r = begin; r < end; ++r)
-      softmax_backward_row<T, F, kLog>(g + r * n, y + r * n, n, p.data(), out + r * n);
+      softmax_backward_row<T, F, kLog>(g + r * n, y + r * n, n, scratch.t.data(), scratch.e.data(), out + r * n);
   });
 }
 
@@ -295,39 +378,35 @@ void cross_entropy_rows(const T* x, const int64_t* target, int64_t N, int64_t C,
   });
 }
 
-// One row's gradient; p is scratch for C values.
+// One row's gradient; scratch and p are scratch for C values.
 template <typename F>
 CARBON_CPU_CLONES void cross_entropy_grad_row(double coef, const float* lsm, int64_t t, int64_t C, double eps,
-                                              double* p, typename F::Bits* o) {
+                                              double* scratch, float* p, typename F::Bits* o) {
   constexpr FloatFormat f = F::get();
-  using F32 = Format<FormatId::kFloat32>;
-  for (int64_t j = 0; j < C; ++j) p[j] = math::exp_f32_core(lsm[j]);
+  exp_row_f32(lsm, 0.0f, C, scratch, p);  // p_j = EXP(lsm_j)
   // Branch-free roundings (vectorized), the general ones if some value needs them.
   uint32_t ok = 1;
   for (int64_t j = 0; j < C; ++j) {
-    uint32_t ok_p, ok_o;
-    const uint32_t bits = round_encode_nonneg<F32>(p[j], &ok_p);
-    float pj;
-    std::memcpy(&pj, &bits, sizeof pj);
-    o[j] = round_encode_fast<F>(cross_entropy_grad_unrounded(coef, pj, j == t, eps, C), &ok_o);
-    ok &= ok_p & ok_o;
+    uint32_t ok_o;
+    o[j] = round_encode_out<F>(cross_entropy_grad_unrounded(coef, p[j], j == t, eps, C), &ok_o);
+    ok &= ok_o;
   }
   if (ok) return;
-  for (int64_t j = 0; j < C; ++j) o[j] = bits_of<F>(cross_entropy_grad_from_p(coef, round32(p[j]), j == t, eps, C, f));
+  for (int64_t j = 0; j < C; ++j) o[j] = bits_of<F>(cross_entropy_grad_from_p(coef, p[j], j == t, eps, C, f));
 }
 
 template <typename F>
 void cross_entropy_grad_rows(const double* coef, const float* log_probs, const int64_t* target, int64_t N, int64_t C,
                              int64_t ignore_index, double eps, typename F::Bits* out) {
   at::parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
-    std::vector<double> p(C);
+    RowScratch scratch(C);
     for (int64_t i = begin; i < end; ++i) {
       typename F::Bits* o = out + i * C;
       if (target[i] == ignore_index) {
         for (int64_t j = 0; j < C; ++j) o[j] = 0;
         continue;
       }
-      cross_entropy_grad_row<F>(coef[i], log_probs + i * C, target[i], C, eps, p.data(), o);
+      cross_entropy_grad_row<F>(coef[i], log_probs + i * C, target[i], C, eps, scratch.t.data(), scratch.e.data(), o);
     }
   });
 }

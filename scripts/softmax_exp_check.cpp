@@ -1,0 +1,117 @@
+// Exhaustive proof that the softmax kernels' cheaper float32 EXP gives
+// carbon.exp's bits: for every float32 bit pattern d that
+// exp_f32_approx_decided decides, its bits equal RN32(exp_f32_core(d))
+// (csrc/softmax/softmax_exp_cpu.h). Built and run by
+// scripts/softmax_exp_check.py.
+//
+// The inputs go through in blocks; exp_f32_approx and the rounding run in
+// loops of their own over each block, as in the kernels (they vectorize at
+// -O3). Also reports how many patterns are undecided (the kernels use exp32
+// for those) and the largest relative difference of the two doubles where
+// both are normal.
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include <xmmintrin.h>
+
+#include "exact/float_format.h"
+#include "softmax/softmax_exp_cpu.h"
+
+using namespace carbon;
+
+namespace {
+
+constexpr int64_t kBlock = 1 << 16;
+
+uint32_t rn32_bits(double v) {
+  constexpr FloatFormat f32 = Format<FormatId::kFloat32>::get();
+  return static_cast<uint32_t>(encode(round_double(v, f32), f32));
+}
+
+struct Counts {
+  uint64_t checked = 0, decided = 0, undecided_main = 0, mismatches = 0;
+  uint32_t first_mismatch = 0;
+  double max_rel = 0;
+};
+
+__attribute__((noinline)) void approx_block(const float* d, double* c, uint32_t* bits, uint64_t* decided,
+                                            int64_t n) {
+  for (int64_t i = 0; i < n; ++i) c[i] = exp_f32_approx(d[i]);
+  for (int64_t i = 0; i < n; ++i) {
+    const float r = round32_decided(c[i]);
+    std::memcpy(&bits[i], &r, sizeof r);
+    decided[i] = exp_f32_approx_decided(c[i]);
+  }
+}
+
+void check_block(uint64_t first, Counts& k, float* d, double* c, uint32_t* bits, uint64_t* decided) {
+  for (int64_t i = 0; i < kBlock; ++i) {
+    const uint32_t b = static_cast<uint32_t>(first + static_cast<uint64_t>(i));
+    std::memcpy(&d[i], &b, 4);
+  }
+  approx_block(d, c, bits, decided, kBlock);
+  for (int64_t i = 0; i < kBlock; ++i) {
+    k.checked++;
+    const double core = math::exp_f32_core(static_cast<double>(d[i]));
+    if (core >= 0x1p-126 && core < 0x1p127) {
+      const double rel = std::fabs(c[i] - core) / core;
+      if (rel > k.max_rel) k.max_rel = rel;
+    }
+    if (!decided[i]) {
+      if (d[i] >= -87.0f && d[i] <= 88.0f) k.undecided_main++;
+      continue;
+    }
+    k.decided++;
+    if (bits[i] == rn32_bits(core)) continue;
+    const uint32_t b = static_cast<uint32_t>(first + static_cast<uint64_t>(i));
+    if (k.mismatches == 0 || b < k.first_mismatch) k.first_mismatch = b;
+    k.mismatches++;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool ftz = argc > 1 && std::strcmp(argv[1], "--ftz") == 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  constexpr int64_t kBlocks = (int64_t{1} << 32) / kBlock;
+  Counts total;
+#pragma omp parallel
+  {
+    if (ftz) _mm_setcsr(_mm_getcsr() | 0x8040);  // FTZ | DAZ in every thread
+    Counts local;
+    std::vector<float> d(kBlock);
+    std::vector<double> c(kBlock);
+    std::vector<uint32_t> bits(kBlock);
+    std::vector<uint64_t> decided(kBlock);
+#pragma omp for schedule(dynamic, 16)
+    for (int64_t b = 0; b < kBlocks; ++b)
+      check_block(static_cast<uint64_t>(b) * kBlock, local, d.data(), c.data(), bits.data(), decided.data());
+#pragma omp critical
+    {
+      if (local.mismatches && (!total.mismatches || local.first_mismatch < total.first_mismatch))
+        total.first_mismatch = local.first_mismatch;
+      total.checked += local.checked;
+      total.decided += local.decided;
+      total.undecided_main += local.undecided_main;
+      total.mismatches += local.mismatches;
+      if (local.max_rel > total.max_rel) total.max_rel = local.max_rel;
+    }
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("checked %llu float32 bit patterns in %.1f s\n", static_cast<unsigned long long>(total.checked), secs);
+  std::printf("  decided by the rounding test:          %llu\n", static_cast<unsigned long long>(total.decided));
+  std::printf("  undecided with d in [-87, 88]:          %llu\n", static_cast<unsigned long long>(total.undecided_main));
+  std::printf("  max |approx - core| / core (normal):    2^%.2f\n", std::log2(total.max_rel));
+  std::printf("  MISMATCHES (decided, float32 bits differ): %llu\n", static_cast<unsigned long long>(total.mismatches));
+  if (total.mismatches) {
+    float x;
+    std::memcpy(&x, &total.first_mismatch, 4);
+    std::printf("  first mismatch: d = %.9g (0x%08x)\n", static_cast<double>(x), total.first_mismatch);
+  }
+  return total.mismatches == 0 && total.checked == (uint64_t{1} << 32) ? 0 : 1;
+}

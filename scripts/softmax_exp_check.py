@@ -1,0 +1,56 @@
+"""Exhaustive check of the softmax kernels' float32 EXP (csrc/softmax/softmax_exp_cpu.h).
+
+    python scripts/softmax_exp_check.py [--march ARCH]
+
+Compiles scripts/softmax_exp_check.cpp with g++ (-O3 -fopenmp
+-ffp-contract=off; the headers need no torch) into build/ and runs it: for
+every float32 bit pattern d that exp_f32_approx_decided decides, the float32
+bits of round32_decided(exp_f32_approx(d)) (as in the kernels) must equal
+RN32(exp_f32_core(d)), carbon.exp's (mismatches: must be 0; exit status 1
+otherwise). --ftz runs it with flush-to-zero and denormals-are-zero set
+(as torch.set_flush_denormal(True) does): the same bits. Also prints how many patterns are decided, how
+many in [-87, 88] are not (the kernels compute exp32 for those) and the
+largest relative difference of the two doubles. --march as in
+scripts/exp_f32_check.py (default native: the AVX2 / AVX-512 code the
+kernels' clones run; "x86-64" for the scalar SSE2 path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SOURCE = os.path.join(ROOT, "scripts", "softmax_exp_check.cpp")
+HEADERS = [os.path.join(ROOT, "csrc", "softmax", "softmax_exp_cpu.h"),
+           os.path.join(ROOT, "csrc", "elementwise", "elementwise_math.h"),
+           os.path.join(ROOT, "csrc", "exact", "float_format.h"), os.path.join(ROOT, "csrc", "exact", "portable.h")]
+
+
+def build(march: str, out_dir: str = os.path.join(ROOT, "build")) -> str:
+    os.makedirs(out_dir, exist_ok=True)
+    binary = os.path.join(out_dir, f"softmax_exp_check_{march}")
+    newest = max(os.path.getmtime(p) for p in [SOURCE] + HEADERS)
+    if os.path.exists(binary) and os.path.getmtime(binary) >= newest:
+        return binary
+    cmd = ["g++", "-std=c++17", "-O3", "-fopenmp", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math",
+           "-fno-math-errno", f"-march={march}", "-I", os.path.join(ROOT, "csrc"), SOURCE, "-o", binary]
+    subprocess.run(cmd, check=True)
+    return binary
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--march", default="native", help="g++ -march for the check (default: native)")
+    ap.add_argument("--ftz", action="store_true", help="set flush-to-zero and denormals-are-zero (MXCSR)")
+    args = ap.parse_args(argv)
+    binary = build(args.march)
+    print(f"{binary} (-march={args.march}{', FTZ+DAZ' if args.ftz else ''})")
+    sys.stdout.flush()
+    return subprocess.run([binary] + (["--ftz"] if args.ftz else [])).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
