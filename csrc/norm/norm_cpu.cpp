@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <immintrin.h>
 #include <memory>
 #include <vector>
 
@@ -350,17 +351,6 @@ CARBON_NORM_CLONES bool forward_outputs_fast(const double* v, int64_t n, double 
   return bad == 0;
 }
 
-template <typename F>
-bool forward_outputs(const double* v, int64_t n, double mu, double rs, const double* w, const double* b, bool rms,
-                     typename F::Bits* out) {
-  if (rms) return w ? forward_outputs_fast<F, true, true, false>(v, n, mu, rs, w, b, out)
-                    : forward_outputs_fast<F, true, false, false>(v, n, mu, rs, w, b, out);
-  if (w) return b ? forward_outputs_fast<F, false, true, true>(v, n, mu, rs, w, b, out)
-                  : forward_outputs_fast<F, false, true, false>(v, n, mu, rs, w, b, out);
-  return b ? forward_outputs_fast<F, false, false, true>(v, n, mu, rs, w, b, out)
-           : forward_outputs_fast<F, false, false, false>(v, n, mu, rs, w, b, out);
-}
-
 // chain_sums(g) (kSums) and chain_dot(g, xh) in one pass: the same
 // additions in the same chains and order, so the same fp64 sums.
 template <bool kSums>
@@ -439,6 +429,115 @@ CARBON_NORM_V4 bool backward_outputs_fast_v4(const double* xh, const double* g, 
     out[k] = encode_fast<F>(round_fast<F>(kRms ? rms_dx(g[k], xh[k], B, rs) : ln_dx(g[k], xh[k], A, B, rs), bad));
   return bad == 0;
 }
+
+// ---------------------------------------------------------------- forward outputs, AVX-512
+
+// GCC 12 reports the _mm512_undefined_pd() inside some conversion
+// intrinsics as "may be used uninitialized" (a false positive in
+// avx512fintrin.h).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// The forward's output loop rounds with the hardware conversions, which are
+// IEEE roundings (correct for every finite value, subnormal results
+// included) as long as the thread's MXCSR is the default: round to
+// nearest-even, no flush-to-zero, no denormals-are-zero, exceptions masked.
+// That is checked once per chunk of rows (MXCSR is per thread); otherwise
+// the integer-rounding loops run. Either way the bits are round_double's.
+inline bool default_fp_env() { return (_mm_getcsr() & 0xFFC0u) == 0x1F80u; }
+
+// Lanes holding a NaN: the hardware keeps a NaN's sign and payload, Carbon
+// writes the canonical NaN, so a row with one is redone by the general path.
+CARBON_NORM_V4 inline __mmask8 nan_lanes(__m256 f) { return _mm256_fpclass_ps_mask(f, 0x81); }  // QNaN | SNaN
+
+// Round to odd into float32 (truncate, then set the last bit when inexact):
+// it keeps at least 13 bits below the last bit of bfloat16 and float16, so
+// rounding the result to nearest-even in either gives RN of the double
+// (rounding to odd with two or more extra bits never double-rounds). The
+// inexact test looks at the 29 significand bits float32 drops, which is
+// exact for |y| >= 2^-126 (above float32's range truncation gives its
+// largest finite value, odd already, which rounds to infinity in both
+// formats as RN does). Below 2^-126 the result may lack its sticky bit:
+// bfloat16 flags those lanes (float32 subnormals; a zero result means
+// |y| < 2^-149, which rounds to a zero of y's sign anyway), and float16
+// rounds every such y to a zero of its sign whatever the sticky bit.
+CARBON_NORM_V4 inline __m256i round_to_odd32(__m512d y) {
+  const __m256i z = _mm256_castps_si256(_mm512_cvt_roundpd_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
+  const __mmask8 inexact = _mm512_test_epi64_mask(_mm512_castpd_si512(y), _mm512_set1_epi64((1 << 29) - 1));
+  return _mm256_mask_or_epi32(z, inexact, z, _mm256_set1_epi32(1));
+}
+
+// Lanes of a round_to_odd32 result that bfloat16 cannot take by the bit
+// operations below: NaN, and float32 subnormals (whose sticky bit may be
+// missing).
+CARBON_NORM_V4 inline __mmask8 bf16_bad_lanes(__m256i u) {
+  return _mm256_fpclass_ps_mask(_mm256_castsi256_ps(u), 0xA1);  // QNaN | SNaN | denormal
+}
+
+// RN_F of 8 doubles, stored as F's bits; lanes the caller must redo
+// flagged in `bad`.
+template <typename F>
+CARBON_NORM_V4 inline void round_store_lanes(typename F::Bits* out, __m512d y, __mmask8& bad);
+template <>
+CARBON_NORM_V4 inline void round_store_lanes<F32>(uint32_t* out, __m512d y, __mmask8& bad) {
+  const __m256 f = _mm512_cvtpd_ps(y);
+  bad |= nan_lanes(f);
+  _mm256_storeu_ps(reinterpret_cast<float*>(out), f);
+}
+// bfloat16 is the top half of float32: round_normal_bits on the float32
+// bits (add 0x7FFF plus the last kept bit, truncate) is RN_bf16 of a normal
+// float32; a carry out of the largest finite value gives the bits of
+// infinity, RN's overflow; +-inf and +-0 stay themselves.
+template <>
+CARBON_NORM_V4 inline void round_store_lanes<Format<FormatId::kBFloat16>>(uint16_t* out, __m512d y, __mmask8& bad) {
+  const __m256i u = round_to_odd32(y);
+  bad |= bf16_bad_lanes(u);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd), 16);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_cvtepi32_epi16(r));
+}
+// float16: the hardware float32 -> float16 conversion, to nearest-even
+// (float16's subnormals included; a float32-subnormal or zero input is
+// below half its smallest subnormal and gives a zero of its sign either
+// way).
+template <>
+CARBON_NORM_V4 inline void round_store_lanes<Format<FormatId::kFloat16>>(uint16_t* out, __m512d y, __mmask8& bad) {
+  const __m256i u = round_to_odd32(y);
+  bad |= nan_lanes(_mm256_castsi256_ps(u));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
+                   _mm256_cvtps_ph(_mm256_castsi256_ps(u), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+// forward_outputs_fast, 8 elements at a time, for a thread in the default
+// MXCSR state: x-hat = RN32 by the hardware conversion, y rounded by
+// round_store_lanes (the same operations on each element; the tail as
+// forward_outputs_fast). A NaN x-hat makes y NaN (x-hat (x) w (+) b), so
+// only y is checked.
+template <typename F, bool kRms, bool kW, bool kB>
+CARBON_NORM_V4 bool forward_outputs_fast_v4(const double* v, int64_t n, double mu, double rs, const double* w,
+                                            const double* b, typename F::Bits* out) {
+  const __m512d vmu = _mm512_set1_pd(mu), vrs = _mm512_set1_pd(rs);
+  __mmask8 bad_lanes = 0;
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    const __m512d e = _mm512_loadu_pd(v + k);
+    const __m512d p = kRms ? _mm512_mul_pd(e, vrs) : _mm512_mul_pd(_mm512_sub_pd(e, vmu), vrs);
+    const __m512d xh = _mm512_cvtps_pd(_mm512_cvtpd_ps(p));
+    __m512d y = kW ? _mm512_mul_pd(xh, _mm512_loadu_pd(w + k)) : xh;
+    if (kB) y = _mm512_add_pd(y, _mm512_loadu_pd(b + k));
+    round_store_lanes<F>(out + k, y, bad_lanes);
+  }
+  uint64_t bad = bad_lanes != 0;
+  for (; k < n; ++k) {
+    const double xh = round_fast<F32>(kRms ? v[k] * rs : (v[k] - mu) * rs, bad);
+    double y = kW ? xh * w[k] : xh;
+    if (kB) y = y + b[k];
+    out[k] = encode_fast<F>(round_fast<F>(y, bad));
+  }
+  return bad == 0;
+}
+
+#pragma GCC diagnostic pop
 
 // ---------------------------------------------------------------- dispatch
 
@@ -640,6 +739,25 @@ bool backward_outputs_fast(const double* xh, const double* g, int64_t n, double 
                      : backward_outputs_fast_portable<F, kRms>(xh, g, n, A, B, rs, out);
 }
 
+template <typename F, bool kRms, bool kW, bool kB>
+bool forward_outputs_any(bool hw, const double* v, int64_t n, double mu, double rs, const double* w, const double* b,
+                         typename F::Bits* out) {
+  return hw ? forward_outputs_fast_v4<F, kRms, kW, kB>(v, n, mu, rs, w, b, out)
+                     : forward_outputs_fast<F, kRms, kW, kB>(v, n, mu, rs, w, b, out);
+}
+
+// hw: use_lanes() and default_fp_env() (the caller's thread).
+template <typename F>
+bool forward_outputs(bool hw, const double* v, int64_t n, double mu, double rs, const double* w, const double* b,
+                     bool rms, typename F::Bits* out) {
+  if (rms) return w ? forward_outputs_any<F, true, true, false>(hw, v, n, mu, rs, w, b, out)
+                    : forward_outputs_any<F, true, false, false>(hw, v, n, mu, rs, w, b, out);
+  if (w) return b ? forward_outputs_any<F, false, true, true>(hw, v, n, mu, rs, w, b, out)
+                  : forward_outputs_any<F, false, true, false>(hw, v, n, mu, rs, w, b, out);
+  return b ? forward_outputs_any<F, false, false, true>(hw, v, n, mu, rs, w, b, out)
+           : forward_outputs_any<F, false, false, false>(hw, v, n, mu, rs, w, b, out);
+}
+
 // Rows per task: about 32K elements.
 int64_t grain_for(int64_t n) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(n, 1)); }
 
@@ -657,6 +775,7 @@ void forward_rows(const NormArgs& a, at::Tensor& y_tensor) {
   const int64_t depth = chain_depth(n);
   at::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
     std::vector<double> v(n);
+    const bool hw = use_lanes() && default_fp_env();
     for (int64_t r = begin; r < end; ++r) {
       double mu = 0.0, var;
       if (a.rms) {
@@ -674,7 +793,7 @@ void forward_rows(const NormArgs& a, at::Tensor& y_tensor) {
       const double rs = rstd_of(var, a.eps32);
       store32(rs, rstd + r);
       auto* out = y + r * n;
-      if (forward_outputs<F>(v.data(), n, mu, rs, w, b, a.rms, out)) continue;
+      if (forward_outputs<F>(hw, v.data(), n, mu, rs, w, b, a.rms, out)) continue;
       if (a.rms) {
         for (int64_t k = 0; k < n; ++k) store<F>(affine(rms_xhat(v[k], rs), w ? w + k : nullptr, nullptr), out + k);
       } else {
