@@ -68,19 +68,20 @@ CARBON_LANES_INLINE Lanes decode_lanes(const T* p) {
   for (int l = 0; l < kChains; ++l) v[l] = element_value(p[l]);
   return load_lanes(v);
 }
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // see below (forward outputs)
+// float32 and bfloat16 by the AVX-512 conversion of 8 floats at once (the
+// generic vector conversion was split into two halves by GCC).
 template <>
-CARBON_LANES_INLINE Lanes decode_lanes(const float* p) {
-  FloatLanes f;
-  std::memcpy(&f, p, sizeof f);
-  return __builtin_convertvector(f, Lanes);
+CARBON_LANES_INLINE CARBON_NORM_V4 Lanes decode_lanes(const float* p) {
+  return (Lanes)_mm512_cvtps_pd(_mm256_loadu_ps(p));
 }
 template <>
-CARBON_LANES_INLINE Lanes decode_lanes(const c10::BFloat16* p) {  // the top halves of float32s
-  HalfWordLanes h;
-  std::memcpy(&h, p, sizeof h);
-  const WordLanes bits = __builtin_convertvector(h, WordLanes) << 16;
-  return __builtin_convertvector((FloatLanes)bits, Lanes);
+CARBON_LANES_INLINE CARBON_NORM_V4 Lanes decode_lanes(const c10::BFloat16* p) {  // the top halves of float32s
+  const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return (Lanes)_mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
 }
+#pragma GCC diagnostic pop
 
 // sum v_k and sum |v_k|.
 CARBON_NORM_V4 Sums chain_sums_v4(const double* v, int64_t n) {
@@ -537,6 +538,63 @@ CARBON_NORM_V4 bool forward_outputs_fast_v4(const double* v, int64_t n, double m
   return bad == 0;
 }
 
+// ---------------------------------------------------------------- backward rows, AVX-512 + default MXCSR
+
+// backward_row_fast_v4 with the hardware float32 roundings (IEEE in the
+// default MXCSR state, so x-hat and g are round_double's values for every
+// input); a row with a NaN x-hat or g is flagged (the general path then
+// redoes it, as before). Then chain_grad_sums_v4, the same sums.
+template <typename T, bool kRms, bool kW>
+CARBON_NORM_V4 bool backward_row_fast_hw(const T* __restrict__ x, const T* __restrict__ dy, int64_t n, double mu,
+                                         double rs, const double* __restrict__ w, double* __restrict__ xh,
+                                         double* __restrict__ g, Sums* gs, Sums* gd) {
+  const __m512d vmu = _mm512_set1_pd(mu), vrs = _mm512_set1_pd(rs);
+  __mmask8 bad_lanes = 0;
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains) {
+    const __m512d v = (__m512d)decode_lanes(x + k), d = (__m512d)decode_lanes(dy + k);
+    const __m256 h = _mm512_cvtpd_ps(kRms ? _mm512_mul_pd(v, vrs) : _mm512_mul_pd(_mm512_sub_pd(v, vmu), vrs));
+    bad_lanes |= nan_lanes(h);
+    _mm512_storeu_pd(xh + k, _mm512_cvtps_pd(h));
+    if (kW) {
+      const __m256 q = _mm512_cvtpd_ps(_mm512_mul_pd(d, _mm512_loadu_pd(w + k)));
+      bad_lanes |= nan_lanes(q);
+      _mm512_storeu_pd(g + k, _mm512_cvtps_pd(q));
+    } else {
+      _mm512_storeu_pd(g + k, d);
+    }
+  }
+  uint64_t bad = bad_lanes != 0;
+  for (; k < n; ++k) {
+    const double v = element_value(x[k]), d = element_value(dy[k]);
+    xh[k] = round_fast<F32>(kRms ? v * rs : (v - mu) * rs, bad);
+    g[k] = kW ? round_fast<F32>(d * w[k], bad) : d;
+  }
+  if (bad != 0) return false;
+  chain_grad_sums_v4<!kRms>(g, xh, n, gs, gd);
+  return true;
+}
+
+// backward_outputs_fast_v4 with round_store_lanes (NaN lanes flagged).
+template <typename F, bool kRms>
+CARBON_NORM_V4 bool backward_outputs_fast_hw(const double* xh, const double* g, int64_t n, double A, double B,
+                                             double rs, typename F::Bits* out) {
+  const __m512d vA = _mm512_set1_pd(A), vB = _mm512_set1_pd(B), vrs = _mm512_set1_pd(rs);
+  __mmask8 bad_lanes = 0;
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains) {
+    const __m512d h = _mm512_loadu_pd(xh + k), q = _mm512_loadu_pd(g + k);
+    // rms_dx / ln_dx, the same operations lane by lane
+    const __m512d hb = _mm512_mul_pd(h, vB);
+    const __m512d dx = _mm512_mul_pd(vrs, kRms ? _mm512_sub_pd(q, hb) : _mm512_sub_pd(_mm512_sub_pd(q, vA), hb));
+    round_store_lanes<F>(out + k, dx, bad_lanes);
+  }
+  uint64_t bad = bad_lanes != 0;
+  for (; k < n; ++k)
+    out[k] = encode_fast<F>(round_fast<F>(kRms ? rms_dx(g[k], xh[k], B, rs) : ln_dx(g[k], xh[k], A, B, rs), bad));
+  return bad == 0;
+}
+
 #pragma GCC diagnostic pop
 
 // ---------------------------------------------------------------- dispatch
@@ -728,15 +786,17 @@ double decode_squares(const T* x, int64_t n, double* v) {
 template <typename T, bool kRms, bool kW>
 bool backward_row_fast(const T* x, const T* dy, int64_t n, double mu, double rs, const double* w, double* xh,
                        double* g, Sums* gs, Sums* gd) {
-  return use_lanes() ? backward_row_fast_v4<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd)
-                     : backward_row_fast_portable<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd);
+  if (!use_lanes()) return backward_row_fast_portable<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd);
+  return default_fp_env() ? backward_row_fast_hw<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd)
+                          : backward_row_fast_v4<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd);
 }
 
 template <typename F, bool kRms>
 bool backward_outputs_fast(const double* xh, const double* g, int64_t n, double A, double B, double rs,
                            typename F::Bits* out) {
-  return use_lanes() ? backward_outputs_fast_v4<F, kRms>(xh, g, n, A, B, rs, out)
-                     : backward_outputs_fast_portable<F, kRms>(xh, g, n, A, B, rs, out);
+  if (!use_lanes()) return backward_outputs_fast_portable<F, kRms>(xh, g, n, A, B, rs, out);
+  return default_fp_env() ? backward_outputs_fast_hw<F, kRms>(xh, g, n, A, B, rs, out)
+                          : backward_outputs_fast_v4<F, kRms>(xh, g, n, A, B, rs, out);
 }
 
 template <typename F, bool kRms, bool kW, bool kB>
