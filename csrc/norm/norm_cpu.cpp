@@ -13,6 +13,7 @@
 #include <cstring>
 #include <immintrin.h>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "../dtypes.h"
@@ -538,6 +539,46 @@ CARBON_NORM_V4 bool forward_outputs_fast_v4(const double* v, int64_t n, double m
   return bad == 0;
 }
 
+// forward_outputs_fast_v4 for bfloat16 output on CPUs with AVX512_BF16:
+// the last step, RN_bf16 of the round-to-odd float32, by the hardware's
+// float32 -> bfloat16 conversion (to nearest-even, NaN quieted, denormal
+// inputs flushed -- those lanes are flagged as in the bit form above).
+// The same loop otherwise; a separate function because the instruction
+// needs its own target.
+#define CARBON_NORM_V4_BF16 __attribute__((target("arch=x86-64-v4,avx512bf16")))
+template <bool kRms, bool kW, bool kB>
+CARBON_NORM_V4_BF16 bool forward_outputs_bf16_native(const double* v, int64_t n, double mu, double rs,
+                                                     const double* w, const double* b, uint16_t* out) {
+  const __m512d vmu = _mm512_set1_pd(mu), vrs = _mm512_set1_pd(rs);
+  __mmask8 bad_lanes = 0;
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    const __m512d e = _mm512_loadu_pd(v + k);
+    const __m512d p = kRms ? _mm512_mul_pd(e, vrs) : _mm512_mul_pd(_mm512_sub_pd(e, vmu), vrs);
+    const __m512d xh = _mm512_cvtps_pd(_mm512_cvtpd_ps(p));
+    __m512d y = kW ? _mm512_mul_pd(xh, _mm512_loadu_pd(w + k)) : xh;
+    if (kB) y = _mm512_add_pd(y, _mm512_loadu_pd(b + k));
+    const __m256i u = round_to_odd32(y);
+    bad_lanes |= bf16_bad_lanes(u);
+    const __m128bh r = _mm256_cvtneps_pbh(_mm256_castsi256_ps(u));
+    std::memcpy(out + k, &r, sizeof r);
+  }
+  using BF16 = Format<FormatId::kBFloat16>;
+  uint64_t bad = bad_lanes != 0;
+  for (; k < n; ++k) {
+    const double xh = round_fast<F32>(kRms ? v[k] * rs : (v[k] - mu) * rs, bad);
+    double y = kW ? xh * w[k] : xh;
+    if (kB) y = y + b[k];
+    out[k] = encode_fast<BF16>(round_fast<BF16>(y, bad));
+  }
+  return bad == 0;
+}
+
+bool has_avx512_bf16() {
+  static const bool yes = __builtin_cpu_supports("avx512bf16");
+  return yes;
+}
+
 // ---------------------------------------------------------------- backward rows, AVX-512 + default MXCSR
 
 // backward_row_fast_v4 with the hardware float32 roundings (IEEE in the
@@ -802,6 +843,8 @@ bool backward_outputs_fast(const double* xh, const double* g, int64_t n, double 
 template <typename F, bool kRms, bool kW, bool kB>
 bool forward_outputs_any(bool hw, const double* v, int64_t n, double mu, double rs, const double* w, const double* b,
                          typename F::Bits* out) {
+  if constexpr (std::is_same_v<F, Format<FormatId::kBFloat16>>)
+    if (hw && has_avx512_bf16()) return forward_outputs_bf16_native<kRms, kW, kB>(v, n, mu, rs, w, b, out);
   return hw ? forward_outputs_fast_v4<F, kRms, kW, kB>(v, n, mu, rs, w, b, out)
                      : forward_outputs_fast<F, kRms, kW, kB>(v, n, mu, rs, w, b, out);
 }
