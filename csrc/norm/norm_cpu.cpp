@@ -193,6 +193,62 @@ CARBON_NORM_V4 double decode_squares_v4(const T* x, int64_t n, double* v) {
   return fold_chains(sc);
 }
 
+// decode_sums_v4 and, in the same pass, the sum of the exact squares v_k^2
+// in the same chains (element k into chain k mod kChains, the tail into
+// chain 0, then fold_chains: the tree of chain_squares(v, 0.0, n)).
+template <typename T>
+CARBON_NORM_V4 Sums decode_moments_v4(const T* x, int64_t n, double* v, double* squares) {
+  Lanes s = {}, a = {}, q = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains) {
+    const Lanes e = decode_lanes(x + k);
+    store_lanes(v + k, e);
+    s = s + e;
+    a = a + abs_lanes(e);
+    q = q + e * e;
+  }
+  double sc[kChains], ac[kChains], qc[kChains];
+  store_lanes(sc, s);
+  store_lanes(ac, a);
+  store_lanes(qc, q);
+  for (; k < n; ++k) {
+    const double e = element_value(x[k]);
+    v[k] = e;
+    sc[0] = sc[0] + e;
+    ac[0] = ac[0] + abs_value(e);
+    qc[0] = qc[0] + e * e;
+  }
+  *squares = fold_chains(qc);
+  return {fold_chains(sc), fold_chains(ac)};
+}
+
+// Tier 1 of var = RN32(C / n), C = sum (x_k - mu)^2 (real squares), from the
+// first pass's sums alone, without the centred pass: C = S2 - 2 mu S1 + n mu^2
+// exactly, S1 = sum x_k, S2 = sum x_k^2 (exact squares: products of two
+// float values). T1, TA, T2 are the fp64 sums of x_k, |x_k|, x_k^2 by a
+// tree of depth d, so with g = gamma_d:
+//   |T1 - S1| <= g A1,  A1 = sum |x_k| <= TA / (1 - g),
+//   |T2 - S2| <= g S2 <= g T2 / (1 - g)           (nonnegative terms).
+// Computed: P = fl(2mu (x) T1) (2mu exact), Q = fl(T2 - P),
+// R = fl(n (x) (mu (x) mu)) (mu^2 exact), Ct = fl(Q + R); each rounding errs by
+// at most u = 2^-53 of its result (no result is subnormal: every nonzero
+// one is at least 2^-298), so
+//   |Ct - C| <= g (T2 + 2|mu| TA) / (1 - g) + u (|P| + |Q| + |R| + |Ct|),
+// and kBoundSlack covers 1 / (1 - g) < 1 + 2^-21 and the roundings of the
+// bound. The usual monotone test on Ct / n then decides; C near 0 (or a
+// large mean against a small spread, where the bound is loose) is not
+// decided and the caller takes the centred pass.
+bool variance_from_moments(double T1, double TA, double T2, double mu, int64_t n, int64_t depth, double* out) {
+  const double P = (2.0 * mu) * T1;
+  const double Q = T2 - P;
+  const double R = static_cast<double>(n) * (mu * mu);
+  const double Ct = Q + R;
+  const double beta = (gamma_n(depth) * (T2 + abs_value(2.0 * mu) * TA) +
+                       kUnitRoundoff * (abs_value(P) + abs_value(Q) + abs_value(R) + abs_value(Ct))) *
+                      kBoundSlack;
+  return round_quotient_if_decided(Ct, beta, static_cast<double>(n), F32::get(), out);
+}
+
 // Exact tier of RN32(sum v / n).
 double exact_mean(const double* v, int64_t n) {
   int64_t limb[kLimbs];
@@ -878,17 +934,22 @@ void forward_rows(const NormArgs& a, at::Tensor& y_tensor) {
   const int64_t depth = chain_depth(n);
   at::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
     std::vector<double> v(n);
-    const bool hw = use_lanes() && default_fp_env();
+    const bool lanes = use_lanes(), hw = lanes && default_fp_env();
     for (int64_t r = begin; r < end; ++r) {
       double mu = 0.0, var;
       if (a.rms) {
         if (!mean_of_squares_fast(decode_squares(x + r * n, n, v.data()), n, depth, 0, &var))
           var = exact_mean_dot(v.data(), v.data(), n);
       } else {
-        const Sums s = decode_sums(x + r * n, n, v.data());
+        // With AVX-512 the first pass also sums the squares, and most rows'
+        // variance is decided from those moments without the centred pass.
+        double squares = 0.0;
+        const Sums s = lanes ? decode_moments_v4(x + r * n, n, v.data(), &squares) : decode_sums(x + r * n, n, v.data());
         if (!mean_fast(s.sum, s.abs_sum, n, depth, &mu)) mu = exact_mean(v.data(), n);
         if (!is_finite(mu))  // a row with an inf or a NaN
           var = canonical_nan();
+        else if (lanes && variance_from_moments(s.sum, s.abs_sum, squares, mu, n, depth, &var))
+          ;
         else if (!mean_of_squares_fast(chain_squares(v.data(), mu, n), n, depth, 3, &var))
           var = exact_mean_centered_squares(v.data(), mu, n);
         store32(mu, mean + r);
