@@ -639,36 +639,63 @@ bool has_avx512_bf16() {
 
 // backward_row_fast_v4 with the hardware float32 roundings (IEEE in the
 // default MXCSR state, so x-hat and g are round_double's values for every
-// input); a row with a NaN x-hat or g is flagged (the general path then
-// redoes it, as before). Then chain_grad_sums_v4, the same sums.
+// input), and chain_grad_sums_v4's sums in the same pass (the same chains:
+// element k into lane k mod kChains in order, the tail into chain 0
+// afterwards, then fold_chains). A row with a NaN x-hat or g is flagged
+// (the general path then redoes it, as before).
 template <typename T, bool kRms, bool kW>
 CARBON_NORM_V4 bool backward_row_fast_hw(const T* __restrict__ x, const T* __restrict__ dy, int64_t n, double mu,
                                          double rs, const double* __restrict__ w, double* __restrict__ xh,
                                          double* __restrict__ g, Sums* gs, Sums* gd) {
+  constexpr bool kSums = !kRms;
   const __m512d vmu = _mm512_set1_pd(mu), vrs = _mm512_set1_pd(rs);
+  __m512d ss = _mm512_setzero_pd(), sa = _mm512_setzero_pd(), ds = _mm512_setzero_pd(), da = _mm512_setzero_pd();
   __mmask8 bad_lanes = 0;
   int64_t k = 0;
   for (; k + kChains <= n; k += kChains) {
     const __m512d v = (__m512d)decode_lanes(x + k), d = (__m512d)decode_lanes(dy + k);
-    const __m256 h = _mm512_cvtpd_ps(kRms ? _mm512_mul_pd(v, vrs) : _mm512_mul_pd(_mm512_sub_pd(v, vmu), vrs));
-    bad_lanes |= nan_lanes(h);
-    _mm512_storeu_pd(xh + k, _mm512_cvtps_pd(h));
+    const __m256 h32 = _mm512_cvtpd_ps(kRms ? _mm512_mul_pd(v, vrs) : _mm512_mul_pd(_mm512_sub_pd(v, vmu), vrs));
+    bad_lanes |= nan_lanes(h32);
+    const __m512d h = _mm512_cvtps_pd(h32);
+    _mm512_storeu_pd(xh + k, h);
+    __m512d q = d;
     if (kW) {
-      const __m256 q = _mm512_cvtpd_ps(_mm512_mul_pd(d, _mm512_loadu_pd(w + k)));
-      bad_lanes |= nan_lanes(q);
-      _mm512_storeu_pd(g + k, _mm512_cvtps_pd(q));
-    } else {
-      _mm512_storeu_pd(g + k, d);
+      const __m256 q32 = _mm512_cvtpd_ps(_mm512_mul_pd(d, _mm512_loadu_pd(w + k)));
+      bad_lanes |= nan_lanes(q32);
+      q = _mm512_cvtps_pd(q32);
     }
+    _mm512_storeu_pd(g + k, q);
+    if (kSums) {
+      ss = _mm512_add_pd(ss, q);
+      sa = _mm512_add_pd(sa, _mm512_abs_pd(q));
+    }
+    const __m512d p = _mm512_mul_pd(q, h);
+    ds = _mm512_add_pd(ds, p);
+    da = _mm512_add_pd(da, _mm512_abs_pd(p));
   }
+  double ssc[kChains], sac[kChains], dsc[kChains], dac[kChains];
+  _mm512_storeu_pd(ssc, ss);
+  _mm512_storeu_pd(sac, sa);
+  _mm512_storeu_pd(dsc, ds);
+  _mm512_storeu_pd(dac, da);
   uint64_t bad = bad_lanes != 0;
   for (; k < n; ++k) {
     const double v = element_value(x[k]), d = element_value(dy[k]);
-    xh[k] = round_fast<F32>(kRms ? v * rs : (v - mu) * rs, bad);
-    g[k] = kW ? round_fast<F32>(d * w[k], bad) : d;
+    const double h = round_fast<F32>(kRms ? v * rs : (v - mu) * rs, bad);
+    const double q = kW ? round_fast<F32>(d * w[k], bad) : d;
+    xh[k] = h;
+    g[k] = q;
+    if (kSums) {
+      ssc[0] = ssc[0] + q;
+      sac[0] = sac[0] + abs_value(q);
+    }
+    const double p = q * h;
+    dsc[0] = dsc[0] + p;
+    dac[0] = dac[0] + abs_value(p);
   }
   if (bad != 0) return false;
-  chain_grad_sums_v4<!kRms>(g, xh, n, gs, gd);
+  if (kSums) *gs = {fold_chains(ssc), fold_chains(sac)};
+  *gd = {fold_chains(dsc), fold_chains(dac)};
   return true;
 }
 
