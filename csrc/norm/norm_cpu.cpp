@@ -1145,6 +1145,26 @@ struct ColumnPartials {
         sb(new double[blocks_ * n_]), ab(new double[blocks_ * n_]) {}
 };
 
+// sum[j] = s[0 * n + j] + s[1 * n + j] + ... (block order, from 0.0) and
+// the same for the absolute partials a, for j < width.
+CARBON_NORM_CLONES void add_block_partials_loop(const double* __restrict__ s, const double* __restrict__ a,
+                                                int64_t blocks, int64_t n, int64_t width, double* __restrict__ sum,
+                                                double* __restrict__ abs_sum) {
+  for (int64_t j = 0; j < width; ++j) sum[j] = abs_sum[j] = 0.0;
+  for (int64_t c = 0; c < blocks; ++c)
+    for (int64_t j = 0; j < width; ++j) {
+      sum[j] = sum[j] + s[c * n + j];
+      abs_sum[j] = abs_sum[j] + a[c * n + j];
+    }
+}
+
+void add_block_partials(const double* s, const double* a, int64_t blocks, int64_t n, int64_t width,
+                        std::vector<double>& sum, std::vector<double>& abs_sum) {
+  sum.resize(width);
+  abs_sum.resize(width);
+  add_block_partials_loop(s, a, blocks, n, width, sum.data(), abs_sum.data());
+}
+
 // dw[j] = RN(sum_r dy[r, j] * xhat[r, j]), db[j] = RN(sum_r dy[r, j]) from the
 // partials of blocks of at most block_rows rows: each column adds its blocks'
 // partials in block order (depth block_rows + blocks + 1) and decides; an
@@ -1167,14 +1187,16 @@ void finish_columns(const NormArgs& a, const at::Tensor& dy_tensor, const Column
   auto* dw = want_w ? static_cast<typename F::Bits*>(dw_tensor.mutable_data_ptr()) : nullptr;
   auto* db = want_b ? static_cast<typename F::Bits*>(db_tensor.mutable_data_ptr()) : nullptr;
   at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+    // Each column's blocks added in block order, the columns side by side
+    // (contiguous rows of the partials, so the loop vectorizes).
+    const int64_t width = end - begin;
+    std::vector<double> col_sw, col_aw, col_sb, col_ab;
+    if (want_w) add_block_partials(sw + begin, aw + begin, chunks, n, width, col_sw, col_aw);
+    if (want_b) add_block_partials(sb + begin, ab + begin, chunks, n, width, col_sb, col_ab);
     for (int64_t j = begin; j < end; ++j) {
       double value;
       if (want_w) {
-        double s_w = 0.0, a_w = 0.0;
-        for (int64_t c = 0; c < chunks; ++c) {
-          s_w = s_w + sw[c * n + j];
-          a_w = a_w + aw[c * n + j];
-        }
+        const double s_w = col_sw[j - begin], a_w = col_aw[j - begin];
         if (!reduce_round_fast(s_w, a_w, rows, depth, false, f, &value)) {
           int64_t limb[kLimbs];
           uint32_t flags;
@@ -1189,11 +1211,7 @@ void finish_columns(const NormArgs& a, const at::Tensor& dy_tensor, const Column
         dw[j] = static_cast<typename F::Bits>(encode(value, f));
       }
       if (want_b) {
-        double s_b = 0.0, a_b = 0.0;
-        for (int64_t c = 0; c < chunks; ++c) {
-          s_b = s_b + sb[c * n + j];
-          a_b = a_b + ab[c * n + j];
-        }
+        const double s_b = col_sb[j - begin], a_b = col_ab[j - begin];
         if (!reduce_round_fast(s_b, a_b, rows, depth, false, f, &value)) {
           int64_t limb[kLimbs];
           uint32_t flags;
