@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <immintrin.h>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "../dtypes.h"
@@ -67,19 +69,20 @@ CARBON_LANES_INLINE Lanes decode_lanes(const T* p) {
   for (int l = 0; l < kChains; ++l) v[l] = element_value(p[l]);
   return load_lanes(v);
 }
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // see below (forward outputs)
+// float32 and bfloat16 by the AVX-512 conversion of 8 floats at once (the
+// generic vector conversion was split into two halves by GCC).
 template <>
-CARBON_LANES_INLINE Lanes decode_lanes(const float* p) {
-  FloatLanes f;
-  std::memcpy(&f, p, sizeof f);
-  return __builtin_convertvector(f, Lanes);
+CARBON_LANES_INLINE CARBON_NORM_V4 Lanes decode_lanes(const float* p) {
+  return (Lanes)_mm512_cvtps_pd(_mm256_loadu_ps(p));
 }
 template <>
-CARBON_LANES_INLINE Lanes decode_lanes(const c10::BFloat16* p) {  // the top halves of float32s
-  HalfWordLanes h;
-  std::memcpy(&h, p, sizeof h);
-  const WordLanes bits = __builtin_convertvector(h, WordLanes) << 16;
-  return __builtin_convertvector((FloatLanes)bits, Lanes);
+CARBON_LANES_INLINE CARBON_NORM_V4 Lanes decode_lanes(const c10::BFloat16* p) {  // the top halves of float32s
+  const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return (Lanes)_mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
 }
+#pragma GCC diagnostic pop
 
 // sum v_k and sum |v_k|.
 CARBON_NORM_V4 Sums chain_sums_v4(const double* v, int64_t n) {
@@ -188,6 +191,62 @@ CARBON_NORM_V4 double decode_squares_v4(const T* x, int64_t n, double* v) {
     sc[0] = sc[0] + d * d;
   }
   return fold_chains(sc);
+}
+
+// decode_sums_v4 and, in the same pass, the sum of the exact squares v_k^2
+// in the same chains (element k into chain k mod kChains, the tail into
+// chain 0, then fold_chains: the tree of chain_squares(v, 0.0, n)).
+template <typename T>
+CARBON_NORM_V4 Sums decode_moments_v4(const T* x, int64_t n, double* v, double* squares) {
+  Lanes s = {}, a = {}, q = {};
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains) {
+    const Lanes e = decode_lanes(x + k);
+    store_lanes(v + k, e);
+    s = s + e;
+    a = a + abs_lanes(e);
+    q = q + e * e;
+  }
+  double sc[kChains], ac[kChains], qc[kChains];
+  store_lanes(sc, s);
+  store_lanes(ac, a);
+  store_lanes(qc, q);
+  for (; k < n; ++k) {
+    const double e = element_value(x[k]);
+    v[k] = e;
+    sc[0] = sc[0] + e;
+    ac[0] = ac[0] + abs_value(e);
+    qc[0] = qc[0] + e * e;
+  }
+  *squares = fold_chains(qc);
+  return {fold_chains(sc), fold_chains(ac)};
+}
+
+// Tier 1 of var = RN32(C / n), C = sum (x_k - mu)^2 (real squares), from the
+// first pass's sums alone, without the centred pass: C = S2 - 2 mu S1 + n mu^2
+// exactly, S1 = sum x_k, S2 = sum x_k^2 (exact squares: products of two
+// float values). T1, TA, T2 are the fp64 sums of x_k, |x_k|, x_k^2 by a
+// tree of depth d, so with g = gamma_d:
+//   |T1 - S1| <= g A1,  A1 = sum |x_k| <= TA / (1 - g),
+//   |T2 - S2| <= g S2 <= g T2 / (1 - g)           (nonnegative terms).
+// Computed: P = fl(2mu (x) T1) (2mu exact), Q = fl(T2 - P),
+// R = fl(n (x) (mu (x) mu)) (mu^2 exact), Ct = fl(Q + R); each rounding errs by
+// at most u = 2^-53 of its result (no result is subnormal: every nonzero
+// one is at least 2^-298), so
+//   |Ct - C| <= g (T2 + 2|mu| TA) / (1 - g) + u (|P| + |Q| + |R| + |Ct|),
+// and kBoundSlack covers 1 / (1 - g) < 1 + 2^-21 and the roundings of the
+// bound. The usual monotone test on Ct / n then decides; C near 0 (or a
+// large mean against a small spread, where the bound is loose) is not
+// decided and the caller takes the centred pass.
+bool variance_from_moments(double T1, double TA, double T2, double mu, int64_t n, int64_t depth, double* out) {
+  const double P = (2.0 * mu) * T1;
+  const double Q = T2 - P;
+  const double R = static_cast<double>(n) * (mu * mu);
+  const double Ct = Q + R;
+  const double beta = (gamma_n(depth) * (T2 + abs_value(2.0 * mu) * TA) +
+                       kUnitRoundoff * (abs_value(P) + abs_value(Q) + abs_value(R) + abs_value(Ct))) *
+                      kBoundSlack;
+  return round_quotient_if_decided(Ct, beta, static_cast<double>(n), F32::get(), out);
 }
 
 // Exact tier of RN32(sum v / n).
@@ -350,17 +409,6 @@ CARBON_NORM_CLONES bool forward_outputs_fast(const double* v, int64_t n, double 
   return bad == 0;
 }
 
-template <typename F>
-bool forward_outputs(const double* v, int64_t n, double mu, double rs, const double* w, const double* b, bool rms,
-                     typename F::Bits* out) {
-  if (rms) return w ? forward_outputs_fast<F, true, true, false>(v, n, mu, rs, w, b, out)
-                    : forward_outputs_fast<F, true, false, false>(v, n, mu, rs, w, b, out);
-  if (w) return b ? forward_outputs_fast<F, false, true, true>(v, n, mu, rs, w, b, out)
-                  : forward_outputs_fast<F, false, true, false>(v, n, mu, rs, w, b, out);
-  return b ? forward_outputs_fast<F, false, false, true>(v, n, mu, rs, w, b, out)
-           : forward_outputs_fast<F, false, false, false>(v, n, mu, rs, w, b, out);
-}
-
 // chain_sums(g) (kSums) and chain_dot(g, xh) in one pass: the same
 // additions in the same chains and order, so the same fp64 sums.
 template <bool kSums>
@@ -439,6 +487,239 @@ CARBON_NORM_V4 bool backward_outputs_fast_v4(const double* xh, const double* g, 
     out[k] = encode_fast<F>(round_fast<F>(kRms ? rms_dx(g[k], xh[k], B, rs) : ln_dx(g[k], xh[k], A, B, rs), bad));
   return bad == 0;
 }
+
+// ---------------------------------------------------------------- forward outputs, AVX-512
+
+// GCC 12 reports the _mm512_undefined_pd() inside some conversion
+// intrinsics as "may be used uninitialized" (a false positive in
+// avx512fintrin.h).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// The forward's output loop rounds with the hardware conversions, which are
+// IEEE roundings (correct for every finite value, subnormal results
+// included) as long as the thread's MXCSR is the default: round to
+// nearest-even, no flush-to-zero, no denormals-are-zero, exceptions masked.
+// That is checked once per chunk of rows (MXCSR is per thread); otherwise
+// the integer-rounding loops run. Either way the bits are round_double's.
+inline bool default_fp_env() { return (_mm_getcsr() & 0xFFC0u) == 0x1F80u; }
+
+// Lanes holding a NaN: the hardware keeps a NaN's sign and payload, Carbon
+// writes the canonical NaN, so a row with one is redone by the general path.
+CARBON_NORM_V4 inline __mmask8 nan_lanes(__m256 f) { return _mm256_fpclass_ps_mask(f, 0x81); }  // QNaN | SNaN
+
+// Round to odd into float32 (truncate, then set the last bit when inexact):
+// it keeps at least 13 bits below the last bit of bfloat16 and float16, so
+// rounding the result to nearest-even in either gives RN of the double
+// (rounding to odd with two or more extra bits never double-rounds). The
+// inexact test looks at the 29 significand bits float32 drops, which is
+// exact for |y| >= 2^-126 (above float32's range truncation gives its
+// largest finite value, odd already, which rounds to infinity in both
+// formats as RN does). Below 2^-126 the result may lack its sticky bit:
+// bfloat16 flags those lanes (float32 subnormals; a zero result means
+// |y| < 2^-149, which rounds to a zero of y's sign anyway), and float16
+// rounds every such y to a zero of its sign whatever the sticky bit.
+CARBON_NORM_V4 inline __m256i round_to_odd32(__m512d y) {
+  const __m256i z = _mm256_castps_si256(_mm512_cvt_roundpd_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
+  const __mmask8 inexact = _mm512_test_epi64_mask(_mm512_castpd_si512(y), _mm512_set1_epi64((1 << 29) - 1));
+  return _mm256_mask_or_epi32(z, inexact, z, _mm256_set1_epi32(1));
+}
+
+// Lanes of a round_to_odd32 result that bfloat16 cannot take by the bit
+// operations below: NaN, and float32 subnormals (whose sticky bit may be
+// missing).
+CARBON_NORM_V4 inline __mmask8 bf16_bad_lanes(__m256i u) {
+  return _mm256_fpclass_ps_mask(_mm256_castsi256_ps(u), 0xA1);  // QNaN | SNaN | denormal
+}
+
+// RN_F of 8 doubles, stored as F's bits; lanes the caller must redo
+// flagged in `bad`.
+template <typename F>
+CARBON_NORM_V4 inline void round_store_lanes(typename F::Bits* out, __m512d y, __mmask8& bad);
+template <>
+CARBON_NORM_V4 inline void round_store_lanes<F32>(uint32_t* out, __m512d y, __mmask8& bad) {
+  const __m256 f = _mm512_cvtpd_ps(y);
+  bad |= nan_lanes(f);
+  _mm256_storeu_ps(reinterpret_cast<float*>(out), f);
+}
+// bfloat16 is the top half of float32: round_normal_bits on the float32
+// bits (add 0x7FFF plus the last kept bit, truncate) is RN_bf16 of a normal
+// float32; a carry out of the largest finite value gives the bits of
+// infinity, RN's overflow; +-inf and +-0 stay themselves.
+template <>
+CARBON_NORM_V4 inline void round_store_lanes<Format<FormatId::kBFloat16>>(uint16_t* out, __m512d y, __mmask8& bad) {
+  const __m256i u = round_to_odd32(y);
+  bad |= bf16_bad_lanes(u);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd), 16);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_cvtepi32_epi16(r));
+}
+// float16: the hardware float32 -> float16 conversion, to nearest-even
+// (float16's subnormals included; a float32-subnormal or zero input is
+// below half its smallest subnormal and gives a zero of its sign either
+// way).
+template <>
+CARBON_NORM_V4 inline void round_store_lanes<Format<FormatId::kFloat16>>(uint16_t* out, __m512d y, __mmask8& bad) {
+  const __m256i u = round_to_odd32(y);
+  bad |= nan_lanes(_mm256_castsi256_ps(u));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
+                   _mm256_cvtps_ph(_mm256_castsi256_ps(u), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+// forward_outputs_fast, 8 elements at a time, for a thread in the default
+// MXCSR state: x-hat = RN32 by the hardware conversion, y rounded by
+// round_store_lanes (the same operations on each element; the tail as
+// forward_outputs_fast). A NaN x-hat makes y NaN (x-hat (x) w (+) b), so
+// only y is checked.
+template <typename F, bool kRms, bool kW, bool kB>
+CARBON_NORM_V4 bool forward_outputs_fast_v4(const double* v, int64_t n, double mu, double rs, const double* w,
+                                            const double* b, typename F::Bits* out) {
+  const __m512d vmu = _mm512_set1_pd(mu), vrs = _mm512_set1_pd(rs);
+  __mmask8 bad_lanes = 0;
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    const __m512d e = _mm512_loadu_pd(v + k);
+    const __m512d p = kRms ? _mm512_mul_pd(e, vrs) : _mm512_mul_pd(_mm512_sub_pd(e, vmu), vrs);
+    const __m512d xh = _mm512_cvtps_pd(_mm512_cvtpd_ps(p));
+    __m512d y = kW ? _mm512_mul_pd(xh, _mm512_loadu_pd(w + k)) : xh;
+    if (kB) y = _mm512_add_pd(y, _mm512_loadu_pd(b + k));
+    round_store_lanes<F>(out + k, y, bad_lanes);
+  }
+  uint64_t bad = bad_lanes != 0;
+  for (; k < n; ++k) {
+    const double xh = round_fast<F32>(kRms ? v[k] * rs : (v[k] - mu) * rs, bad);
+    double y = kW ? xh * w[k] : xh;
+    if (kB) y = y + b[k];
+    out[k] = encode_fast<F>(round_fast<F>(y, bad));
+  }
+  return bad == 0;
+}
+
+// forward_outputs_fast_v4 for bfloat16 output on CPUs with AVX512_BF16:
+// the last step, RN_bf16 of the round-to-odd float32, by the hardware's
+// float32 -> bfloat16 conversion (to nearest-even, NaN quieted, denormal
+// inputs flushed -- those lanes are flagged as in the bit form above).
+// The same loop otherwise; a separate function because the instruction
+// needs its own target.
+#define CARBON_NORM_V4_BF16 __attribute__((target("arch=x86-64-v4,avx512bf16")))
+template <bool kRms, bool kW, bool kB>
+CARBON_NORM_V4_BF16 bool forward_outputs_bf16_native(const double* v, int64_t n, double mu, double rs,
+                                                     const double* w, const double* b, uint16_t* out) {
+  const __m512d vmu = _mm512_set1_pd(mu), vrs = _mm512_set1_pd(rs);
+  __mmask8 bad_lanes = 0;
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    const __m512d e = _mm512_loadu_pd(v + k);
+    const __m512d p = kRms ? _mm512_mul_pd(e, vrs) : _mm512_mul_pd(_mm512_sub_pd(e, vmu), vrs);
+    const __m512d xh = _mm512_cvtps_pd(_mm512_cvtpd_ps(p));
+    __m512d y = kW ? _mm512_mul_pd(xh, _mm512_loadu_pd(w + k)) : xh;
+    if (kB) y = _mm512_add_pd(y, _mm512_loadu_pd(b + k));
+    const __m256i u = round_to_odd32(y);
+    bad_lanes |= bf16_bad_lanes(u);
+    const __m128bh r = _mm256_cvtneps_pbh(_mm256_castsi256_ps(u));
+    std::memcpy(out + k, &r, sizeof r);
+  }
+  using BF16 = Format<FormatId::kBFloat16>;
+  uint64_t bad = bad_lanes != 0;
+  for (; k < n; ++k) {
+    const double xh = round_fast<F32>(kRms ? v[k] * rs : (v[k] - mu) * rs, bad);
+    double y = kW ? xh * w[k] : xh;
+    if (kB) y = y + b[k];
+    out[k] = encode_fast<BF16>(round_fast<BF16>(y, bad));
+  }
+  return bad == 0;
+}
+
+bool has_avx512_bf16() {
+  static const bool yes = __builtin_cpu_supports("avx512bf16");
+  return yes;
+}
+
+// ---------------------------------------------------------------- backward rows, AVX-512 + default MXCSR
+
+// backward_row_fast_v4 with the hardware float32 roundings (IEEE in the
+// default MXCSR state, so x-hat and g are round_double's values for every
+// input), and chain_grad_sums_v4's sums in the same pass (the same chains:
+// element k into lane k mod kChains in order, the tail into chain 0
+// afterwards, then fold_chains). A row with a NaN x-hat or g is flagged
+// (the general path then redoes it, as before).
+template <typename T, bool kRms, bool kW>
+CARBON_NORM_V4 bool backward_row_fast_hw(const T* __restrict__ x, const T* __restrict__ dy, int64_t n, double mu,
+                                         double rs, const double* __restrict__ w, double* __restrict__ xh,
+                                         double* __restrict__ g, Sums* gs, Sums* gd) {
+  constexpr bool kSums = !kRms;
+  const __m512d vmu = _mm512_set1_pd(mu), vrs = _mm512_set1_pd(rs);
+  __m512d ss = _mm512_setzero_pd(), sa = _mm512_setzero_pd(), ds = _mm512_setzero_pd(), da = _mm512_setzero_pd();
+  __mmask8 bad_lanes = 0;
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains) {
+    const __m512d v = (__m512d)decode_lanes(x + k), d = (__m512d)decode_lanes(dy + k);
+    const __m256 h32 = _mm512_cvtpd_ps(kRms ? _mm512_mul_pd(v, vrs) : _mm512_mul_pd(_mm512_sub_pd(v, vmu), vrs));
+    bad_lanes |= nan_lanes(h32);
+    const __m512d h = _mm512_cvtps_pd(h32);
+    _mm512_storeu_pd(xh + k, h);
+    __m512d q = d;
+    if (kW) {
+      const __m256 q32 = _mm512_cvtpd_ps(_mm512_mul_pd(d, _mm512_loadu_pd(w + k)));
+      bad_lanes |= nan_lanes(q32);
+      q = _mm512_cvtps_pd(q32);
+    }
+    _mm512_storeu_pd(g + k, q);
+    if (kSums) {
+      ss = _mm512_add_pd(ss, q);
+      sa = _mm512_add_pd(sa, _mm512_abs_pd(q));
+    }
+    const __m512d p = _mm512_mul_pd(q, h);
+    ds = _mm512_add_pd(ds, p);
+    da = _mm512_add_pd(da, _mm512_abs_pd(p));
+  }
+  double ssc[kChains], sac[kChains], dsc[kChains], dac[kChains];
+  _mm512_storeu_pd(ssc, ss);
+  _mm512_storeu_pd(sac, sa);
+  _mm512_storeu_pd(dsc, ds);
+  _mm512_storeu_pd(dac, da);
+  uint64_t bad = bad_lanes != 0;
+  for (; k < n; ++k) {
+    const double v = element_value(x[k]), d = element_value(dy[k]);
+    const double h = round_fast<F32>(kRms ? v * rs : (v - mu) * rs, bad);
+    const double q = kW ? round_fast<F32>(d * w[k], bad) : d;
+    xh[k] = h;
+    g[k] = q;
+    if (kSums) {
+      ssc[0] = ssc[0] + q;
+      sac[0] = sac[0] + abs_value(q);
+    }
+    const double p = q * h;
+    dsc[0] = dsc[0] + p;
+    dac[0] = dac[0] + abs_value(p);
+  }
+  if (bad != 0) return false;
+  if (kSums) *gs = {fold_chains(ssc), fold_chains(sac)};
+  *gd = {fold_chains(dsc), fold_chains(dac)};
+  return true;
+}
+
+// backward_outputs_fast_v4 with round_store_lanes (NaN lanes flagged).
+template <typename F, bool kRms>
+CARBON_NORM_V4 bool backward_outputs_fast_hw(const double* xh, const double* g, int64_t n, double A, double B,
+                                             double rs, typename F::Bits* out) {
+  const __m512d vA = _mm512_set1_pd(A), vB = _mm512_set1_pd(B), vrs = _mm512_set1_pd(rs);
+  __mmask8 bad_lanes = 0;
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains) {
+    const __m512d h = _mm512_loadu_pd(xh + k), q = _mm512_loadu_pd(g + k);
+    // rms_dx / ln_dx, the same operations lane by lane
+    const __m512d hb = _mm512_mul_pd(h, vB);
+    const __m512d dx = _mm512_mul_pd(vrs, kRms ? _mm512_sub_pd(q, hb) : _mm512_sub_pd(_mm512_sub_pd(q, vA), hb));
+    round_store_lanes<F>(out + k, dx, bad_lanes);
+  }
+  uint64_t bad = bad_lanes != 0;
+  for (; k < n; ++k)
+    out[k] = encode_fast<F>(round_fast<F>(kRms ? rms_dx(g[k], xh[k], B, rs) : ln_dx(g[k], xh[k], A, B, rs), bad));
+  return bad == 0;
+}
+
+#pragma GCC diagnostic pop
 
 // ---------------------------------------------------------------- dispatch
 
@@ -629,15 +910,38 @@ double decode_squares(const T* x, int64_t n, double* v) {
 template <typename T, bool kRms, bool kW>
 bool backward_row_fast(const T* x, const T* dy, int64_t n, double mu, double rs, const double* w, double* xh,
                        double* g, Sums* gs, Sums* gd) {
-  return use_lanes() ? backward_row_fast_v4<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd)
-                     : backward_row_fast_portable<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd);
+  if (!use_lanes()) return backward_row_fast_portable<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd);
+  return default_fp_env() ? backward_row_fast_hw<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd)
+                          : backward_row_fast_v4<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd);
 }
 
 template <typename F, bool kRms>
 bool backward_outputs_fast(const double* xh, const double* g, int64_t n, double A, double B, double rs,
                            typename F::Bits* out) {
-  return use_lanes() ? backward_outputs_fast_v4<F, kRms>(xh, g, n, A, B, rs, out)
-                     : backward_outputs_fast_portable<F, kRms>(xh, g, n, A, B, rs, out);
+  if (!use_lanes()) return backward_outputs_fast_portable<F, kRms>(xh, g, n, A, B, rs, out);
+  return default_fp_env() ? backward_outputs_fast_hw<F, kRms>(xh, g, n, A, B, rs, out)
+                          : backward_outputs_fast_v4<F, kRms>(xh, g, n, A, B, rs, out);
+}
+
+template <typename F, bool kRms, bool kW, bool kB>
+bool forward_outputs_any(bool hw, const double* v, int64_t n, double mu, double rs, const double* w, const double* b,
+                         typename F::Bits* out) {
+  if constexpr (std::is_same_v<F, Format<FormatId::kBFloat16>>)
+    if (hw && has_avx512_bf16()) return forward_outputs_bf16_native<kRms, kW, kB>(v, n, mu, rs, w, b, out);
+  return hw ? forward_outputs_fast_v4<F, kRms, kW, kB>(v, n, mu, rs, w, b, out)
+                     : forward_outputs_fast<F, kRms, kW, kB>(v, n, mu, rs, w, b, out);
+}
+
+// hw: use_lanes() and default_fp_env() (the caller's thread).
+template <typename F>
+bool forward_outputs(bool hw, const double* v, int64_t n, double mu, double rs, const double* w, const double* b,
+                     bool rms, typename F::Bits* out) {
+  if (rms) return w ? forward_outputs_any<F, true, true, false>(hw, v, n, mu, rs, w, b, out)
+                    : forward_outputs_any<F, true, false, false>(hw, v, n, mu, rs, w, b, out);
+  if (w) return b ? forward_outputs_any<F, false, true, true>(hw, v, n, mu, rs, w, b, out)
+                  : forward_outputs_any<F, false, true, false>(hw, v, n, mu, rs, w, b, out);
+  return b ? forward_outputs_any<F, false, false, true>(hw, v, n, mu, rs, w, b, out)
+           : forward_outputs_any<F, false, false, false>(hw, v, n, mu, rs, w, b, out);
 }
 
 // Rows per task: about 32K elements.
@@ -657,16 +961,22 @@ void forward_rows(const NormArgs& a, at::Tensor& y_tensor) {
   const int64_t depth = chain_depth(n);
   at::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
     std::vector<double> v(n);
+    const bool lanes = use_lanes(), hw = lanes && default_fp_env();
     for (int64_t r = begin; r < end; ++r) {
       double mu = 0.0, var;
       if (a.rms) {
         if (!mean_of_squares_fast(decode_squares(x + r * n, n, v.data()), n, depth, 0, &var))
           var = exact_mean_dot(v.data(), v.data(), n);
       } else {
-        const Sums s = decode_sums(x + r * n, n, v.data());
+        // With AVX-512 the first pass also sums the squares, and most rows'
+        // variance is decided from those moments without the centred pass.
+        double squares = 0.0;
+        const Sums s = lanes ? decode_moments_v4(x + r * n, n, v.data(), &squares) : decode_sums(x + r * n, n, v.data());
         if (!mean_fast(s.sum, s.abs_sum, n, depth, &mu)) mu = exact_mean(v.data(), n);
         if (!is_finite(mu))  // a row with an inf or a NaN
           var = canonical_nan();
+        else if (lanes && variance_from_moments(s.sum, s.abs_sum, squares, mu, n, depth, &var))
+          ;
         else if (!mean_of_squares_fast(chain_squares(v.data(), mu, n), n, depth, 3, &var))
           var = exact_mean_centered_squares(v.data(), mu, n);
         store32(mu, mean + r);
@@ -674,7 +984,7 @@ void forward_rows(const NormArgs& a, at::Tensor& y_tensor) {
       const double rs = rstd_of(var, a.eps32);
       store32(rs, rstd + r);
       auto* out = y + r * n;
-      if (forward_outputs<F>(v.data(), n, mu, rs, w, b, a.rms, out)) continue;
+      if (forward_outputs<F>(hw, v.data(), n, mu, rs, w, b, a.rms, out)) continue;
       if (a.rms) {
         for (int64_t k = 0; k < n; ++k) store<F>(affine(rms_xhat(v[k], rs), w ? w + k : nullptr, nullptr), out + k);
       } else {
@@ -835,6 +1145,26 @@ struct ColumnPartials {
         sb(new double[blocks_ * n_]), ab(new double[blocks_ * n_]) {}
 };
 
+// sum[j] = s[0 * n + j] + s[1 * n + j] + ... (block order, from 0.0) and
+// the same for the absolute partials a, for j < width.
+CARBON_NORM_CLONES void add_block_partials_loop(const double* __restrict__ s, const double* __restrict__ a,
+                                                int64_t blocks, int64_t n, int64_t width, double* __restrict__ sum,
+                                                double* __restrict__ abs_sum) {
+  for (int64_t j = 0; j < width; ++j) sum[j] = abs_sum[j] = 0.0;
+  for (int64_t c = 0; c < blocks; ++c)
+    for (int64_t j = 0; j < width; ++j) {
+      sum[j] = sum[j] + s[c * n + j];
+      abs_sum[j] = abs_sum[j] + a[c * n + j];
+    }
+}
+
+void add_block_partials(const double* s, const double* a, int64_t blocks, int64_t n, int64_t width,
+                        std::vector<double>& sum, std::vector<double>& abs_sum) {
+  sum.resize(width);
+  abs_sum.resize(width);
+  add_block_partials_loop(s, a, blocks, n, width, sum.data(), abs_sum.data());
+}
+
 // dw[j] = RN(sum_r dy[r, j] * xhat[r, j]), db[j] = RN(sum_r dy[r, j]) from the
 // partials of blocks of at most block_rows rows: each column adds its blocks'
 // partials in block order (depth block_rows + blocks + 1) and decides; an
@@ -857,14 +1187,16 @@ void finish_columns(const NormArgs& a, const at::Tensor& dy_tensor, const Column
   auto* dw = want_w ? static_cast<typename F::Bits*>(dw_tensor.mutable_data_ptr()) : nullptr;
   auto* db = want_b ? static_cast<typename F::Bits*>(db_tensor.mutable_data_ptr()) : nullptr;
   at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+    // Each column's blocks added in block order, the columns side by side
+    // (contiguous rows of the partials, so the loop vectorizes).
+    const int64_t width = end - begin;
+    std::vector<double> col_sw, col_aw, col_sb, col_ab;
+    if (want_w) add_block_partials(sw + begin, aw + begin, chunks, n, width, col_sw, col_aw);
+    if (want_b) add_block_partials(sb + begin, ab + begin, chunks, n, width, col_sb, col_ab);
     for (int64_t j = begin; j < end; ++j) {
       double value;
       if (want_w) {
-        double s_w = 0.0, a_w = 0.0;
-        for (int64_t c = 0; c < chunks; ++c) {
-          s_w = s_w + sw[c * n + j];
-          a_w = a_w + aw[c * n + j];
-        }
+        const double s_w = col_sw[j - begin], a_w = col_aw[j - begin];
         if (!reduce_round_fast(s_w, a_w, rows, depth, false, f, &value)) {
           int64_t limb[kLimbs];
           uint32_t flags;
@@ -879,11 +1211,7 @@ void finish_columns(const NormArgs& a, const at::Tensor& dy_tensor, const Column
         dw[j] = static_cast<typename F::Bits>(encode(value, f));
       }
       if (want_b) {
-        double s_b = 0.0, a_b = 0.0;
-        for (int64_t c = 0; c < chunks; ++c) {
-          s_b = s_b + sb[c * n + j];
-          a_b = a_b + ab[c * n + j];
-        }
+        const double s_b = col_sb[j - begin], a_b = col_ab[j - begin];
         if (!reduce_round_fast(s_b, a_b, rows, depth, false, f, &value)) {
           int64_t limb[kLimbs];
           uint32_t flags;

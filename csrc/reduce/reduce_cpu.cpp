@@ -8,7 +8,11 @@
 //     side (vectorized across columns), in fixed chunks of rows.
 #include <ATen/Parallel.h>
 
+#include <immintrin.h>
+
 #include <array>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "../dtypes.h"
@@ -27,7 +31,7 @@ struct Sums {
 // SIMD registers of doubles): no value passes through more than
 // chain_depth(n) additions (chain_tree.h).
 template <typename T>
-__attribute__((target_clones("avx2", "default"))) Sums chain_sums(const T* x, int64_t n) {
+__attribute__((target_clones("avx2", "default"))) Sums chain_sums_portable(const T* x, int64_t n) {
   double s[kChains] = {}, a[kChains] = {};
   int64_t k = 0;
   for (; k + kChains <= n; k += kChains)
@@ -44,6 +48,78 @@ __attribute__((target_clones("avx2", "default"))) Sums chain_sums(const T* x, in
   return {fold_chains(s), fold_chains(a)};
 }
 
+// ---------------------------------------------------------------- AVX-512 forms
+
+// GCC 12 reports _mm512_cvtps_pd's internal _mm512_undefined_pd() as
+// "may be used uninitialized" (a false positive in avx512fintrin.h).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// The same chains as chain_sums_portable, one per lane of a vector of 8
+// doubles (lane l adds elements l, l + 8, ... in order; the tail goes into
+// chain 0 afterwards; then fold_chains), so the same fp64 sums. Written
+// with intrinsics because GCC widened bfloat16 element by element (and an
+// 8-lane form in the AVX2 clone split every vector in two).
+#define CARBON_REDUCE_V4 __attribute__((target("arch=x86-64-v4")))
+
+// element_value of 8 consecutive elements: exact widenings (the hardware's
+// are exact in the default MXCSR state, which the callers check).
+CARBON_REDUCE_V4 inline __m512d widen8(const double* p) { return _mm512_loadu_pd(p); }
+CARBON_REDUCE_V4 inline __m512d widen8(const float* p) { return _mm512_cvtps_pd(_mm256_loadu_ps(p)); }
+CARBON_REDUCE_V4 inline __m512d widen8(const c10::BFloat16* p) {  // the top halves of float32s
+  const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
+}
+CARBON_REDUCE_V4 inline __m512d widen8(const c10::Half* p) {
+  return _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// The scalar tail and the fold, from the lanes' sums (AVX-512 code: a
+// vector argument would be passed differently to a function compiled
+// without it).
+template <typename T>
+CARBON_REDUCE_V4 inline Sums finish_chains(__m512d s, __m512d a, const T* x, int64_t k, int64_t n) {
+  double sc[kChains], ac[kChains];
+  _mm512_storeu_pd(sc, s);
+  _mm512_storeu_pd(ac, a);
+  for (; k < n; ++k) {
+    const double v = element_value(x[k]);
+    sc[0] = sc[0] + v;
+    ac[0] = ac[0] + abs_value(v);
+  }
+  return {fold_chains(sc), fold_chains(ac)};
+}
+
+template <typename T>
+CARBON_REDUCE_V4 Sums chain_sums_v4(const T* x, int64_t n) {
+  __m512d s = _mm512_setzero_pd(), a = _mm512_setzero_pd();
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains) {
+    const __m512d v = widen8(x + k);
+    s = _mm512_add_pd(s, v);
+    a = _mm512_add_pd(a, _mm512_abs_pd(v));
+  }
+  return finish_chains(s, a, x, k, n);
+}
+
+// AVX-512 present, and this thread's MXCSR the default (round to
+// nearest-even, no flush-to-zero / denormals-are-zero, exceptions masked),
+// in which the widenings above are exact. CARBON_NORM_SCALAR=1 forces the
+// portable forms (to check that both give the same bits).
+bool use_v4() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                          std::getenv("CARBON_NORM_SCALAR") == nullptr;
+  return yes && (_mm_getcsr() & 0xFFC0u) == 0x1F80u;
+}
+
+#pragma GCC diagnostic pop
+
+template <typename T>
+Sums chain_sums(const T* x, int64_t n) {
+  return use_v4() ? chain_sums_v4(x, n) : chain_sums_portable(x, n);
+}
+
 template <typename F>
 void store(double value, typename F::Bits* out) {
   *out = static_cast<typename F::Bits>(encode(value, F::get()));
@@ -55,18 +131,21 @@ template <typename T, typename F>
 void reduce_many_rows(const T* x, int64_t rows, int64_t n, bool mean, typename F::Bits* out) {
   constexpr FloatFormat f = F::get();
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(n, 1));
+  auto finish = [&](int64_t r, const Sums& t1) {
+    const T* row = x + r * n;
+    double value;
+    if (n == 0) {
+      value = empty_reduction(mean);
+    } else if (!reduce_round_fast(t1.sum, t1.abs_sum, n, chain_depth(n), mean, f, &value)) {
+      value = reduce_exact(row, n, 1, t1.abs_sum, mean, f);
+    }
+    store<F>(value, out + r);
+  };
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    const bool v4 = use_v4();
     for (int64_t r = begin; r < end; ++r) {
       const T* row = x + r * n;
-      double value;
-      if (n == 0) {
-        value = empty_reduction(mean);
-      } else {
-        const Sums t1 = chain_sums(row, n);
-        if (!reduce_round_fast(t1.sum, t1.abs_sum, n, chain_depth(n), mean, f, &value))
-          value = reduce_exact(row, n, 1, t1.abs_sum, mean, f);
-      }
-      store<F>(value, out + r);
+      finish(r, v4 ? chain_sums_v4(row, n) : chain_sums_portable(row, n));
     }
   });
 }
@@ -123,7 +202,10 @@ double reduce_long_row(const T* row, int64_t n, bool mean) {
 
 template <typename T, typename F>
 void reduce_rows(const T* x, int64_t rows, int64_t n, bool mean, typename F::Bits* out) {
-  if (rows < at::get_num_threads() && n > 4 * kChunk) {
+  // A few long rows: each row in chunks (also on one thread, where the
+  // chunked tree's shallower depth decides far more sums at tier 1 than
+  // one row's eight chains of n / 8 additions).
+  if (rows < std::max(2, at::get_num_threads()) && n > 4 * kChunk) {
     for (int64_t r = 0; r < rows; ++r) store<F>(reduce_long_row<T, F>(x + r * n, n, mean), out + r);
     return;
   }

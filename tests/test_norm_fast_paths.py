@@ -1,0 +1,93 @@
+"""layer_norm / rms_norm rows that exercise the CPU kernels' fast paths and
+their fallbacks (csrc/norm/norm_cpu.cpp), against tests/norm_reference.py:
+
+* the variance decided from the first pass's moments (mean near 0), left to
+  the centred pass (a large mean against the spread) or to the exact tier
+  (ties), with the tie placed in different lanes / the tail of long rows;
+* the hardware roundings are used only in the default floating-point state:
+  with flush-to-zero set (torch.set_flush_denormal), outputs that are
+  float32 / float16 subnormals must still be the correctly rounded ones.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import carbon  # noqa: F401  (registers torch.ops.carbon)
+
+from data import DTYPES, F16, F32, generator
+from norm_reference import layer_norm_backward_ref, layer_norm_ref, rms_norm_ref
+from norm_util import check_layer_norm, norm_data, params, tie_square
+from oracle import assert_bits_equal
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", (8, 9, 23, 768, 1000))
+def test_variance_routes(dtype, n):
+    # Rows centred near 0 (decided from the moments), shifted rows (centred
+    # pass), with every affine form.
+    for seed, offset in ((1, False), (2, True)):
+        x = norm_data(4, n, dtype, seed=seed + n, offset=offset)
+        for affine in ("none", "both"):
+            w, b = params((n,), dtype, affine, seed=seed)
+            check_layer_norm(x, (n,), w, b, context=f"{dtype} n={n} offset={offset} {affine}")
+
+
+@pytest.mark.parametrize("position", (0, 5, 8, 1021, 1022))
+def test_variance_tie_in_long_rows(position):
+    # x = c +- a among 1022 copies of c: var = 2 a^2 / 1024 = a^2 / 512 lies
+    # exactly halfway between two float32 values (a^2 = 1 + 2^-11 + 2^-24);
+    # no float64 tier may decide it, wherever the pair sits (lanes, tail).
+    a = tie_square()
+    rows = []
+    for c in (0.0, 3.0, -1000.0):
+        row = [c] * 1024
+        row[position] = c - a
+        row[(position + 517) % 1024] = c + a
+        rows.append(row)
+    x = torch.tensor(rows, dtype=torch.float64).to(F32)
+    check_layer_norm(x, (1024,), eps=0.0, context=f"tie at {position}")
+
+
+def test_flush_to_zero_state_keeps_subnormal_outputs():
+    # Normal weights near the smallest normal number push y (|x-hat| < 1)
+    # into the subnormal range of float32 / float16: in flush-to-zero mode a
+    # hardware rounding would give 0; the kernels then take the integer
+    # roundings and still return RN of the exact value. The inputs are built
+    # before the mode is set (torch's own conversions flush in it), and the
+    # reference runs after it is cleared (numpy's casts would flush too).
+    cases = []
+    for dtype, tiny in ((F32, 2.0**-126), (F16, 2.0**-14)):
+        g = generator(5)
+        n = 40
+        x = torch.randn((6, n), generator=g, dtype=torch.float64).to(dtype)
+        sign = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).double()
+        w = (sign * (1 + torch.rand(n, generator=g, dtype=torch.float64)) * tiny).to(dtype)
+        b = torch.zeros(n, dtype=dtype)
+        dy = torch.randn((6, n), generator=g, dtype=torch.float64).to(dtype)
+        cases.append((dtype, x, w, b, dy))
+    if not torch.set_flush_denormal(True):
+        pytest.skip("flush-to-zero not supported on this CPU")
+    try:
+        results = []
+        for dtype, x, w, b, dy in cases:
+            ln = torch.ops.carbon.layer_norm(x, [x.shape[1]], w, b, 1e-5)
+            rms = torch.ops.carbon.rms_norm(x, [x.shape[1]], w, None)
+            xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
+            carbon.layer_norm(xr, (x.shape[1],), wr, br).backward(dy)
+            results.append((ln, rms, (xr.grad, wr.grad, br.grad)))
+    finally:
+        torch.set_flush_denormal(False)
+    for (dtype, x, w, b, dy), (ln, rms, grads) in zip(cases, results):
+        n = x.shape[1]
+        assert ((ln[0] != 0) & (ln[0].abs() < torch.finfo(dtype).tiny)).sum() > 100  # subnormal outputs
+        ey, em, er = layer_norm_ref(x, (n,), w, b, 1e-5)
+        for got, want, what, dt in ((ln[0], ey, "y", dtype), (ln[1], em, "mean", F32), (ln[2], er, "rstd", F32)):
+            assert_bits_equal(got, want, f"ftz {dtype} layer_norm {what}", dtype=dt)
+        ry, rr = rms_norm_ref(x, (n,), w, None)
+        assert_bits_equal(rms[0], ry, f"ftz {dtype} rms_norm y", dtype=dtype)
+        assert_bits_equal(rms[1], rr, f"ftz {dtype} rms_norm rstd", dtype=F32)
+        edx, edw, edb = layer_norm_backward_ref(dy, x, (n,), w, True, 1e-5)
+        for got, want, what in zip(grads, (edx, edw, edb), ("dx", "dweight", "dbias")):
+            assert_bits_equal(got, want, f"ftz {dtype} {what}", dtype=dtype)
