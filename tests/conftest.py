@@ -1,5 +1,13 @@
-import pytest
-import torch
+import os
+import tempfile
+
+# torch.compile's on-disk caches (inductor's FX graph cache, AOTAutograd's cache) are keyed on the
+# traced graph, not on the Python autograd formulas of carbon's ops: a graph compiled by an older
+# carbon could be reused with backward ops that no longer exist. Each test session compiles afresh.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="carbon-tests-inductor-"))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 @pytest.fixture
