@@ -7,6 +7,7 @@ torch.optim, thread-count invariance and errors."""
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -304,3 +305,61 @@ def test_fast_path_blocks_match_reference(dtype, kind):
         else:
             same_bits(opt.state[p]["exp_avg"], from_values(ref_m, p, torch.float32), f"step {step} exp_avg")
             same_bits(opt.state[p]["exp_avg_sq"], from_values(ref_v, p, torch.float32), f"step {step} exp_avg_sq")
+
+
+def _special_float32(n: int, seed: int, scale_exp: int) -> torch.Tensor:
+    """Ordinary float32 values with NaN, +-inf, +-0 and subnormals spread
+    through a length that is no multiple of 8 (the vector loops' lanes)."""
+    x = _ordinary(n, torch.float32, seed, scale_exp=scale_exp)
+    x[3::97] = float("nan")
+    x[5::89] = float("inf")
+    x[7::83] = float("-inf")
+    x[11::79] = 0.0
+    x[13::73] = -0.0
+    x[17::71] = 3e-39  # subnormal
+    x[19::67] = 1e-20  # its square underflows: v' subnormal or 0
+    return x
+
+
+def _canonical_nan(vals):
+    return [math.nan if math.isnan(x) else x for x in vals]
+
+
+@pytest.mark.parametrize("flush_denormal", [False, True])
+@pytest.mark.parametrize("kind,maximize", [("AdamW", False), ("Adam", True)])
+def test_adam_float32_special_values_match_reference(kind, maximize, flush_denormal):
+    """float32 parameters take the CPU's AVX-512 loop where there is one, which
+    rounds with the hardware conversion (RN32 under the default MXCSR only):
+    NaN / inf gradients, subnormal and overflowing results, a tail of 7, and
+    flush-to-zero mode (torch.set_flush_denormal; then the integer-rounding
+    path must be taken). Under flush-to-zero one step only, from normal or
+    zero inputs: its denormals-are-zero half reads subnormal inputs (the
+    next step's states) as 0."""
+    n = 1007
+    p = torch.nn.Parameter(_ordinary(n, torch.float32, 11, scale_exp=-126))  # near the normal/subnormal edge
+    p.data[::5] = _ordinary(n, torch.float32, 12)[::5]
+    p.data[1::7] = 3e38  # + a large step overflows
+    if flush_denormal:
+        p.data[p.data.abs() < 1.1754944e-38] = 0.0
+    lr, wd = 2e-38, 0.5
+    opt = getattr(carbon.optim, kind)([p], lr=lr, betas=(0.8, 0.99), eps=1e-30, weight_decay=wd, maximize=maximize)
+    ref_p, ref_m, ref_v = values(p), [0.0] * n, [0.0] * n
+    try:
+        for step in (1,) if flush_denormal else (1, 2, 3):
+            g = _special_float32(n, 200 + step, scale_exp=-60 * step)
+            if flush_denormal:
+                g[g.abs() < 1.1754944e-38] = 0.0
+            g[1::7] = -1e30
+            p.grad = g
+            ref_p, ref_m, ref_v = adam_reference(ref_p, values(g), ref_m, ref_v, step, lr=lr, beta1=0.8, beta2=0.99,
+                                                 eps=1e-30, weight_decay=wd, decoupled=kind == "AdamW",
+                                                 maximize=maximize, dtype=torch.float32)
+            ref_p, ref_m, ref_v = _canonical_nan(ref_p), _canonical_nan(ref_m), _canonical_nan(ref_v)
+            torch.set_flush_denormal(flush_denormal)
+            opt.step()
+            torch.set_flush_denormal(False)
+            same_bits(p.detach(), from_values(ref_p, p, torch.float32), f"{kind} step {step} param")
+            same_bits(opt.state[p]["exp_avg"], from_values(ref_m, p, torch.float32), f"step {step} exp_avg")
+            same_bits(opt.state[p]["exp_avg_sq"], from_values(ref_v, p, torch.float32), f"step {step} exp_avg_sq")
+    finally:
+        torch.set_flush_denormal(False)
