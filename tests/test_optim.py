@@ -363,3 +363,51 @@ def test_adam_float32_special_values_match_reference(kind, maximize, flush_denor
             same_bits(opt.state[p]["exp_avg_sq"], from_values(ref_v, p, torch.float32), f"step {step} exp_avg_sq")
     finally:
         torch.set_flush_denormal(False)
+
+
+def _adam_op_reference(p, g, m, v, lr, beta1, beta2, eps, wd, bc1, c2s, decoupled, maximize):
+    """Contract §12 with the op's own constants, in numpy float64 (IEEE
+    operations, one rounding each; float32 results through the RN-even cast)."""
+    import numpy as np
+
+    with np.errstate(all="ignore"):
+        p, g, m, v = (x.double().numpy() for x in (p, g, m, v))
+        step_size, decay = lr / bc1, 1.0 - lr * wd
+        gp = -g if maximize else g
+        p0 = p * decay if decoupled else p
+        if not decoupled and wd != 0.0:
+            gp = gp + wd * p
+        m1 = (beta1 * m + (1.0 - beta1) * gp).astype(np.float32).astype(np.float64)
+        v1 = (beta2 * v + (1.0 - beta2) * (gp * gp)).astype(np.float32).astype(np.float64)
+        denom = np.sqrt(v1) / c2s + eps
+        p1 = (p0 - (step_size * m1) / denom).astype(np.float32)
+    return [torch.from_numpy(x.astype(np.float32)) for x in (p1, m1, v1)]
+
+
+def _nan_canonical(t: torch.Tensor) -> torch.Tensor:
+    return torch.where(t.isnan(), torch.full_like(t, float("nan")).abs(), t)
+
+
+@pytest.mark.parametrize("c2s", [0.0316, 1.0, 4.0, 2.0 ** -20, 0.3, -0.5, 2.0 ** 1000, -(2.0 ** 960), 2.0 ** -1000,
+                                 -3e-300, 0.0, float("inf"), float("nan")])
+def test_adam_op_any_bias_correction(c2s):
+    """The CPU step divides sqrt(v') by the host's c2s mostly through a
+    reciprocal, checked lane by lane (adam_avx512.h): any c2s, with square
+    roots from subnormal to huge, gives the IEEE quotient's bits."""
+    n = 1003
+    gen = torch.Generator().manual_seed(5)
+    p = torch.randn(n, generator=gen)
+    g = torch.randn(n, generator=gen) * torch.pow(2.0, torch.randint(-70, 60, (n,), generator=gen).float())
+    m = torch.randn(n, generator=gen)
+    v = torch.rand(n, generator=gen) * torch.pow(2.0, torch.randint(-149, 120, (n,), generator=gen).float())
+    v[::41] = 0.0
+    v[1::43] = 2.0 ** -149
+    g[2::37] = float("nan")
+    g[3::39] = float("inf")
+    for decoupled, maximize in ((True, False), (False, True)):
+        args = (1e-3, 0.5, 0.5, 1e-12, 0.1, 0.5, c2s, decoupled, maximize)
+        ref = _adam_op_reference(p, g, m, v, *args)
+        ps, ms, vs = [p.clone()], [m.clone()], [v.clone()]
+        torch.ops.carbon.adam_step_(ps, [g.clone()], ms, vs, *args)
+        for got, want, what in zip((ps[0], ms[0], vs[0]), ref, ("p", "m", "v")):
+            same_bits(got, _nan_canonical(want), f"c2s={c2s} decoupled={decoupled} {what}")
