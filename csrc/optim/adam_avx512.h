@@ -17,9 +17,15 @@
 //
 // Each element is independent and the loop keeps no partial state, so the
 // blocking (eight lanes, a masked tail) plays no role in the bits.
-// Measured on the 2-core AVX-512 VM (docs/benchmarks.md): ~1.2 ns per
-// element on one thread, against ~2.1 ns for the generic branch-free blocks,
-// which spend most of their time in the integer roundings and range checks.
+//
+// Speed (one thread of the 2-core AVX-512 VM, docs/benchmarks.md): ~1.12 ns
+// per element, against ~2.1 ns for the generic branch-free blocks, which
+// spend most of their time in the integer roundings and range checks. What
+// bounds this loop is the fp64 divider: a zmm square root costs ~0.55 ns
+// per element and each division ~0.31 ns, so the loop overlaps one group's
+// square root with the previous group's divisions and replaces the division
+// by c2s with a checked reciprocal (quotient_by_c2s); removing the NaN
+// replacements or the float round trips of m', v' measured no gain.
 #pragma once
 
 #if defined(__x86_64__) && defined(__GNUC__)
