@@ -36,6 +36,11 @@
 
 #include "optim_kernel.h"
 
+// GCC 12 reports the intrinsics' own `__m512d __Y = __Y` placeholder
+// (_mm512_undefined_pd) as maybe-uninitialized once they are inlined here.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 namespace carbon {
 namespace adam_avx512 {
 
@@ -221,4 +226,6 @@ inline void step(float* p, const float* g, float* m, float* v, int64_t n, const 
 
 }  // namespace adam_avx512
 }  // namespace carbon
+
+#pragma GCC diagnostic pop
 #endif
