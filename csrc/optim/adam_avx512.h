@@ -23,9 +23,9 @@
 // spend most of their time in the integer roundings and range checks. What
 // bounds this loop is the fp64 divider: a zmm square root costs ~0.55 ns
 // per element and each division ~0.31 ns, so the loop overlaps square roots
-// with earlier groups' divisions and replaces the division
-// by c2s with a checked reciprocal (quotient_by_c2s); removing the NaN
-// replacements or the float round trips of m', v' measured no gain.
+// with earlier groups' divisions and replaces the division by c2s with a
+// checked reciprocal (quotient_by_c2s); removing the NaN replacements or
+// the float round trips of m', v' measured no gain.
 #pragma once
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -105,9 +105,10 @@ CARBON_AVX512_TARGET __attribute__((always_inline)) inline __m256 canonical_nans
 //   = 2^(E - 53) built from q1's exponent field E + 1023 (in 54..2046;
 //   below, h <= 0, so T <= 0 or NaN, and for inf / NaN q1, r1 is inf or
 //   NaN: all fail). If |x - q1 y| >= |y| h, then |r1| >= T (RN is
-//   monotone and symmetric); so |r1| < T gives |x / y - q1| < h. With q1 normal and not a power of two, every
-//   other double lies at least 2h from q1, hence more than h from x / y:
-//   q1 is the nearest double, q1 = RN64(x / y) (no tie, no overflow).
+//   monotone and symmetric); so |r1| < T gives |x / y - q1| < h. With q1
+//   normal and not a power of two, every other double lies at least 2h
+//   from q1, hence more than h from x / y: q1 is the nearest double,
+//   q1 = RN64(x / y) (no tie, no overflow).
 // Nothing here relies on ry's accuracy (it only decides how often lanes
 // pass) nor on y's range. Zeros (h <= 0), NaN, inf and the rare exact
 // powers of two take the division. (A lane check for x = +0 cost ~3%.)
