@@ -121,7 +121,8 @@ CARBON_AVX512_TARGET __attribute__((always_inline)) inline __m512d quotient_by_c
   const __m512i exponent = _mm512_and_si512(q1_bits, _mm512_set1_epi64(static_cast<long long>(kExpMask)));
   const __m512d h = _mm512_castsi512_pd(_mm512_sub_epi64(exponent, _mm512_set1_epi64(53LL << 52)));
   const __mmask8 close = _mm512_cmp_pd_mask(_mm512_abs_pd(r1), _mm512_mul_pd(c.c2s_magnitude, h), _CMP_LT_OQ);
-  const __mmask8 not_power_of_two = _mm512_test_epi64_mask(q1_bits, _mm512_set1_epi64(static_cast<long long>(kFracMask)));
+  const __m512i fraction_mask = _mm512_set1_epi64(static_cast<long long>(kFracMask));
+  const __mmask8 not_power_of_two = _mm512_test_epi64_mask(q1_bits, fraction_mask);
   const __mmask8 fail = static_cast<__mmask8>(~(close & not_power_of_two));
   if (__builtin_expect(fail != 0, 0)) return _mm512_mask_div_pd(q1, fail, x, y);
   return q1;
