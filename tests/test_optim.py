@@ -7,6 +7,7 @@ torch.optim, thread-count invariance and errors."""
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -304,3 +305,109 @@ def test_fast_path_blocks_match_reference(dtype, kind):
         else:
             same_bits(opt.state[p]["exp_avg"], from_values(ref_m, p, torch.float32), f"step {step} exp_avg")
             same_bits(opt.state[p]["exp_avg_sq"], from_values(ref_v, p, torch.float32), f"step {step} exp_avg_sq")
+
+
+def _special_float32(n: int, seed: int, scale_exp: int) -> torch.Tensor:
+    """Ordinary float32 values with NaN, +-inf, +-0 and subnormals spread
+    through a length that is no multiple of 8 (the vector loops' lanes)."""
+    x = _ordinary(n, torch.float32, seed, scale_exp=scale_exp)
+    x[3::97] = float("nan")
+    x[5::89] = float("inf")
+    x[7::83] = float("-inf")
+    x[11::79] = 0.0
+    x[13::73] = -0.0
+    x[17::71] = 3e-39  # subnormal
+    x[19::67] = 1e-20  # its square underflows: v' subnormal or 0
+    return x
+
+
+def _canonical_nan(vals):
+    return [math.nan if math.isnan(x) else x for x in vals]
+
+
+@pytest.mark.parametrize("flush_denormal", [False, True])
+@pytest.mark.parametrize("kind,maximize", [("AdamW", False), ("Adam", True)])
+def test_adam_float32_special_values_match_reference(kind, maximize, flush_denormal):
+    """float32 parameters take the CPU's AVX-512 loop where there is one, which
+    rounds with the hardware conversion (RN32 under the default MXCSR only):
+    NaN / inf gradients, subnormal and overflowing results, a tail of 7, and
+    flush-to-zero mode (torch.set_flush_denormal; then the integer-rounding
+    path must be taken). Under flush-to-zero one step only, from normal or
+    zero inputs: its denormals-are-zero half reads subnormal inputs (the
+    next step's states) as 0."""
+    n = 1007
+    p = torch.nn.Parameter(_ordinary(n, torch.float32, 11, scale_exp=-126))  # near the normal/subnormal edge
+    p.data[::5] = _ordinary(n, torch.float32, 12)[::5]
+    p.data[1::7] = 3e38  # + a large step overflows
+    if flush_denormal:
+        p.data[p.data.abs() < 1.1754944e-38] = 0.0
+    lr, wd = 2e-38, 0.5
+    opt = getattr(carbon.optim, kind)([p], lr=lr, betas=(0.8, 0.99), eps=1e-30, weight_decay=wd, maximize=maximize)
+    ref_p, ref_m, ref_v = values(p), [0.0] * n, [0.0] * n
+    try:
+        for step in (1,) if flush_denormal else (1, 2, 3):
+            g = _special_float32(n, 200 + step, scale_exp=-60 * step)
+            if flush_denormal:
+                g[g.abs() < 1.1754944e-38] = 0.0
+            g[1::7] = -1e30
+            p.grad = g
+            ref_p, ref_m, ref_v = adam_reference(ref_p, values(g), ref_m, ref_v, step, lr=lr, beta1=0.8, beta2=0.99,
+                                                 eps=1e-30, weight_decay=wd, decoupled=kind == "AdamW",
+                                                 maximize=maximize, dtype=torch.float32)
+            ref_p, ref_m, ref_v = _canonical_nan(ref_p), _canonical_nan(ref_m), _canonical_nan(ref_v)
+            torch.set_flush_denormal(flush_denormal)
+            opt.step()
+            torch.set_flush_denormal(False)
+            same_bits(p.detach(), from_values(ref_p, p, torch.float32), f"{kind} step {step} param")
+            same_bits(opt.state[p]["exp_avg"], from_values(ref_m, p, torch.float32), f"step {step} exp_avg")
+            same_bits(opt.state[p]["exp_avg_sq"], from_values(ref_v, p, torch.float32), f"step {step} exp_avg_sq")
+    finally:
+        torch.set_flush_denormal(False)
+
+
+def _adam_op_reference(p, g, m, v, lr, beta1, beta2, eps, wd, bc1, c2s, decoupled, maximize):
+    """Contract §12 with the op's own constants, in numpy float64 (IEEE
+    operations, one rounding each; float32 results through the RN-even cast)."""
+    import numpy as np
+
+    with np.errstate(all="ignore"):
+        p, g, m, v = (x.double().numpy() for x in (p, g, m, v))
+        step_size, decay = lr / bc1, 1.0 - lr * wd
+        gp = -g if maximize else g
+        p0 = p * decay if decoupled else p
+        if not decoupled and wd != 0.0:
+            gp = gp + wd * p
+        m1 = (beta1 * m + (1.0 - beta1) * gp).astype(np.float32).astype(np.float64)
+        v1 = (beta2 * v + (1.0 - beta2) * (gp * gp)).astype(np.float32).astype(np.float64)
+        denom = np.sqrt(v1) / c2s + eps
+        p1 = (p0 - (step_size * m1) / denom).astype(np.float32)
+    return [torch.from_numpy(x.astype(np.float32)) for x in (p1, m1, v1)]
+
+
+def _nan_canonical(t: torch.Tensor) -> torch.Tensor:
+    return torch.where(t.isnan(), torch.full_like(t, float("nan")).abs(), t)
+
+
+@pytest.mark.parametrize("c2s", [0.0316, 1.0, 4.0, 2.0 ** -20, 0.3, -0.5, 2.0 ** 1000, -(2.0 ** 960), 2.0 ** -1000,
+                                 -3e-300, 0.0, float("inf"), float("nan")])
+def test_adam_op_any_bias_correction(c2s):
+    """The CPU step divides sqrt(v') by the host's c2s mostly through a
+    reciprocal, checked lane by lane (adam_avx512.h): any c2s, with square
+    roots from subnormal to huge, gives the IEEE quotient's bits."""
+    n = 1003
+    gen = torch.Generator().manual_seed(5)
+    p = torch.randn(n, generator=gen)
+    g = torch.randn(n, generator=gen) * torch.pow(2.0, torch.randint(-70, 60, (n,), generator=gen).float())
+    m = torch.randn(n, generator=gen)
+    v = torch.rand(n, generator=gen) * torch.pow(2.0, torch.randint(-149, 120, (n,), generator=gen).float())
+    v[::41] = 0.0
+    v[1::43] = 2.0 ** -149
+    g[2::37] = float("nan")
+    g[3::39] = float("inf")
+    for decoupled, maximize in ((True, False), (False, True)):
+        args = (1e-3, 0.5, 0.5, 1e-12, 0.1, 0.5, c2s, decoupled, maximize)
+        ref = _adam_op_reference(p, g, m, v, *args)
+        ps, ms, vs = [p.clone()], [m.clone()], [v.clone()]
+        torch.ops.carbon.adam_step_(ps, [g.clone()], ms, vs, *args)
+        for got, want, what in zip((ps[0], ms[0], vs[0]), ref, ("p", "m", "v")):
+            same_bits(got, _nan_canonical(want), f"c2s={c2s} decoupled={decoupled} {what}")

@@ -15,6 +15,7 @@
 
 #include "../dtypes.h"
 #include "../reduce/chain_tree.h"
+#include "adam_avx512.h"
 
 namespace carbon {
 namespace {
@@ -170,6 +171,14 @@ void adam_range(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, c
   const T* gp = g.const_data_ptr<T>();
   float* mp = m.mutable_data_ptr<float>();
   float* vp = v.mutable_data_ptr<float>();
+#ifdef CARBON_ADAM_AVX512
+  // float32 parameters: the AVX-512 loop, whose hardware rounding is RN32
+  // under the default MXCSR (adam_avx512.h); the same bits as below.
+  if constexpr (std::is_same_v<T, float>) {
+    if (adam_avx512::available() && adam_avx512::fp32_conversion_is_rn32())
+      return adam_avx512::step(pp + begin, gp + begin, mp + begin, vp + begin, end - begin, c);
+  }
+#endif
   Bits<F> pb[kBlock];
   uint32_t mb[kBlock], vb[kBlock];
   for (int64_t b = begin; b < end; b += kBlock) {
