@@ -22,23 +22,10 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCE = os.path.join(ROOT, "scripts", "softmax_exp_check.cpp")
+from native_check import ROOT, build_check  # scripts/ is on sys.path when a script runs
+
 HEADERS = [os.path.join(ROOT, "csrc", "softmax", "softmax_exp_cpu.h"),
-           os.path.join(ROOT, "csrc", "elementwise", "elementwise_math.h"),
-           os.path.join(ROOT, "csrc", "exact", "float_format.h"), os.path.join(ROOT, "csrc", "exact", "portable.h")]
-
-
-def build(march: str, out_dir: str = os.path.join(ROOT, "build")) -> str:
-    os.makedirs(out_dir, exist_ok=True)
-    binary = os.path.join(out_dir, f"softmax_exp_check_{march}")
-    newest = max(os.path.getmtime(p) for p in [SOURCE] + HEADERS)
-    if os.path.exists(binary) and os.path.getmtime(binary) >= newest:
-        return binary
-    cmd = ["g++", "-std=c++17", "-O3", "-fopenmp", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math",
-           "-fno-math-errno", f"-march={march}", "-I", os.path.join(ROOT, "csrc"), SOURCE, "-o", binary]
-    subprocess.run(cmd, check=True)
-    return binary
+           os.path.join(ROOT, "csrc", "elementwise", "elementwise_math.h")]
 
 
 def main(argv=None) -> int:
@@ -46,7 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--march", default="native", help="g++ -march for the check (default: native)")
     ap.add_argument("--ftz", action="store_true", help="set flush-to-zero and denormals-are-zero (MXCSR)")
     args = ap.parse_args(argv)
-    binary = build(args.march)
+    binary = build_check("softmax_exp_check", HEADERS, args.march)
     print(f"{binary} (-march={args.march}{', FTZ+DAZ' if args.ftz else ''})")
     sys.stdout.flush()
     return subprocess.run([binary] + (["--ftz"] if args.ftz else [])).returncode
