@@ -365,6 +365,48 @@ def test_adam_float32_special_values_match_reference(kind, maximize, flush_denor
         torch.set_flush_denormal(False)
 
 
+@pytest.mark.parametrize("flush_denormal", [False, True])
+@pytest.mark.parametrize("lr", [2.0 ** -66, 1e30])
+@pytest.mark.parametrize("hp", [dict(momentum=0.0), dict(momentum=0.9, maximize=True),
+                                dict(momentum=0.9, nesterov=True, weight_decay=0.5),
+                                dict(momentum=0.5, dampening=0.25, weight_decay=0.5, maximize=True)])
+def test_sgd_float32_special_values_match_reference(hp, lr, flush_denormal):
+    """float32 parameters take the CPU's AVX-512 SGD loop where there is one
+    (sgd_avx512.h; hardware RN32 under the default MXCSR only): NaN / inf
+    gradients, subnormal results (lr 2^-66 against p near 2^-126), overflow
+    of p' and of the momentum buffer (lr 1e30; g = b = 3e38), the first step
+    and later ones, a tail of 7, and flush-to-zero mode, where the
+    integer-rounding path must be taken (one step from normal or zero
+    inputs, as in the Adam test above)."""
+    n = 1007
+    p = torch.nn.Parameter(_ordinary(n, torch.float32, 21, scale_exp=-126))
+    p.data[::5] = _ordinary(n, torch.float32, 22)[::5]
+    p.data[1::7] = 3e38
+    if flush_denormal:
+        p.data[p.data.abs() < 1.1754944e-38] = 0.0
+    full = {**dict(momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False), **hp}
+    opt = carbon.optim.SGD([p], lr=lr, **hp)
+    ref_p, ref_b = values(p), [0.0] * n
+    try:
+        for step in (1,) if flush_denormal else (1, 2, 3):
+            g = _special_float32(n, 300 + step, scale_exp=-60)
+            if flush_denormal:
+                g[g.abs() < 1.1754944e-38] = 0.0
+            g[2::11] = 3e38
+            p.grad = g
+            ref_p, ref_b = sgd_reference(ref_p, values(g), ref_b, step == 1, lr=lr, dtype=torch.float32, **full)
+            ref_p, ref_b = _canonical_nan(ref_p), _canonical_nan(ref_b)
+            torch.set_flush_denormal(flush_denormal)
+            opt.step()
+            torch.set_flush_denormal(False)
+            same_bits(p.detach(), from_values(ref_p, p, torch.float32), f"SGD {hp} step {step} param")
+            if full["momentum"] != 0.0:
+                buf = opt.state[p]["momentum_buffer"]
+                same_bits(buf, from_values(ref_b, p, torch.float32), f"SGD {hp} step {step} buf")
+    finally:
+        torch.set_flush_denormal(False)
+
+
 def _adam_op_reference(p, g, m, v, lr, beta1, beta2, eps, wd, bc1, c2s, decoupled, maximize):
     """Contract §12 with the op's own constants, in numpy float64 (IEEE
     operations, one rounding each; float32 results through the RN-even cast)."""

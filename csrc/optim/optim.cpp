@@ -16,6 +16,7 @@
 #include "../dtypes.h"
 #include "../reduce/chain_tree.h"
 #include "adam_avx512.h"
+#include "sgd_avx512.h"
 
 namespace carbon {
 namespace {
@@ -243,6 +244,14 @@ void sgd_range(const at::Tensor& p, const at::Tensor& g, const at::Tensor* b, in
   T* pp = p.mutable_data_ptr<T>();
   const T* gp = g.const_data_ptr<T>();
   float* bp = C::has_momentum ? b->mutable_data_ptr<float>() : nullptr;
+#ifdef CARBON_SGD_AVX512
+  // float32 parameters: the AVX-512 loop, whose hardware rounding is RN32
+  // under the default MXCSR (sgd_avx512.h); the same bits as below.
+  if constexpr (std::is_same_v<T, float>) {
+    if (adam_avx512::available() && adam_avx512::fp32_conversion_is_rn32())
+      return sgd_avx512::step(pp + begin, gp + begin, bp ? bp + begin : nullptr, end - begin, c);
+  }
+#endif
   Bits<F> pbits[kBlock];
   uint32_t bbits[kBlock];
   for (int64_t blk = begin; blk < end; blk += kBlock) {
