@@ -258,7 +258,7 @@ def _bce_backward(a: dict) -> Tensor:
     if w is not None:
         d = aten.mul(d, w)
     if reduction == 1:
-        d = true_divide(d, torch.full((), float(x.numel()), dtype=_opmath(d), device=d.device))
+        d = true_divide(d, float(x.numel()))
     return d.to(x.dtype)
 
 
@@ -309,7 +309,7 @@ def _smooth_l1(huber: bool) -> Callable[[dict], Tensor]:
         else:
             if beta == 0.0:
                 return _reduce_loss(ad, reduction)
-            small, large = aten.div.Tensor(square, _scalar_like(square, beta).to(square.dtype)), aten.sub(ad, 0.5 * beta)
+            small, large = true_divide(square, beta), aten.sub(ad, 0.5 * beta)
         return _reduce_loss(aten.where(aten.lt(ad, beta), small, large).to(x.dtype), reduction)
     return handler
 
@@ -321,13 +321,13 @@ def _smooth_l1_backward(huber: bool) -> Callable[[dict], Tensor]:
         g, x, y, reduction = a["grad_output"], a["self"], a["target"], a.get("reduction", 1)
         beta = float(a.get("delta", 1.0) if huber else a.get("beta", 1.0))
         if reduction == 1:
-            g = true_divide(g, _scalar_like(g, float(x.numel())).to(_opmath(g))).to(g.dtype)
+            g = true_divide(g, float(x.numel()))
         d = aten.sub(x, y)
         ad = aten.abs(d)
         if huber:
             inner, outer = d, aten.mul(aten.sign(d), beta)
         else:
-            inner = aten.div.Tensor(d, _scalar_like(d, beta).to(d.dtype)) if beta != 0.0 else aten.sign(d)
+            inner = true_divide(d, beta) if beta != 0.0 else aten.sign(d)
             outer = aten.sign(d)
         return aten.mul(aten.where(aten.lt(ad, beta), inner, outer).to(x.dtype), g.expand(x.shape) if reduction else g)
     return handler
@@ -402,10 +402,7 @@ def _mse_loss(a: dict) -> Tensor:
     x, y, reduction = a["self"], a["target"], a["reduction"]
     _need_carbon_dtype("mse_loss", x, y)
     d = aten.sub(x, y)
-    sq = aten.mul(d, d)
-    if reduction == 0:
-        return sq
-    return carbon_ops.sum(sq, None, False, None) if reduction == 2 else carbon_ops.mean(sq, None, False, None)
+    return _reduce_loss(aten.mul(d, d), reduction)
 
 
 def _mse_loss_backward(a: dict) -> Tensor:
@@ -911,14 +908,6 @@ def _silu_backward(a: dict) -> Tensor:
 # divides by 6, and may contract into fma), so each is spelled out as single rounded operations in the
 # input's dtype (bfloat16 / float16: each computed in float32 and rounded to the dtype).
 
-def _six_like(x: Tensor, value: float) -> Tensor:
-    return torch.full((), value, dtype=x.dtype, device=x.device)
-
-
-def _f32_scalar(x: Tensor, value: float) -> Tensor:
-    return torch.full((), value, dtype=torch.float32, device=x.device)
-
-
 def _elu(a: dict) -> Tensor:
     """ELU / SELU (torch's elu with alpha, scale, input_scale), in float32 and rounded once more to a 16-bit
     dtype: x > 0: RN(x·RN32(scale)); x ≤ 0: RN(c·EXPM1(RN(x·RN32(input_scale)))) with c = RN32(alpha·scale)."""
@@ -926,8 +915,8 @@ def _elu(a: dict) -> Tensor:
     _need_carbon_dtype("elu", x)
     alpha, scale, input_scale = float(a.get("alpha", 1.0)), float(a.get("scale", 1.0)), float(a.get("input_scale", 1.0))
     x32 = x.to(torch.float32)
-    positive = aten.mul(x32, _f32_scalar(x, scale))
-    negative = aten.mul(_f32_scalar(x, alpha * scale), carbon_ops.expm1(aten.mul(x32, _f32_scalar(x, input_scale))))
+    positive = aten.mul(x32, _scalar_like(x, scale))
+    negative = aten.mul(_scalar_like(x, alpha * scale), carbon_ops.expm1(aten.mul(x32, _scalar_like(x, input_scale))))
     return aten.where(aten.gt(x32, 0), positive, negative).to(x.dtype)
 
 
@@ -937,12 +926,12 @@ def _elu_backward(a: dict) -> Tensor:
     g, y = a["grad_output"], a["self_or_result"]
     alpha, scale, input_scale = float(a["alpha"]), float(a["scale"]), float(a["input_scale"])
     g32, y32 = g.to(torch.float32), y.to(torch.float32)
-    c, iscale = _f32_scalar(g, alpha * scale), _f32_scalar(g, input_scale)
+    c, iscale = _scalar_like(g, alpha * scale), _scalar_like(g, input_scale)
     if a["is_result"]:
         negative = aten.mul(aten.mul(g32, iscale), aten.add(y32, c))
     else:
         negative = aten.mul(aten.mul(aten.mul(g32, iscale), c), carbon_ops.exp(aten.mul(y32, iscale)))
-    positive = aten.mul(g32, _f32_scalar(g, scale))
+    positive = aten.mul(g32, _scalar_like(g, scale))
     return aten.where(aten.gt(y32, 0), positive, negative).to(g.dtype)
 
 
@@ -956,27 +945,27 @@ def _hardsigmoid(a: dict) -> Tensor:
     """RN(clamp(RN(x + 3), 0, 6) / 6)."""
     x = a["self"]
     _need_carbon_dtype("hardsigmoid", x)
-    return aten.div.Tensor(aten.clamp(aten.add(x, 3), 0, 6), _six_like(x, 6.0))
+    return true_divide(aten.clamp(aten.add(x, 3), 0, 6), 6.0)
 
 
 def _hardsigmoid_backward(a: dict) -> Tensor:
     """RN(g / 6) where −3 < x < 3, else 0."""
     g, x = a["grad_output"], a["self"]
     inside = aten.logical_and(aten.gt(x, -3), aten.lt(x, 3))
-    return aten.where(inside, aten.div.Tensor(g, _six_like(g, 6.0)), 0.0).to(g.dtype)
+    return aten.where(inside, true_divide(g, 6.0), 0.0).to(g.dtype)
 
 
 def _hardswish(a: dict) -> Tensor:
     """RN(RN(x · clamp(RN(x + 3), 0, 6)) / 6)."""
     x = a["self"]
     _need_carbon_dtype("hardswish", x)
-    return aten.div.Tensor(aten.mul(x, aten.clamp(aten.add(x, 3), 0, 6)), _six_like(x, 6.0))
+    return true_divide(aten.mul(x, aten.clamp(aten.add(x, 3), 0, 6)), 6.0)
 
 
 def _hardswish_backward(a: dict) -> Tensor:
     """0 where x < −3; RN(g · RN(RN(x / 3) + 0.5)) where x ≤ 3; g above (torch's branches)."""
     g, x = a["grad_output"], a["self"]
-    middle = aten.mul(g, aten.add(aten.div.Tensor(x, _six_like(x, 3.0)), 0.5))
+    middle = aten.mul(g, aten.add(true_divide(x, 3.0), 0.5))
     return aten.where(aten.lt(x, -3), 0.0, aten.where(aten.le(x, 3), middle, g)).to(g.dtype)
 
 
@@ -1053,7 +1042,7 @@ def _avg_pool2d_backward(a: dict) -> Tensor:
     kernel, stride, padding = _avg_pool2d_args(a)
     gb, xb = (g, x) if x.dim() == 4 else (g.unsqueeze(0), x.unsqueeze(0))
     c = xb.shape[1]
-    share = aten.div.Tensor(gb, torch.full((), float(kernel[0] * kernel[1]), dtype=gb.dtype, device=gb.device))
+    share = true_divide(gb, float(kernel[0] * kernel[1]))
     ones = aten.ones([c, 1] + kernel, dtype=gb.dtype, device=gb.device)
     out = conv_transpose_forward(share, ones, None, stride, padding,
                                  [xb.shape[2 + i] - conv_transpose_size(share, ones, stride, padding, [0, 0], [1, 1])[i]
@@ -1230,15 +1219,13 @@ def _adaptive_avg_pool2d_backward(a: dict) -> Tensor:
     oh, ow = g.shape[-2:]
     h, w = x.shape[-2:]
     if h % oh == 0 and w % ow == 0:
-        share = true_divide(g, torch.full((), float((h // oh) * (w // ow)), dtype=torch.float32, device=g.device))
-        share = share.to(g.dtype)
+        share = true_divide(g, float((h // oh) * (w // ow)))
         return share.reshape(list(g.shape[:-2]) + [oh, 1, ow, 1]).expand(
             list(g.shape[:-2]) + [oh, h // oh, ow, w // ow]).reshape(x.shape).contiguous()
     out = aten.zeros_like(x, memory_format=torch.contiguous_format)
     for i, (h0, h1) in enumerate(_pool_regions(h, oh)):
         for j, (w0, w1) in enumerate(_pool_regions(w, ow)):
-            count = torch.full((), float((h1 - h0) * (w1 - w0)), dtype=torch.float32, device=g.device)
-            share = true_divide(g[..., i:i + 1, j:j + 1], count).to(g.dtype)
+            share = true_divide(g[..., i:i + 1, j:j + 1], float((h1 - h0) * (w1 - w0)))
             out[..., h0:h1, w0:w1] = aten.add(out[..., h0:h1, w0:w1], share)
     return out
 
@@ -1400,7 +1387,7 @@ def _exponential_(a: dict) -> Tensor:
     _need_random_dtype("exponential_", x.dtype)
     u = _uniform_values(list(x.shape), 0.0, 1.0, torch.float32, x.device)
     e = aten.neg(carbon_ops.log(aten.rsub(u, 1.0)))
-    return true_divide(e, _scalar_like(e, float(lambd))).to(x.dtype)
+    return true_divide(e, float(lambd)).to(x.dtype)
 
 
 def _random_(a: dict) -> Tensor:
