@@ -25,6 +25,7 @@ import sys
 from native_check import ROOT, build_check  # scripts/ is on sys.path when a script runs
 
 HEADERS = [os.path.join(ROOT, "csrc", "softmax", "softmax_exp_cpu.h"),
+           os.path.join(ROOT, "csrc", "softmax", "softmax_exp_avx512.h"),
            os.path.join(ROOT, "csrc", "elementwise", "elementwise_math.h")]
 
 

@@ -7,12 +7,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "../dtypes.h"
 #include "../reduce/chain_tree.h"
 #include "softmax.h"
 #include "../convert/round_to.h"
+#include "softmax_exp_avx512.h"
 #include "softmax_exp_cpu.h"
 #include "softmax_kernel.h"
 
@@ -42,22 +44,6 @@ inline typename F::Bits round_encode_nonneg(double v, uint32_t* ok) {
   const bool zero = u <= tiny;
   *ok = zero ? 1u : rounds_to_normal(u, f);
   return static_cast<typename F::Bits>(zero ? 0u : encode_normal(round_normal_bits(u, f), f));
-}
-
-// round_encode_fast<F>(v, ok) with float32's rounding by the hardware
-// conversion (round32_decided: the same bits wherever round_encode_fast
-// sets *ok, one instruction instead of ~8 integer ones).
-template <typename F>
-inline typename F::Bits round_encode_out(double v, uint32_t* ok) {
-  if constexpr (F::get().precision == 24) {
-    const float r = round32_decided(v);
-    uint32_t bits;
-    std::memcpy(&bits, &r, sizeof bits);
-    *ok = static_cast<uint32_t>(round32_hardware_exact(v));
-    return bits;
-  } else {
-    return round_encode_fast<F>(v, ok);
-  }
 }
 
 // The row kernels are compiled three times: for x86-64-v4 (AVX-512: eight
@@ -163,6 +149,95 @@ CARBON_CPU_CLONES void exp_row_f32(const T* x, float m, int64_t n, double* t, fl
   }
 }
 
+// The same e_j on CPUs with AVX-512: exp16_table_round (softmax_exp_avx512.h)
+// sixteen values at a time, its undecided lanes by exp_f32_core and the
+// general rounding (exp16_undecided). No fp64 scratch: the rounding follows
+// the evaluation in registers.
+template <typename T>
+CARBON_SOFTMAX_AVX512 inline __m512 load16(const T* x, __mmask16 lanes) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm512_maskz_loadu_ps(lanes, x);
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {  // the bfloat16 bits are a float32's high half
+    const __m256i h = _mm256_maskz_loadu_epi16(lanes, x);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else {  // float16: vcvtph2ps (exact, as every float16 is a float32 value)
+    static_assert(std::is_same_v<T, c10::Half>);
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, x));
+  }
+}
+
+// e[k] = EXP(x_k - m) for the undecided lanes (bit k of `undecided`) of
+// sixteen values (len of them in the row): exp_f32_core for the group in a
+// loop that vectorizes (many lanes are undecided where results fall in
+// float32's subnormal range), then the general rounding, as exp32 does.
+template <typename T>
+CARBON_SOFTMAX_AVX512 __attribute__((noinline)) void exp16_undecided(const T* x, float m, int64_t len,
+                                                                     uint32_t undecided, float* e) {
+  double t[16];
+  for (int64_t k = 0; k < len; ++k) t[k] = math::exp_f32_core(static_cast<float>(element_value(x[k])) - m);
+  for (int64_t k = 0; k < len; ++k)
+    if ((undecided >> k) & 1) e[k] = round32(t[k]);
+}
+
+// One group of up to sixteen values, its undecided lanes rewritten at once.
+template <typename T>
+CARBON_SOFTMAX_AVX512 inline void exp16_group(const T* x, __m512 mv, float m, int64_t len, float* e) {
+  const __mmask16 lanes = static_cast<__mmask16>(len == 16 ? 0xffffu : (1u << len) - 1u);
+  const __m512 d = _mm512_sub_ps(load16(x, lanes), mv);  // RN32(x_k - m)
+  const __mmask16 undecided = static_cast<__mmask16>(lanes & ~exp16_table_round(d, lanes, e));
+  if (undecided) exp16_undecided(x, m, len, undecided, e);
+}
+
+// Blocks of kExpBlock values test their lanes together (no branch per
+// group); a block with an undecided lane is redone group by group.
+template <typename T>
+CARBON_SOFTMAX_AVX512 void exp_row_avx512(const T* x, float m, int64_t n, float* e) {
+  const __m512 mv = _mm512_set1_ps(m);
+  int64_t j = 0;
+  for (; j + kExpBlock <= n; j += kExpBlock) {
+    __mmask16 decided = 0xffff;
+    for (int64_t k = j; k < j + kExpBlock; k += 16)
+      decided = static_cast<__mmask16>(decided & exp16_table_round(_mm512_sub_ps(load16(x + k, 0xffff), mv), 0xffff, e + k));
+    if (decided != 0xffff)
+      for (int64_t k = j; k < j + kExpBlock; k += 16) exp16_group(x + k, mv, m, 16, e + k);
+  }
+  for (; j < n; j += 16) exp16_group(x + j, mv, m, std::min<int64_t>(16, n - j), e + j);
+}
+
+// exp_row_f32's results, by exp_row_avx512 where the CPU has AVX-512 (t is
+// then unused).
+template <typename T>
+inline void exp_row(const T* x, float m, int64_t n, double* t, float* e) {
+  if (softmax_avx512_available())
+    exp_row_avx512(x, m, n, e);
+  else
+    exp_row_f32(x, m, n, t, e);
+}
+
+// The fp64 sum of the e_j (all >= +0) for S, in kSumChains interleaved
+// chains (four AVX-512 registers, so the additions are not bound by their
+// latency) and a pairwise fold. S = RN32(exact sum) whichever tree sums
+// (softmax_sum_if_decided's test uses this tree's depth; the undecided rows
+// take the exact sum), so this tree is not carbon.sum's kChains.
+// The gradients' sums D and G use the same tree (the same argument).
+constexpr int kSumChains = 32;
+constexpr int64_t sum_chains_depth(int64_t n) { return n / kSumChains + (kSumChains - 1) + 5; }
+
+inline double fold_sum_chains(double* s) {
+  for (int width = kSumChains / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; ++l) s[l] = s[l] + s[l + width];
+  return s[0];
+}
+
+CARBON_CPU_CLONES double sum_of_exps(const float* e, int64_t n) {
+  double s[kSumChains] = {};
+  int64_t j = 0;
+  for (; j + kSumChains <= n; j += kSumChains)
+    for (int l = 0; l < kSumChains; ++l) s[l] = s[l] + e[j + l];
+  for (; j < n; ++j) s[0] = s[0] + e[j];
+  return fold_sum_chains(s);
+}
+
 // The float32 outputs in one pass each, rounded by the hardware conversion
 // where round32_decided applies; false (o to be rewritten) when some output
 // is outside it (subnormal; the general two-pass code then redoes the row).
@@ -176,27 +251,45 @@ CARBON_CPU_CLONES void exp_row_f32(const T* x, float m, int64_t n, double* t, fl
 //    multiple of 2^min(al, be + g), so |e/S - mid| >= (e/S) min(2^-24,
 //    2^-49.01) (the second when be + g < al: e ~ S mid gives
 //    2^(al - be - g) ~ b N / a). So RN32(q) = RN32(e/S) = softmax_value.
+// The tests, per row rather than per output:
+//  * log_softmax, L >= 2^-126 (every row with S > 1): d_j <= 0 (x_j <= m),
+//    so v = RN64(d_j - L) <= -L and every v is -inf or has |v| >= 2^-126,
+//    where round32_hardware_exact holds (never NaN: the row has none).
+//    Otherwise (S = 1) the test of each value.
+//  * softmax: quotient_rounding_decided(q) for every q in [+0, 1] (e <= 1,
+//    y <= 1) is "q = +0 or q >= 2^-126", i.e. bits(q) - 1 (wrapping +0 to
+//    the largest integer) >= bits(2^-126) - 1: one minimum over the row.
 template <typename T, bool kLog>
 CARBON_CPU_CLONES bool softmax_outputs_f32(const T* row, int64_t n, const float* e, float m, double S, uint32_t* o) {
-  uint64_t ok = 1;
   if (kLog) {
     const double L = log32(static_cast<float>(S));
+    if (L >= 0x1p-126) {
+      for (int64_t k = 0; k < n; ++k) {
+        const float r = round32_decided(log_softmax_difference(static_cast<float>(element_value(row[k])), m, L));
+        std::memcpy(&o[k], &r, sizeof r);
+      }
+      return true;
+    }
+    uint64_t ok = 1;
     for (int64_t k = 0; k < n; ++k) {
       const double v = log_softmax_difference(static_cast<float>(element_value(row[k])), m, L);
       const float r = round32_decided(v);
       std::memcpy(&o[k], &r, sizeof r);
       ok &= round32_hardware_exact(v);
     }
+    return ok != 0;
   } else {
     const double y = 1.0 / S;
+    uint64_t least = ~uint64_t{0};  // min over the row of bits(q) - 1
     for (int64_t k = 0; k < n; ++k) {
       const double q = static_cast<double>(e[k]) * y;
       const float r = round32_decided(q);
       std::memcpy(&o[k], &r, sizeof r);
-      ok &= quotient_rounding_decided(q);
+      const uint64_t key = double_to_bits(q) - 1;
+      least = key < least ? key : least;
     }
+    return least >= normal_min_bits(float32_format()) - 1;
   }
-  return ok != 0;
 }
 
 // One row of n values into o[0, n); t and e are scratch for n values.
@@ -211,15 +304,10 @@ CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, double* t, float* e,
     return;
   }
   const float m = mx.m;
-  exp_row_f32(row, m, n, t, e);
-  double s[kChains] = {};
-  int64_t j = 0;
-  for (; j + kChains <= n; j += kChains)
-    for (int l = 0; l < kChains; ++l) s[l] = s[l] + e[j + l];
-  for (; j < n; ++j) s[0] = s[0] + e[j];
-  const double sum = fold_chains(s);
+  exp_row(row, m, n, t, e);
+  const double sum = sum_of_exps(e, n);
   double S;
-  if (!softmax_sum_if_decided(sum, chain_depth(n), &S))
+  if (!softmax_sum_if_decided(sum, sum_chains_depth(n), &S))
     S = reduce_exact_values(
         n, [&](int64_t k) { return static_cast<double>(e[k]); }, sum, false, float32_format());
   if constexpr (F::get().precision == 24) {
@@ -299,22 +387,59 @@ CARBON_CPU_CLONES double grad_row_sum(const T* g, const T* y, int64_t n) {
   auto term = [&](int64_t k) {
     return kLog ? element_value(g[k]) : element_value(g[k]) * element_value(y[k]);  // exact in fp64
   };
-  double s[kChains] = {}, a[kChains] = {};
+  double s[kSumChains] = {}, a[kSumChains] = {};
   int64_t j = 0;
-  // Two loops, as in round_sum_of_floats (one array of chains each vectorizes).
-  for (; j + kChains <= n; j += kChains)
-    for (int l = 0; l < kChains; ++l) s[l] = s[l] + term(j + l);
-  for (int64_t i = 0; i + kChains <= n; i += kChains)
-    for (int l = 0; l < kChains; ++l) a[l] = a[l] + abs_value(term(i + l));
+  // Two loops, as in round_sum_of_floats (one array of chains each
+  // vectorizes); kSumChains chains (sum_of_exps: RN32 of the exact sum
+  // whichever tree, by the test with this tree's depth or the exact tiers).
+  for (; j + kSumChains <= n; j += kSumChains)
+    for (int l = 0; l < kSumChains; ++l) s[l] = s[l] + term(j + l);
+  for (int64_t i = 0; i + kSumChains <= n; i += kSumChains)
+    for (int l = 0; l < kSumChains; ++l) a[l] = a[l] + abs_value(term(i + l));
   for (; j < n; ++j) {
     const double t = term(j);
     s[0] = s[0] + t;
     a[0] = a[0] + abs_value(t);
   }
-  const double sum = fold_chains(s), abs_sum = fold_chains(a);
+  const double sum = fold_sum_chains(s), abs_sum = fold_sum_chains(a);
   double value;
-  if (grad_sum_if_decided(sum, abs_sum, chain_depth(n), &value)) return value;
+  if (grad_sum_if_decided(sum, abs_sum, sum_chains_depth(n), &value)) return value;
   return reduce_exact_values(n, term, abs_sum, false, float32_format());
+}
+
+// o[k] = RN_F(value(k)) for k in [0, n) by the branch-free roundings; false
+// when some value needs the general rounding (the caller redoes the row).
+// float32 outputs: the hardware conversion, round32_decided, checked once
+// per row rather than per value: round32_hardware_exact(v) for every v is
+// "no |v| in (2^-150, 2^-126) and no NaN", i.e. the least |bits(v)| -
+// (bits(2^-150) + 1) (wrapping |v| <= 2^-150 to huge values) is at least
+// bits(2^-126) - (bits(2^-150) + 1), and the largest |bits(v)| at most
+// +inf's: an unsigned minimum and maximum, which vectorize.
+template <typename F, typename Value>
+inline bool round_row_out(int64_t n, Value value, typename F::Bits* o) {
+  if constexpr (F::get().precision == 24) {
+    constexpr FloatFormat f = F::get();
+    const uint64_t key_base = (static_cast<uint64_t>(quantum_exp(f) - 1 + 1023) << 52) + 1;  // bits(2^-150) + 1
+    uint64_t least = ~uint64_t{0}, most = 0;
+    for (int64_t k = 0; k < n; ++k) {
+      const double v = value(k);
+      const float r = round32_decided(v);
+      std::memcpy(&o[k], &r, sizeof r);
+      const uint64_t mag = double_to_bits(v) & ~kSignBit;
+      const uint64_t key = mag - key_base;
+      least = key < least ? key : least;
+      most = mag > most ? mag : most;
+    }
+    return least >= normal_min_bits(f) - key_base && most <= kExpMask;
+  } else {
+    uint32_t ok = 1;
+    for (int64_t k = 0; k < n; ++k) {
+      uint32_t ok_o;
+      o[k] = round_encode_fast<F>(value(k), &ok_o);
+      ok &= ok_o;
+    }
+    return ok != 0;
+  }
 }
 
 // One row's gradient; t and p are scratch for n values (log_softmax only).
@@ -325,23 +450,16 @@ CARBON_CPU_CLONES void softmax_backward_row(const T* gr, const T* yr, int64_t n,
   const double D = grad_row_sum<T, kLog>(gr, yr, n);
   // The branch-free roundings first (they vectorize); the general ones for
   // the whole row when some value needs them.
-  uint32_t ok = 1;
   if (kLog) {
-    exp_row_f32(yr, 0.0f, n, t, p);  // p_k = EXP(y_k)
-    for (int64_t k = 0; k < n; ++k) {
-      uint32_t ok_o;
-      o[k] = round_encode_out<F>(log_softmax_grad_unrounded(p[k], element_value(gr[k]), D), &ok_o);
-      ok &= ok_o;
-    }
-    if (ok) return;
+    exp_row(yr, 0.0f, n, t, p);  // p_k = EXP(y_k)
+    if (round_row_out<F>(
+            n, [&](int64_t k) { return log_softmax_grad_unrounded(p[k], element_value(gr[k]), D); }, o))
+      return;
     for (int64_t k = 0; k < n; ++k) o[k] = bits_of<F>(log_softmax_grad_from_p(p[k], element_value(gr[k]), D, f));
   } else {
-    for (int64_t k = 0; k < n; ++k) {
-      uint32_t ok_o;
-      o[k] = round_encode_out<F>(softmax_grad_unrounded(element_value(yr[k]), element_value(gr[k]), D), &ok_o);
-      ok &= ok_o;
-    }
-    if (ok) return;
+    if (round_row_out<F>(
+            n, [&](int64_t k) { return softmax_grad_unrounded(element_value(yr[k]), element_value(gr[k]), D); }, o))
+      return;
     for (int64_t k = 0; k < n; ++k)
       o[k] = bits_of<F>(softmax_grad_value(element_value(yr[k]), element_value(gr[k]), D, f));
   }
@@ -383,15 +501,11 @@ template <typename F>
 CARBON_CPU_CLONES void cross_entropy_grad_row(double coef, const float* lsm, int64_t t, int64_t C, double eps,
                                               double* scratch, float* p, typename F::Bits* o) {
   constexpr FloatFormat f = F::get();
-  exp_row_f32(lsm, 0.0f, C, scratch, p);  // p_j = EXP(lsm_j)
+  exp_row(lsm, 0.0f, C, scratch, p);  // p_j = EXP(lsm_j)
   // Branch-free roundings (vectorized), the general ones if some value needs them.
-  uint32_t ok = 1;
-  for (int64_t j = 0; j < C; ++j) {
-    uint32_t ok_o;
-    o[j] = round_encode_out<F>(cross_entropy_grad_unrounded(coef, p[j], j == t, eps, C), &ok_o);
-    ok &= ok_o;
-  }
-  if (ok) return;
+  if (round_row_out<F>(
+          C, [&](int64_t j) { return cross_entropy_grad_unrounded(coef, p[j], j == t, eps, C); }, o))
+    return;
   for (int64_t j = 0; j < C; ++j) o[j] = bits_of<F>(cross_entropy_grad_from_p(coef, p[j], j == t, eps, C, f));
 }
 
