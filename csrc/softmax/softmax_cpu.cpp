@@ -190,18 +190,54 @@ CARBON_SOFTMAX_AVX512 inline void exp16_group(const T* x, __m512 mv, float m, in
 
 // Blocks of kExpBlock values test their lanes together (no branch per
 // group); a block with an undecided lane is redone group by group.
-template <typename T>
-CARBON_SOFTMAX_AVX512 void exp_row_avx512(const T* x, float m, int64_t n, float* e) {
+// With kSum, also the fp64 sum of the e_j for S (see sum_of_exps: any tree
+// gives the same S), in sixteen lanes: each block's in two registers of its
+// own (16 additions per lane; from the e array when the block was redone),
+// added to the row's two, then the tail groups into the row's (at most
+// 16 more), then one register pair sum and an 8-lane reduction (4): no
+// value passes through more than n / kExpBlock + 36 additions.
+constexpr int64_t exp_row_sum_depth(int64_t n) { return n / kExpBlock + 36; }
+
+CARBON_SOFTMAX_AVX512 inline void add_e16(const float* e, __mmask16 lanes, __m512d* s0, __m512d* s1) {
+  *s0 = _mm512_add_pd(*s0, _mm512_cvtps_pd(_mm256_maskz_loadu_ps(static_cast<__mmask8>(lanes), e)));
+  *s1 = _mm512_add_pd(*s1, _mm512_cvtps_pd(_mm256_maskz_loadu_ps(static_cast<__mmask8>(lanes >> 8), e + 8)));
+}
+
+template <typename T, bool kSum>
+CARBON_SOFTMAX_AVX512 double exp_row_avx512(const T* x, float m, int64_t n, float* e) {
   const __m512 mv = _mm512_set1_ps(m);
+  __m512d row0 = _mm512_setzero_pd(), row1 = _mm512_setzero_pd();
   int64_t j = 0;
   for (; j + kExpBlock <= n; j += kExpBlock) {
     __mmask16 decided = 0xffff;
-    for (int64_t k = j; k < j + kExpBlock; k += 16)
-      decided = static_cast<__mmask16>(decided & exp16_table_round(_mm512_sub_ps(load16(x + k, 0xffff), mv), 0xffff, e + k));
-    if (decided != 0xffff)
+    __m512d b0 = _mm512_setzero_pd(), b1 = _mm512_setzero_pd();
+    for (int64_t k = j; k < j + kExpBlock; k += 16) {
+      __m256 r0, r1;
+      decided = static_cast<__mmask16>(
+          decided & exp16_table_round(_mm512_sub_ps(load16(x + k, 0xffff), mv), 0xffff, e + k, &r0, &r1));
+      if (kSum) {
+        b0 = _mm512_add_pd(b0, _mm512_cvtps_pd(r0));
+        b1 = _mm512_add_pd(b1, _mm512_cvtps_pd(r1));
+      }
+    }
+    if (decided != 0xffff) {
       for (int64_t k = j; k < j + kExpBlock; k += 16) exp16_group(x + k, mv, m, 16, e + k);
+      if (kSum) {
+        b0 = b1 = _mm512_setzero_pd();
+        for (int64_t k = j; k < j + kExpBlock; k += 16) add_e16(e + k, 0xffff, &b0, &b1);
+      }
+    }
+    if (kSum) {
+      row0 = _mm512_add_pd(row0, b0);
+      row1 = _mm512_add_pd(row1, b1);
+    }
   }
-  for (; j < n; j += 16) exp16_group(x + j, mv, m, std::min<int64_t>(16, n - j), e + j);
+  for (; j < n; j += 16) {
+    const int64_t len = std::min<int64_t>(16, n - j);
+    exp16_group(x + j, mv, m, len, e + j);
+    if (kSum) add_e16(e + j, static_cast<__mmask16>(len == 16 ? 0xffffu : (1u << len) - 1u), &row0, &row1);
+  }
+  return kSum ? _mm512_reduce_add_pd(_mm512_add_pd(row0, row1)) : 0.0;
 }
 
 // exp_row_f32's results, by exp_row_avx512 where the CPU has AVX-512 (t is
@@ -209,7 +245,7 @@ CARBON_SOFTMAX_AVX512 void exp_row_avx512(const T* x, float m, int64_t n, float*
 template <typename T>
 inline void exp_row(const T* x, float m, int64_t n, double* t, float* e) {
   if (softmax_avx512_available())
-    exp_row_avx512(x, m, n, e);
+    exp_row_avx512<T, false>(x, m, n, e);
   else
     exp_row_f32(x, m, n, t, e);
 }
@@ -304,10 +340,18 @@ CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, double* t, float* e,
     return;
   }
   const float m = mx.m;
-  exp_row(row, m, n, t, e);
-  const double sum = sum_of_exps(e, n);
+  double sum;
+  int64_t depth;
+  if (softmax_avx512_available()) {
+    sum = exp_row_avx512<T, true>(row, m, n, e);
+    depth = exp_row_sum_depth(n);
+  } else {
+    exp_row_f32(row, m, n, t, e);
+    sum = sum_of_exps(e, n);
+    depth = sum_chains_depth(n);
+  }
   double S;
-  if (!softmax_sum_if_decided(sum, sum_chains_depth(n), &S))
+  if (!softmax_sum_if_decided(sum, depth, &S))
     S = reduce_exact_values(
         n, [&](int64_t k) { return static_cast<double>(e[k]); }, sum, false, float32_format());
   if constexpr (F::get().precision == 24) {

@@ -119,7 +119,9 @@ CARBON_SOFTMAX_AVX512 inline __mmask8 exp8_table_far(__m512d c, __mmask8 normal)
 //    as RN32(exp_f32_core(d)) < 2^-150 does.
 // A NaN is neither. The clamp keeps a NaN (vmaxps and vminps return their
 // second operand when either is a NaN).
-CARBON_SOFTMAX_AVX512 inline __mmask16 exp16_table_round(__m512 d, __mmask16 lanes, float* e) {
+// (r0, r1: the two halves' float32 results, for callers that sum them.)
+CARBON_SOFTMAX_AVX512 inline __mmask16 exp16_table_round(__m512 d, __mmask16 lanes, float* e, __m256* r0,
+                                                         __m256* r1) {
   const __mmask16 normal =
       _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(d, _mm512_set1_ps(-87.0f), _CMP_GE_OQ), d, _mm512_set1_ps(88.0f),
                               _CMP_LE_OQ);
@@ -128,11 +130,18 @@ CARBON_SOFTMAX_AVX512 inline __mmask16 exp16_table_round(__m512 d, __mmask16 lan
   d = _mm512_min_ps(_mm512_set1_ps(89.0f), d);
   const __m512d c0 = exp8_table(_mm512_cvtps_pd(_mm512_castps512_ps256(d)));
   const __m512d c1 = exp8_table(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(d), 1))));
-  _mm256_mask_storeu_ps(e, static_cast<__mmask8>(lanes), _mm512_cvtpd_ps(c0));
-  _mm256_mask_storeu_ps(e + 8, static_cast<__mmask8>(lanes >> 8), _mm512_cvtpd_ps(c1));
+  *r0 = _mm512_cvtpd_ps(c0);
+  *r1 = _mm512_cvtpd_ps(c1);
+  _mm256_mask_storeu_ps(e, static_cast<__mmask8>(lanes), *r0);
+  _mm256_mask_storeu_ps(e + 8, static_cast<__mmask8>(lanes >> 8), *r1);
   const __mmask8 far0 = exp8_table_far(c0, static_cast<__mmask8>(normal));
   const __mmask8 far1 = exp8_table_far(c1, static_cast<__mmask8>(normal >> 8));
   return static_cast<__mmask16>(_mm512_kunpackb(far1, far0) | tiny);
+}
+
+CARBON_SOFTMAX_AVX512 inline __mmask16 exp16_table_round(__m512 d, __mmask16 lanes, float* e) {
+  __m256 r0, r1;
+  return exp16_table_round(d, lanes, e, &r0, &r1);
 }
 
 }  // namespace carbon
