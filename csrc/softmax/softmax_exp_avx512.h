@@ -119,15 +119,19 @@ CARBON_SOFTMAX_AVX512 inline __mmask8 exp8_table_far(__m512d c, __mmask8 normal)
 //    as RN32(exp_f32_core(d)) < 2^-150 does.
 // A NaN is neither. The clamp keeps a NaN (vmaxps and vminps return their
 // second operand when either is a NaN).
-// (r0, r1: the two halves' float32 results, for callers that sum them.)
+// (r0, r1: the two halves' float32 results, for callers that sum them.
+// kNonPositive: every d is <= 0 or NaN, as the forward's RN32(x_j - m); then
+// d <= 88 and min(89, d) = d hold, and the two operations are left out: the
+// same results.)
+template <bool kNonPositive = false>
 CARBON_SOFTMAX_AVX512 inline __mmask16 exp16_table_round(__m512 d, __mmask16 lanes, float* e, __m256* r0,
                                                          __m256* r1) {
+  const __mmask16 above = _mm512_cmp_ps_mask(d, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
   const __mmask16 normal =
-      _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(d, _mm512_set1_ps(-87.0f), _CMP_GE_OQ), d, _mm512_set1_ps(88.0f),
-                              _CMP_LE_OQ);
+      kNonPositive ? above : _mm512_mask_cmp_ps_mask(above, d, _mm512_set1_ps(88.0f), _CMP_LE_OQ);
   const __mmask16 tiny = _mm512_cmp_ps_mask(d, _mm512_set1_ps(-105.0f), _CMP_LE_OQ);
   d = _mm512_max_ps(_mm512_set1_ps(-110.0f), d);
-  d = _mm512_min_ps(_mm512_set1_ps(89.0f), d);
+  if (!kNonPositive) d = _mm512_min_ps(_mm512_set1_ps(89.0f), d);
   const __m512d c0 = exp8_table(_mm512_cvtps_pd(_mm512_castps512_ps256(d)));
   const __m512d c1 = exp8_table(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(d), 1))));
   *r0 = _mm512_cvtpd_ps(c0);
