@@ -3,7 +3,8 @@
 // exp_f32_approx_decided decides, its bits equal RN32(exp_f32_core(d))
 // (csrc/softmax/softmax_exp_cpu.h); likewise for every lane that
 // exp16_table_round decides (csrc/softmax/softmax_exp_avx512.h, run when the
-// CPU has AVX-512, as in the kernels). Built and run by
+// CPU has AVX-512, as in the kernels), whose kNonPositive variant must give
+// the same bits and decisions for every d <= 0 and NaN. Built and run by
 // scripts/softmax_exp_check.py.
 //
 // The inputs go through in blocks; exp_f32_approx and the rounding run in
@@ -51,8 +52,21 @@ struct Counts {
 CARBON_SOFTMAX_AVX512 __attribute__((noinline)) void table_block(const float* d, uint32_t* bits, uint64_t* decided,
                                                                 double* c, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 ok = exp16_table_round(_mm512_loadu_ps(d + i), 0xffff, reinterpret_cast<float*>(bits + i));
+    const __m512 di = _mm512_loadu_ps(d + i);
+    const __mmask16 ok = exp16_table_round(di, 0xffff, reinterpret_cast<float*>(bits + i));
     for (int l = 0; l < 16; ++l) decided[i + l] = (ok >> l) & 1;
+    // The forward's variant (kNonPositive) on the arguments <= 0 or NaN (the
+    // others +0 here): the same bits and the same decisions.
+    const __mmask16 nonpos = _mm512_cmp_ps_mask(di, _mm512_setzero_ps(), _CMP_NGT_UQ);
+    float fwd[16];
+    __m256 r0, r1;
+    const __mmask16 ok_fwd =
+        exp16_table_round<true>(_mm512_maskz_mov_ps(nonpos, di), 0xffff, fwd, &r0, &r1);
+    for (int l = 0; l < 16; ++l) {
+      uint32_t fb;
+      std::memcpy(&fb, &fwd[l], 4);
+      if (((nonpos >> l) & 1) && (fb != bits[i + l] || ((ok_fwd >> l) & 1) != ((ok >> l) & 1))) decided[i + l] = 2;
+    }
     for (int h = 0; h < 2; ++h) {
       __m512d x = _mm512_cvtps_pd(_mm256_loadu_ps(d + i + 8 * h));
       x = _mm512_max_pd(_mm512_set1_pd(-110.0), x);
@@ -88,7 +102,11 @@ void check_block(uint64_t first, Counts& k, float* d, double* c, uint32_t* bits,
         const double rel = std::fabs(tc[i] - core) / core;
         if (rel > k.t_max_rel) k.t_max_rel = rel;
       }
-      if (!tdecided[i]) {
+      if (tdecided[i] == 2) {  // the kNonPositive variant differs
+        if (k.t_mismatches == 0 || static_cast<uint32_t>(first + i) < k.t_first_mismatch)
+          k.t_first_mismatch = static_cast<uint32_t>(first + i);
+        k.t_mismatches++;
+      } else if (!tdecided[i]) {
         if (d[i] >= -87.0f && d[i] <= 88.0f) k.t_undecided_main++;
       } else {
         k.t_decided++;
