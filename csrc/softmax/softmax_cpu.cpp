@@ -1,7 +1,9 @@
-// CPU kernels of softmax and log_softmax, forward and backward. Rows are
-// split over threads; each row is summed in kChains interleaved fp64 chains
-// (a tree that depends only on n), so the bits never depend on the thread
-// count.
+// CPU kernels of softmax and log_softmax, forward and backward, and of
+// cross-entropy. Rows are split over threads; each row's sums are rounded
+// once from their exact value (tier 1 with the tree's own error bound, or
+// the exact tiers), and every tree used depends only on n, so the bits never
+// depend on the thread count (nor on which tree: the AVX-512 paths sum in
+// other trees than the portable ones).
 #include <ATen/Parallel.h>
 
 #include <algorithm>

@@ -45,6 +45,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "../exact/float_format.h"
 
@@ -52,10 +53,13 @@ namespace carbon {
 
 #define CARBON_SOFTMAX_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw")))
 
-// True where the CPU runs the AVX-512 kernels (checked once).
+// True where the CPU runs the AVX-512 kernels (checked once). The
+// environment variable CARBON_SOFTMAX_PORTABLE selects the portable kernels
+// instead (to compare the two paths' bits on one machine).
 inline bool softmax_avx512_available() {
   static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+                          std::getenv("CARBON_SOFTMAX_PORTABLE") == nullptr;
   return yes;
 }
 

@@ -1,4 +1,5 @@
-// A cheaper float32 EXP for the CPU softmax kernels (softmax_cpu.cpp only):
+// A cheaper float32 EXP for the CPU softmax kernels (softmax_cpu.cpp only;
+// on CPUs with AVX-512 they use softmax_exp_avx512.h instead):
 // the same float32 bits as carbon.exp, RN32(exp_f32_core(d))
 // (elementwise_math.h, docs/contract.md §6), for every float32 d, from a
 // shorter fp64 evaluation plus a rounding test, with exp32 itself for the
