@@ -1,4 +1,5 @@
-"""Exhaustive check of the softmax kernels' float32 EXP (csrc/softmax/softmax_exp_cpu.h).
+"""Exhaustive check of the softmax kernels' float32 EXPs (csrc/softmax/softmax_exp_cpu.h and, on CPUs with
+AVX-512, csrc/softmax/softmax_exp_avx512.h).
 
     python scripts/softmax_exp_check.py [--march ARCH]
 
@@ -7,7 +8,9 @@ Compiles scripts/softmax_exp_check.cpp with g++ (-O3 -fopenmp
 every float32 bit pattern d that exp_f32_approx_decided decides, the float32
 bits of round32_decided(exp_f32_approx(d)) (as in the kernels) must equal
 RN32(exp_f32_core(d)), carbon.exp's (mismatches: must be 0; exit status 1
-otherwise). --ftz runs it with flush-to-zero and denormals-are-zero set
+otherwise); the same for every lane exp16_table_round decides (AVX-512 CPUs,
+whatever --march: the function has its own target attribute), whose
+kNonPositive variant must also agree with it on every d <= 0 and NaN. --ftz runs it with flush-to-zero and denormals-are-zero set
 (as torch.set_flush_denormal(True) does): the same bits. Also prints how many patterns are decided, how
 many in [-87, 88] are not (the kernels compute exp32 for those) and the
 largest relative difference of the two doubles. --march as in

@@ -28,18 +28,21 @@
 // doubles differ by less than 2^-45.7 of either (the exhaustive run of
 // scripts/softmax_exp_check.py measures the actual maximum).
 //
-// The rounding test is exp_f32_approx_decided's with kTableMargin = 2^9 for
-// kApproxMargin: for c = exp16_table(d) in [2^e, 2^(e+1)),
+// The rounding test is exp_f32_approx_decided's argument with the margin
+// kTableMargin = 2^9: for c = exp8_table(d) in [2^e, 2^(e+1)),
 // |c - exp_f32_core(d)| < 2^-45.7 * 2^(e+1) = 2^7.3 of c's double ulps, less
-// than the margin; so when c's 29 dropped bits lie more than 2^9 from the
-// midpoint 2^28 and RN32(c) is normal, no float32 rounding boundary lies
-// between the two doubles; c <= 2^-151 gives +0 as before. About 2^-19 of
-// the arguments in [-87, 88] are undecided (exp32 for those; the caller
-// also takes results in float32's subnormal range, overflow and NaN there).
+// than the margin; so when c's 29 dropped bits lie at least 2^9 from the
+// midpoint 2^28 (exp8_table_far) and both doubles are normal with a normal
+// float32 rounding (tested on the argument: d in [-87, 88]), no float32
+// rounding boundary lies between them; d <= -105 gives c <= 2^-151 and +0
+// as before. 1,017 float32 arguments in [-87, 88] (about 2^-21 of them) are
+// undecided (exp32 for those; likewise for results in float32's subnormal
+// range, overflow and NaN).
 //
 // scripts/softmax_exp_check.py runs exp16_table_round over all 2^32 float32
 // patterns (with and without FTZ/DAZ): every decided lane's float32 bits
-// equal RN32(exp_f32_core(d)).
+// equal RN32(exp_f32_core(d)); and the kNonPositive variant's bits and
+// decisions equal the general one's for every d <= 0 and NaN.
 #pragma once
 
 #include <immintrin.h>
