@@ -244,6 +244,33 @@ def _attention_logits_fake(scores: Tensor, scale: float, mask: Optional[Tensor] 
                 f"carbon.attention_logits: mask has shape {tuple(mask.shape)} but the scores have shape {tuple(scores.shape)}"
             )
     return torch.empty_like(scores, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("carbon::attention_probs")
+def _attention_probs_fake(q: Tensor, k: Tensor, scale: float, mask: Optional[Tensor] = None, causal: bool = False) -> Tensor:
+    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(
+            f"carbon.attention_probs: expected q [B, L, E] and k [B, S, E], got shapes {tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    _check_dtype("bmm", "a", q)
+    _check_dtype("bmm", "b", k)
+    shape = (q.shape[0], q.shape[1], k.shape[1])
+    if mask is not None:
+        _check_dtype("attention_logits", "mask", mask)
+        if tuple(mask.shape) != shape:
+            raise ValueError(f"carbon.attention_logits: mask has shape {tuple(mask.shape)} but the scores have shape {shape}")
+    return q.new_empty(shape, dtype=torch.float32)
+
+
+@torch.library.register_fake("carbon::attention_probs_backward")
+def _attention_probs_backward_fake(grad: Tensor, probs: Tensor, scale: float) -> Tensor:
+    if grad.dtype != torch.float32 or probs.dtype != torch.float32:
+        raise TypeError(f"carbon.attention_probs_backward: grad and probs must be float32, got {grad.dtype} and {probs.dtype}")
+    if probs.dim() != 3 or tuple(grad.shape) != tuple(probs.shape):
+        raise ValueError(
+            f"carbon.attention_probs_backward: expected grad and probs of one shape [B, L, S], got {tuple(grad.shape)} and {tuple(probs.shape)}"
+        )
+    return torch.empty_like(probs, memory_format=torch.contiguous_format)
 # ---------------------------------------------------------------------------
 # Elementwise math (exp, log, tanh, sigmoid, erf, gelu, silu, sin, cos, log1p, softplus, log_sigmoid, expm1,
 # their backward).

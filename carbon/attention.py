@@ -61,47 +61,34 @@ class _BroadcastMask(torch.autograd.Function):
         return torch.ops.carbon.sum(full, dims, False, ctx.dtype).reshape(ctx.mask_shape), None, None
 
 
-# Query rows per block of _CausalScores (a module attribute so that tests can
-# make it small). Each block re-widens its keys and copies its scores into
-# place, so small blocks do not pay (measured on the CPU, one thread: no gain
-# at L = 256; at L = 1024 blocks of 64 / 128 / 256 rows took 82% / 74% /
-# 72% of the time of the full product).
-_CAUSAL_CHUNK = 256
-
-
-class _CausalScores(torch.autograd.Function):
-    """s = RN32(q kᵀ) where attention_logits reads it under is_causal: the
-    entries j <= i. Each block of query rows [r0, r1) multiplies only the
-    keys [0, r1); those entries are carbon.bmm's outputs bit for bit (every
-    output is rounded on its own), and the others (j >= r1 > i) are zeros
-    that attention_logits never reads (it returns −∞ there whatever s is).
-    This skips most of the upper triangle of the forward GEMM on the CPU.
-    The gradients are carbon.bmm's own, computed in full from the incoming
-    gradient, as autograd through bmm(q, kᵀ) computes them."""
+class _AttentionProbs(torch.autograd.Function):
+    """p = softmax(attention_logits(bmm(q, kᵀ, float32), scale, mask, causal))
+    as one op on the CPU (torch.ops.carbon.attention_probs): the same bits
+    as those three ops, with the scores in reused memory and, when causal,
+    only the entries j <= i that attention_logits reads computed; each row's
+    logits go to the softmax while in the cache. The backward is the
+    composition's: ds = attention_logits's gradient of softmax's gradient
+    (fused likewise, torch.ops.carbon.attention_probs_backward), then
+    carbon.bmm's gradients of q kᵀ. A mask that requires grad takes the
+    composition instead (its gradient is the softmax's gradient)."""
 
     @staticmethod
-    def forward(q3: Tensor, k3: Tensor) -> Tensor:
-        batch, L, _ = q3.shape
-        S = k3.shape[1]
-        scores = q3.new_zeros((batch, L, S), dtype=torch.float32)
-        for r0 in range(0, L, _CAUSAL_CHUNK):
-            r1 = min(L, r0 + _CAUSAL_CHUNK)
-            keys = min(S, r1)
-            if keys > 0:
-                scores[:, r0:r1, :keys] = bmm(q3[:, r0:r1], k3[:, :keys].transpose(1, 2), out_dtype=torch.float32)
-        return scores
+    def forward(q3: Tensor, k3: Tensor, scale: float, mask3: Optional[Tensor], causal: bool) -> Tensor:
+        return torch.ops.carbon.attention_probs(q3, k3, scale, mask3, causal)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        ctx.save_for_backward(*inputs)
+        q3, k3, scale, _, _ = inputs
+        ctx.save_for_backward(q3, k3, output)
+        ctx.scale = scale
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        q3, k3 = ctx.saved_tensors
-        kt = k3.transpose(1, 2)
-        grad_q = bmm(grad, kt.transpose(1, 2), out_dtype=q3.dtype) if ctx.needs_input_grad[0] else None
-        grad_k = bmm(q3.transpose(1, 2), grad, out_dtype=k3.dtype).transpose(1, 2) if ctx.needs_input_grad[1] else None
-        return grad_q, grad_k
+        q3, k3, probs = ctx.saved_tensors
+        ds = torch.ops.carbon.attention_probs_backward(grad, probs, ctx.scale)
+        grad_q = bmm(ds, k3, out_dtype=q3.dtype) if ctx.needs_input_grad[0] else None
+        grad_k = bmm(q3.transpose(1, 2), ds, out_dtype=k3.dtype).transpose(1, 2) if ctx.needs_input_grad[1] else None
+        return grad_q, grad_k, None, None, None
 
 
 def scaled_dot_product_attention(
@@ -148,14 +135,14 @@ def scaled_dot_product_attention(
         raise ValueError(f"{op}: pass either attn_mask or is_causal, not both")
     batch = math.prod(lead)
     q3, k3, v3 = query.reshape(batch, L, E), key.reshape(batch, S, E), value.reshape(batch, S, -1)
-    if is_causal and q3.device.type == "cpu" and L > _CAUSAL_CHUNK:
-        scores = _CausalScores.apply(q3, k3)
-    else:
-        scores = bmm(q3, k3.transpose(1, 2), out_dtype=torch.float32)
     mask3 = None if attn_mask is None else _additive_mask(attn_mask.to(query.device), lead + (L, S), batch)
     factor = 1.0 / math.sqrt(E) if scale is None else float(scale)
-    logits = torch.ops.carbon.attention_logits(scores, factor, mask3, is_causal)
-    probs = softmax(logits, -1)
+    if q3.device.type == "cpu" and (mask3 is None or not mask3.requires_grad):
+        probs = _AttentionProbs.apply(q3, k3, factor, mask3, is_causal)
+    else:
+        scores = bmm(q3, k3.transpose(1, 2), out_dtype=torch.float32)
+        logits = torch.ops.carbon.attention_logits(scores, factor, mask3, is_causal)
+        probs = softmax(logits, -1)
     if dropout_p > 0.0:  # one draw of carbon.default_generator (docs/contract.md §10)
         probs = dropout(probs, dropout_p)
     out = bmm(probs, v3, out_dtype=query.dtype)

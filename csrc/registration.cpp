@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "attention/attention.h"
+#include "attention/attention_cpu.h"
 #include "convert/round_to.h"
 // ---- elementwise math (exp, log, tanh, sigmoid, erf, gelu, silu, sin, cos, log1p, softplus, log_sigmoid, expm1) ----
 #include "elementwise/elementwise.h"
@@ -54,6 +55,8 @@ TORCH_LIBRARY(carbon, m) {
         "int ignore_index, float label_smoothing, ScalarType input_dtype) -> Tensor");
   // attention (csrc/attention/; the rest of attention is bmm and softmax)
   m.def("attention_logits(Tensor scores, float scale, Tensor? mask=None, bool causal=False) -> Tensor");
+  m.def("attention_probs(Tensor q, Tensor k, float scale, Tensor? mask=None, bool causal=False) -> Tensor");
+  m.def("attention_probs_backward(Tensor grad, Tensor probs, float scale) -> Tensor");
   // ---- elementwise math ----
   m.def("exp(Tensor x) -> Tensor");
   m.def("log(Tensor x) -> Tensor");
@@ -153,6 +156,8 @@ void bind_kernels(torch::Library& m) {
   m.impl("cross_entropy", &carbon::cross_entropy);
   m.impl("cross_entropy_backward", &carbon::cross_entropy_backward);
   m.impl("attention_logits", &carbon::attention_logits);
+  m.impl("attention_probs", &carbon::attention_probs);
+  m.impl("attention_probs_backward", &carbon::attention_probs_backward);
   // ---- elementwise math ----
   m.impl("exp", &carbon::exp_op);
   m.impl("log", &carbon::log_op);

@@ -5,7 +5,6 @@ logits step written here with numpy float64 operations."""
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import numpy as np
@@ -141,13 +140,13 @@ def test_learned_mask_gradient_is_the_exact_sum_of_the_logit_gradients():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("L,S", [(11, 11), (9, 13), (13, 6)])
-def test_causal_scores_in_blocks_of_queries(monkeypatch, dtype, L, S):
-    # On the CPU, causal scores are computed in blocks of _CAUSAL_CHUNK query
-    # rows against the keys they can see; made small here so that the
-    # blocks, the skipped upper triangle and the gradients through them are
-    # all checked against the definition.
-    monkeypatch.setattr(importlib.import_module("carbon.attention"), "_CAUSAL_CHUNK", 4)
+@pytest.mark.parametrize("L,S", [(11, 11), (9, 13), (13, 6), (70, 70), (65, 130), (130, 64)])
+def test_causal_scores_lower_blocks(dtype, L, S):
+    # On the CPU the causal scores come from torch.ops.carbon.attention_probs,
+    # which computes only the GEMM blocks of 64 x 64 scores holding an entry
+    # j <= i and rounds only those entries, then takes rows of logits to the
+    # softmax 16 at a time: lengths across the block sizes, with more and
+    # fewer keys than queries, forward and gradients against the definition.
     q, k, v = _qkv((2, 1, L, 3), dtype, seed=9, kv_len=S)
     grad_out = torch.randn(2, 1, L, 3, generator=generator(10)).to(dtype)
     qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
@@ -157,6 +156,17 @@ def test_causal_scores_in_blocks_of_queries(monkeypatch, dtype, L, S):
     got = torch.autograd.grad(out, (qs, ks, vs), grad_out)
     for name, g, e in zip("qkv", got, reference_grads(q, k, v, grad_out, causal=True)):
         assert_bits_equal(g, as_bits(e), f"d{name}", dtype=dtype)
+
+
+def test_fused_probs_opcheck():
+    g = generator(3)
+    q, k = torch.randn(2, 5, 4, generator=g), torch.randn(2, 6, 4, generator=g)
+    mask = torch.randn(5, 6, generator=g).expand(2, 5, 6)
+    torch.library.opcheck(torch.ops.carbon.attention_probs.default, (q, k, 0.5, mask, False))
+    torch.library.opcheck(torch.ops.carbon.attention_probs.default, (q, k, 0.5, None, True))
+    probs = torch.ops.carbon.attention_probs(q, k, 0.5, None, True)
+    grad = torch.randn(2, 5, 6, generator=g)
+    torch.library.opcheck(torch.ops.carbon.attention_probs_backward.default, (grad, probs, 0.5))
 
 
 def test_batch_and_thread_invariance():

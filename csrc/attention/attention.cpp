@@ -6,9 +6,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "../dtypes.h"
+#include "../matmul/matmul.h"
+#include "../matmul/matmul_cpu.h"
 #include "../reduce/reduce_kernel.h"
+#include "../softmax/softmax.h"
+#include "attention_cpu.h"
 #include "attention_kernel.h"
 
 namespace carbon {
@@ -75,22 +80,12 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
   for (int64_t j = limit; j < Tk; ++j) o[j] = -INFINITY;  // attention_logit's causal case
 }
 
-}  // namespace
 
-void attention_logits_cpu(const at::Tensor& s, double scale, const at::Tensor& mask, bool causal, at::Tensor& out) {
-  const int64_t B = s.size(0), Tq = s.size(1), Tk = s.size(2);
-  const float* in = s.const_data_ptr<float>();
-  float* o = out.mutable_data_ptr<float>();
-  auto run = [&](auto mask_row) {
-    at::parallel_for(0, B * Tq, std::max<int64_t>(1, 16384 / std::max<int64_t>(Tk, 1)), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        const int64_t b = r / Tq, i = r % Tq;
-        const int64_t limit = causal ? std::min(i + 1, Tk) : Tk;  // entries j > i are masked out
-        logits_row(in + r * Tk, scale, mask_row(b, i), limit, Tk, o + r * Tk);
-      }
-    });
-  };
-  // Without a mask m = -0: x + -0 == x, signed zeros included.
+// Calls run(mask_row), where mask_row(b, i) returns the accessor j -> m_bij
+// (a double) of the mask's row (b, i). Without a mask m = -0: x + -0 == x,
+// signed zeros included.
+template <typename Run>
+void with_mask_rows(const at::Tensor& mask, Run run) {
   if (!mask.defined()) return run([](int64_t, int64_t) { return [](int64_t) { return -0.0; }; });
   with_element_type(mask.scalar_type(), [&](auto element) {
     using T = decltype(element);
@@ -101,6 +96,177 @@ void attention_logits_cpu(const at::Tensor& s, double scale, const at::Tensor& m
       return [=](int64_t j) { return element_value(row[j * sk]); };
     });
   });
+}
+
+// The logits of row r = b * Tq + i of the scores `in` into z.
+template <typename MaskRow>
+void logits_of_row(const float* in, double scale, MaskRow& mask_row, bool causal, int64_t r, int64_t Tq,
+                   int64_t Tk, float* z) {
+  const int64_t b = r / Tq, i = r % Tq;
+  const int64_t limit = causal ? std::min(i + 1, Tk) : Tk;  // entries j > i are masked out
+  logits_row(in + r * Tk, scale, mask_row(b, i), limit, Tk, z);
+}
+
+}  // namespace
+
+void attention_logits_cpu(const at::Tensor& s, double scale, const at::Tensor& mask, bool causal, at::Tensor& out) {
+  const int64_t B = s.size(0), Tq = s.size(1), Tk = s.size(2);
+  const float* in = s.const_data_ptr<float>();
+  float* o = out.mutable_data_ptr<float>();
+  with_mask_rows(mask, [&](auto mask_row) {
+    at::parallel_for(0, B * Tq, std::max<int64_t>(1, 16384 / std::max<int64_t>(Tk, 1)), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) logits_of_row(in, scale, mask_row, causal, r, Tq, Tk, o + r * Tk);
+    });
+  });
+}
+
+namespace {
+
+// Rows of logits per step of attention_probs: they stay in the cache
+// between the two row kernels, and under is_causal the rows of a step are
+// cut at the longest one's end (at most kFusedRows - 1 columns past a row's).
+constexpr int64_t kFusedRows = 16;
+
+// Rows of softmax gradients per step of attention_probs_backward: ~128 KiB.
+int64_t backward_rows(int64_t n) { return std::clamp<int64_t>(32768 / std::max<int64_t>(n, 1), 16, 256); }
+
+// A float32 tensor of contiguous rows over memory of one thread, pointed at
+// successive row ranges without creating a tensor for each (a tensor costs
+// ~1 us to create: 3 ms per fused op at 48 x 256 x 256 in 16-row steps).
+class RowsWindow {
+ public:
+  // base: the float32 memory, holding at least `capacity` elements.
+  RowsWindow(float* base, int64_t capacity)
+      : t_(at::from_blob(base, {capacity}, at::TensorOptions().dtype(at::kFloat))) {}
+  // The rows [offset / n, offset / n + rows) of width n, offset in elements.
+  at::Tensor& at(int64_t offset, int64_t rows, int64_t n) {
+    c10::TensorImpl* impl = t_.unsafeGetTensorImpl();
+    impl->set_storage_offset(offset);
+    impl->set_sizes_contiguous({rows, n});
+    return t_;
+  }
+
+ private:
+  at::Tensor t_;
+};
+
+// The float32 scores RN32(q k^T) in memory of this thread's scratch pool
+// (they live only during the call, so reused memory spares the page faults
+// of a fresh tensor). Causal: only the entries j <= i, the others +0.
+at::Tensor scratch_scores(const at::Tensor& q, const at::Tensor& k, bool causal) {
+  const int64_t B = q.size(0), L = q.size(1), S = k.size(1);
+  const int64_t n = B * L * S;
+  at::Tensor scores = scratch_doubles({(n + 1) / 2}).view(at::kFloat).narrow(0, 0, n).view({B, L, S});
+  bmm_into_cpu(q, k.transpose(1, 2), scores, causal);
+  return scores;
+}
+
+void check_attention_args(const char* op, const at::Tensor& q, const at::Tensor& k) {
+  TORCH_CHECK_VALUE(q.dim() == 3 && k.dim() == 3 && q.size(0) == k.size(0) && q.size(2) == k.size(2), "carbon.", op,
+                    ": expected q [B, L, E] and k [B, S, E], got shapes ", q.sizes(), " and ", k.sizes());
+}
+
+}  // namespace
+
+at::Tensor attention_probs(const at::Tensor& q, const at::Tensor& k, double scale,
+                           const std::optional<at::Tensor>& mask, bool causal) {
+  const char* op = "attention_probs";
+  check_attention_args(op, q, k);
+  const bool masked = mask.has_value() && mask->defined();
+  if (!q.is_cpu()) {  // the composition, op by op (the fused kernel is the CPU's)
+    const at::Tensor scores = carbon::bmm(q, k.transpose(1, 2), at::kFloat);
+    return carbon::softmax(carbon::attention_logits(scores, scale, mask, causal), -1, std::nullopt);
+  }
+  const int64_t B = q.size(0), L = q.size(1), S = k.size(1);
+  at::Tensor probs = at::empty({B, L, S}, q.options().dtype(at::kFloat));
+  if (probs.numel() == 0) {
+    carbon::bmm(q, k.transpose(1, 2), at::kFloat);  // its checks
+    return probs;
+  }
+  const at::Tensor scores = scratch_scores(q, k, causal);
+  // attention_logits's checks, on the scores it would be given.
+  TORCH_CHECK_VALUE(std::isfinite(scale), "carbon.attention_logits: scale must be finite, got ", scale);
+  at::Tensor m;
+  if (masked) {
+    check_supported_dtype("attention_logits", "mask", *mask);
+    TORCH_CHECK_VALUE(mask->device() == q.device(), "carbon.attention_logits: expected all tensors on one device, but ",
+                      "scores are on ", q.device(), " and mask is on ", mask->device());
+    TORCH_CHECK_VALUE(mask->sizes() == scores.sizes(), "carbon.attention_logits: mask has shape ", mask->sizes(),
+                      " but the scores have shape ", scores.sizes());
+    m = *mask;
+  }
+  const float* in = scores.const_data_ptr<float>();
+  float* o = probs.mutable_data_ptr<float>();
+  with_mask_rows(m, [&](auto mask_row) {
+    at::parallel_for(0, B * L, kFusedRows, [&](int64_t begin, int64_t end) {
+      std::vector<float> z(kFusedRows * S), p(kFusedRows * S);
+      RowsWindow z_rows(z.data(), kFusedRows * S), p_rows(p.data(), kFusedRows * S);
+      for (int64_t r0 = begin; r0 < end; r0 += kFusedRows) {
+        const int64_t rows = std::min(end, r0 + kFusedRows) - r0;
+        // Causal: the rows' logits past column n are all -inf (j > i for
+        // every row here), so softmax sees rows of n columns (see below).
+        int64_t n = S;
+        if (causal) {
+          n = 0;
+          for (int64_t r = r0; r < r0 + rows; ++r) n = std::max(n, std::min(S, r % L + 1));
+        }
+        for (int64_t r = r0; r < r0 + rows; ++r) {
+          const int64_t b = r / L, i = r % L;
+          logits_row(in + r * S, scale, mask_row(b, i), causal ? std::min(i + 1, n) : n, n, z.data() + (r - r0) * n);
+        }
+        softmax_rows_cpu(z_rows.at(0, rows, n), false, FormatId::kFloat32, p_rows.at(0, rows, n));
+        // Softmax of a row with -inf entries left out: its maximum, its case
+        // (a row of -inf stays one; a NaN or +inf is never among the
+        // -inf) and S = RN32(sum of the e_j) are the full row's (each left
+        // out e_j is EXP(-inf) = +0), and each output is RN32(e_j / S) of
+        // its own e_j. The outputs left out are then RN32(+0 / S) = +0, or
+        // the row's NaN when the row's case is NaN (every output of such a
+        // row is the same canonical NaN; no other row has a NaN output).
+        for (int64_t r = 0; r < rows; ++r) {
+          float* row = o + (r0 + r) * S;
+          std::copy(p.data() + r * n, p.data() + (r + 1) * n, row);
+          std::fill(row + n, row + S, std::isnan(row[0]) ? row[0] : 0.0f);
+        }
+      }
+    });
+  });
+  return probs;
+}
+
+at::Tensor attention_probs_backward(const at::Tensor& grad, const at::Tensor& probs, double scale) {
+  const char* op = "attention_probs_backward";
+  TORCH_CHECK_TYPE(grad.scalar_type() == at::kFloat && probs.scalar_type() == at::kFloat, "carbon.", op,
+                   ": grad and probs must be float32, got ", grad.scalar_type(), " and ", probs.scalar_type());
+  TORCH_CHECK_VALUE(probs.dim() == 3 && grad.sizes() == probs.sizes(), "carbon.", op,
+                    ": expected grad and probs of one shape [B, L, S], got ", grad.sizes(), " and ", probs.sizes());
+  TORCH_CHECK_VALUE(grad.device() == probs.device(), "carbon.", op, ": expected all tensors on one device, got ",
+                    grad.device(), " and ", probs.device());
+  TORCH_CHECK_VALUE(std::isfinite(scale), "carbon.", op, ": scale must be finite, got ", scale);
+  if (!probs.is_cpu()) {  // the composition, op by op
+    return carbon::attention_logits(carbon::softmax_backward(grad, probs, -1, at::kFloat), scale, std::nullopt, false);
+  }
+  const int64_t B = probs.size(0), L = probs.size(1), S = probs.size(2);
+  at::Tensor ds = at::empty({B, L, S}, probs.options());
+  if (ds.numel() == 0) return ds;
+  const at::Tensor g_all = grad.contiguous(), p_all = probs.contiguous();
+  // Read only (softmax_backward_rows_cpu reads grad and y).
+  float* g_data = const_cast<float*>(g_all.const_data_ptr<float>());
+  float* p_data = const_cast<float*>(p_all.const_data_ptr<float>());
+  float* o = ds.mutable_data_ptr<float>();
+  const int64_t step = backward_rows(S);
+  at::parallel_for(0, B * L, step, [&](int64_t begin, int64_t end) {
+    std::vector<float> dz(step * S);
+    RowsWindow g_rows(g_data, B * L * S), p_rows(p_data, B * L * S), dz_rows(dz.data(), step * S);
+    for (int64_t r0 = begin; r0 < end; r0 += step) {
+      const int64_t rows = std::min(end, r0 + step) - r0;
+      softmax_backward_rows_cpu(g_rows.at(r0 * S, rows, S), p_rows.at(r0 * S, rows, S), false, FormatId::kFloat32,
+                                dz_rows.at(0, rows, S));
+      // attention_logits's gradient: the same step without a mask.
+      for (int64_t r = 0; r < rows; ++r)
+        logits_row(dz.data() + r * S, scale, [](int64_t) { return -0.0; }, S, S, o + (r0 + r) * S);
+    }
+  });
+  return ds;
 }
 
 }  // namespace carbon

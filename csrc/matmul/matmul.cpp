@@ -34,14 +34,14 @@ at::Tensor contiguous_double(const at::Tensor& x) {
   return at::empty(x.sizes(), x.options().dtype(at::kDouble)).copy_(x);
 }
 
-// a3: [B, M, K], b3: [B, K, N], bias: broadcastable to [B, M, N] or undefined.
-// The bias is converted before it is expanded, so a broadcast bias costs no
-// memory.
-at::Tensor matmul_correctly_rounded(const at::Tensor& a3, const at::Tensor& b3,
-                                    const at::Tensor& bias, at::ScalarType out_dtype) {
+// a3: [B, M, K], b3: [B, K, N], bias: broadcastable to [B, M, N] or undefined;
+// out: [B, M, N], contiguous, of the output dtype. The bias is converted
+// before it is expanded, so a broadcast bias costs no memory. lower_only
+// (CPU, no bias): see bmm_into_cpu.
+void matmul_into(const at::Tensor& a3, const at::Tensor& b3, const at::Tensor& bias, at::Tensor& out,
+                 bool lower_only) {
   const int64_t B = a3.size(0), M = a3.size(1), K = a3.size(2), N = b3.size(2);
-  at::Tensor out = at::empty({B, M, N}, a3.options().dtype(out_dtype));
-  if (out.numel() == 0) return out;
+  if (out.numel() == 0) return;
 
   // Exact copies in double (every supported value is a double), laid out so
   // that a row of a and a column of b are contiguous for the exact tiers,
@@ -72,7 +72,7 @@ at::Tensor matmul_correctly_rounded(const at::Tensor& a3, const at::Tensor& b3,
     // Tier 1's approximation. Any fp64 GEMM is fine: the bound covers every
     // summation order, so the BLAS's blocking and threading cannot matter.
     approx = scratch_doubles({B, M, N});
-    fp64_gemm_cpu(a64, bt64, a_spans, b_spans, approx);
+    fp64_gemm_cpu(a64, bt64, a_spans, b_spans, approx, lower_only);
   } else {
     a64 = contiguous_double(a3);
     bt64 = contiguous_double(b3t);
@@ -98,7 +98,7 @@ at::Tensor matmul_correctly_rounded(const at::Tensor& a3, const at::Tensor& b3,
   v.a = a64.const_data_ptr<double>();
   v.bt = bt64.const_data_ptr<double>();
 
-  const FormatId f = format_of(out_dtype);
+  const FormatId f = format_of(out.scalar_type());
   if (a3.is_cpu()) {
     v.a_quantum53 = a_quantum.const_data_ptr<double>();
     v.b_quantum = b_quantum.const_data_ptr<double>();
@@ -108,12 +108,18 @@ at::Tensor matmul_correctly_rounded(const at::Tensor& a3, const at::Tensor& b3,
   v.a_signs = a_signs.const_data_ptr<uint8_t>();
   v.b_signs = b_signs.const_data_ptr<uint8_t>();
   if (a3.is_cpu()) {
-    matmul_round_cpu(v, f, out);
+    matmul_round_rows_cpu(v, f, out, lower_only);
   } else {
 #ifdef CARBON_WITH_CUDA
     matmul_round_cuda(v, f, out);
 #endif
   }
+}
+
+at::Tensor matmul_correctly_rounded(const at::Tensor& a3, const at::Tensor& b3,
+                                    const at::Tensor& bias, at::ScalarType out_dtype) {
+  at::Tensor out = at::empty({a3.size(0), a3.size(1), b3.size(2)}, a3.options().dtype(out_dtype));
+  matmul_into(a3, b3, bias, out, false);
   return out;
 }
 
@@ -167,6 +173,15 @@ at::Tensor bmm(const at::Tensor& a, const at::Tensor& b, std::optional<at::Scala
   check_operands("bmm", a, b, 3);
   const auto out = output_dtype("bmm", a, b, out_dtype);
   return matmul_correctly_rounded(a, b, at::Tensor(), out);
+}
+
+void bmm_into_cpu(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool lower_only) {
+  check_operands("bmm", a, b, 3);
+  TORCH_CHECK(a.is_cpu() && out.is_cpu() && out.is_contiguous() && out.dim() == 3 && out.size(0) == a.size(0) &&
+                  out.size(1) == a.size(1) && out.size(2) == b.size(2),
+              "carbon: bmm_into_cpu expects CPU operands and a contiguous CPU output of shape [B, M, N]");
+  checked_out_dtype("bmm", out.scalar_type());
+  matmul_into(a, b, at::Tensor(), out, lower_only);
 }
 
 at::Tensor baddbmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b,

@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include "matmul_kernel.h"
+
 namespace carbon {
 
 // The exact double copy of x ([B, R, K], any dtype Carbon supports, any
@@ -19,8 +21,22 @@ void widen_operand_cpu(const at::Tensor& x, at::Tensor& out, at::Tensor& norms, 
 // Tier 1's fp64 GEMM: approx [B, M, N] (contiguous) = a64 [B, M, K] times
 // bt64 [B, N, K] transposed, skipping the blocks of products that the spans
 // show to be exact zeros.
+// With lower_only, only the blocks of 64 x 64 outputs that hold an output
+// j <= i are computed; the others are left as they are (uninitialized).
 void fp64_gemm_cpu(const at::Tensor& a64, const at::Tensor& bt64, const at::Tensor& a_spans,
-                   const at::Tensor& b_spans, at::Tensor& approx);
+                   const at::Tensor& b_spans, at::Tensor& approx, bool lower_only);
+
+// matmul_round_cpu (matmul.h); with lower_only, only the outputs j <= i are
+// rounded (they need only those GEMM values) and the others are set to +0.
+void matmul_round_rows_cpu(const MatmulView& v, FormatId format, at::Tensor& out, bool lower_only);
+
+// carbon.bmm(a, b) for CPU operands, rounded to out's dtype and written into
+// out (contiguous [B, M, N]). With lower_only, only the outputs j <= i are
+// computed: each is bmm's output bit for bit (every output is rounded on its
+// own, from the exact sum); the others are +0. That is for causal
+// attention's scores, whose entries j > i are never read: it skips most of
+// the upper triangle of the fp64 GEMM and of the rounding.
+void bmm_into_cpu(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool lower_only);
 
 // An uninitialized contiguous double tensor of these sizes for use within
 // one call on this thread, from memory the thread reuses (see
