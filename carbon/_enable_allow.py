@@ -26,6 +26,8 @@ PER_TENSOR = frozenset({
     "_prelu_kernel", "_prelu_kernel_backward",
     "leaky_relu_backward", "sign", "sgn", "signbit", "floor", "ceil", "trunc", "round", "fmod", "copysign",
     "nan_to_num", "zero", "fill", "copy", "clone", "where", "masked_fill",
+    # x − trunc(x) is exact (its bits are a subset of x's)
+    "frac",
 })
 
 ALLOWED = PER_TENSOR | frozenset({
@@ -53,6 +55,8 @@ ALLOWED = PER_TENSOR | frozenset({
     # reductions without rounding (max pooling: the window's maximum and its index; the backward is routed)
     "amax", "amin", "max", "min", "argmax", "argmin", "aminmax", "count_nonzero", "max_pool2d_with_indices",
     "max_pool3d_with_indices", "max_pool2d", "max_pool1d", "adaptive_max_pool2d",
+    # selections: every value is one of the input's (indices among equal values: see docs/enable.md)
+    "median", "nanmedian", "kthvalue", "mode", "cummax", "cummin", "searchsorted", "bucketize", "im2col",
     # bookkeeping
     "_assert_async", "_functional_assert_async", "_assert_scalar", "sym_size", "sym_stride", "sym_numel",
     "sym_storage_offset", "record_stream", "_foreach_zero", "_foreach_copy", "_foreach_neg", "_foreach_abs",

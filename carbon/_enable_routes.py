@@ -1273,6 +1273,78 @@ def _embedding_backward(a: dict) -> Tensor:
     return carbon_ops.embedding_backward(a["grad_output"], a["indices"], a["num_weights"], a["padding_idx"])
 
 
+def _col2im(a: dict) -> Tensor:
+    """F.fold (and F.unfold's backward): every output position RN(exact Σ of the column entries that land on
+    it) (+0 where none does), one carbon.index_add over all positions; entries landing in the padding are
+    dropped. The index arithmetic depends only on the shapes, so it is done on the CPU (no host sync)."""
+    cols = a["self"]
+    _need_carbon_dtype("col2im", cols)
+    h, w = [int(v) for v in a["output_size"]]
+    (kh, kw), (dh, dw) = _pool_pair(a["kernel_size"]), _pool_pair(a["dilation"])
+    (ph, pw), (sh, sw) = _pool_pair(a["padding"]), _pool_pair(a["stride"])
+    batched = cols if cols.dim() == 3 else cols.unsqueeze(0)
+    n, ck, length = batched.shape
+    if ck % (kh * kw):
+        raise RuntimeError(f"col2im: expected size of input's dimension 1 to be divisible by the product of "
+                           f"kernel_size, but got input.size(1)={ck} and kernel_size=({kh}, {kw})")
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    if oh * ow != length:
+        raise RuntimeError(f"col2im: given output_size=({h}, {w}) and the other arguments, expected "
+                           f"{oh * ow} blocks in input's dimension 2, but got {length}")
+    c = ck // (kh * kw)
+    ki, kj, li, lj = torch.meshgrid(torch.arange(kh), torch.arange(kw), torch.arange(oh), torch.arange(ow),
+                                    indexing="ij")
+    y, x = li * sh - ph + ki * dh, lj * sw - pw + kj * dw  # [kh, kw, oh, ow]
+    inside = ((y >= 0) & (y < h) & (x >= 0) & (x < w)).reshape(-1)
+    dest = (torch.arange(c).reshape(c, 1) * (h * w) + (y * w + x).reshape(1, -1))[:, inside].reshape(-1)
+    src = (torch.arange(c).reshape(c, 1) * (kh * kw * length) + torch.nonzero(inside).reshape(1, -1)).reshape(-1)
+    values = aten.index_select(batched.reshape(n, -1), 1, src.to(cols.device))  # [N, M]
+    out = carbon_ops.index_add(aten.zeros([c * h * w, n], dtype=cols.dtype, device=cols.device), 0,
+                               dest.to(cols.device), aten.t(values).contiguous())
+    out = aten.t(out).reshape(n, c, h, w).contiguous()
+    return out if cols.dim() == 3 else out.squeeze(0)
+
+
+def _remainder(a: dict) -> Any:
+    """Python's modulo, torch's formula with each step one exact or correctly rounded operation:
+    m = FMOD(x, y) (exact), then m + y where m ≠ 0 and m, y have opposite signs (one rounding), in float32
+    for bfloat16 / float16 (torch's compute type; a Python number rounded to it) and rounded once at the end."""
+    x, y = a["self"], a["other"]
+    if not _any_float(x, y):
+        return PASS
+    ref = x if isinstance(x, Tensor) else y
+    _need_carbon_dtype("remainder", *[v for v in (x, y) if isinstance(v, Tensor)])
+    out_dtype = torch.result_type(x, y)
+    compute = _opmath(torch.empty((), dtype=out_dtype))
+    xs = x.to(compute) if isinstance(x, Tensor) else torch.full([], x, dtype=compute, device=ref.device)
+    ys = y.to(compute) if isinstance(y, Tensor) else torch.full([], y, dtype=compute, device=ref.device)
+    m = aten.fmod(xs, ys)
+    fix = aten.logical_and(aten.ne(m, 0), aten.ne(aten.lt(m, 0), aten.lt(ys, 0)))
+    return aten.where(fix, aten.add(m, ys), m).to(out_dtype)
+
+
+def _logaddexp(a: dict) -> Tensor:
+    """torch's formula, each step one rounding or a carbon function: x where x = y = ±∞, else
+    RN(max(x, y) + LOG1P(EXP(−|RN(x − y)|))), in float32 for bfloat16 / float16, rounded once at the end."""
+    x, y = a["self"], a["other"]
+    _need_carbon_dtype("logaddexp", x, y)
+    out_dtype = torch.result_type(x, y)
+    compute = _opmath(torch.empty((), dtype=out_dtype))
+    xs, ys = x.to(compute), y.to(compute)
+    tail = carbon_ops.log1p(carbon_ops.exp(aten.neg(aten.abs(aten.sub(xs, ys)))))
+    r = aten.add(aten.maximum(xs, ys), tail)
+    both_inf = aten.logical_and(aten.isinf(xs), aten.eq(xs, ys))
+    return aten.where(both_inf, xs, r).to(out_dtype)
+
+
+def _dist(a: dict) -> Tensor:
+    """torch.dist(x, y, p): the vector-norm route (p = 2 or ∞) of RN(x − y) (one rounding per element)."""
+    p = a.get("p", 2)
+    return _vector_norm({"self": aten.sub(a["self"], a["other"]), "ord": 2 if p is None else p, "dim": None,
+                         "keepdim": False, "dtype": None})
+
+
 # ---- randomness -------------------------------------------------------------------------------------------------
 
 def _factory(a: dict) -> tuple:
@@ -1388,6 +1460,60 @@ def _exponential_(a: dict) -> Tensor:
     u = _uniform_values(list(x.shape), 0.0, 1.0, torch.float32, x.device)
     e = aten.neg(carbon_ops.log(aten.rsub(u, 1.0)))
     return true_divide(e, float(lambd)).to(x.dtype)
+
+
+def _like(a: dict, values: Callable[[List[int], torch.dtype, torch.device], Tensor],
+          default_dtype: Optional[torch.dtype] = None) -> Tensor:
+    """A ``*_like`` factory: the draws of the plain factory for self's shape (element i = the i-th element in
+    row-major order, whatever self's strides), placed in a tensor laid out as torch's ``*_like`` would be."""
+    x = a["self"]
+    dtype = a.get("dtype") or default_dtype or x.dtype
+    device = torch.device(a.get("device") or x.device)
+    out = aten.empty_like(x, dtype=dtype, device=device, memory_format=a.get("memory_format") or torch.preserve_format)
+    return out.copy_(values(list(x.shape), dtype, device))
+
+
+def _rand_like(a: dict) -> Tensor:
+    def values(size, dtype, device):
+        _need_random_dtype("rand_like", dtype)
+        return _uniform_values(size, 0.0, 1.0, dtype, device)
+    return _like(a, values)
+
+
+def _randn_like(a: dict) -> Tensor:
+    def values(size, dtype, device):
+        _need_random_dtype("randn_like", dtype)
+        return _normal_values(size, 0.0, 1.0, dtype, device)
+    return _like(a, values)
+
+
+def _randint_like(a: dict) -> Tensor:
+    high = a["high"]
+    if isinstance(high, Tensor):
+        if high.device.type != "cpu":
+            raise NotCovered("randint_like with a device tensor as the bound (reading it would synchronize)")
+        high = int(high.item())
+    return _like(a, lambda size, dtype, device: _integers(size, a.get("low", 0), high, dtype, device))
+
+
+def _log_normal_(a: dict) -> Tensor:
+    """RN(EXP(n)) with n carbon's normal draw of the given mean and std (float32), one draw per element."""
+    x = a["self"]
+    _need_random_dtype("log_normal_", x.dtype)
+    n = _normal_values(list(x.shape), a.get("mean", 1.0), a.get("std", 2.0), torch.float32, x.device)
+    return carbon_ops.exp(n).to(x.dtype)
+
+
+def _geometric_(a: dict) -> Tensor:
+    """max(1, CEIL(RN32(LOG(RN(1 − u)) / LOG1P(RN32(−p))))) from one uniform draw u (k·2⁻²⁴) per element:
+    torch's inversion formula on carbon's uniforms, log and log1p (1 − u is exact)."""
+    x, p = a["self"], float(a["p"])
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"geometric_ expects p in (0, 1), got p = {p}")
+    u = _uniform_values(list(x.shape), 0.0, 1.0, torch.float32, x.device)
+    log_q = carbon_ops.log1p(torch.full([], -p, dtype=torch.float32, device=x.device))
+    k = aten.ceil(aten.div(carbon_ops.log(aten.rsub(u, 1.0)), log_q))
+    return aten.clamp_min(k, 1.0).to(x.dtype)
 
 
 def _random_(a: dict) -> Tensor:
@@ -1513,6 +1639,8 @@ ROUTES: Dict[str, Callable] = {
     "upsample_trilinear3d": _upsample_linear(3), "upsample_linear1d_backward": _upsample_linear_backward(1),
     "upsample_bilinear2d_backward": _upsample_linear_backward(2),
     "upsample_trilinear3d_backward": _upsample_linear_backward(3),
+    # folding, modulo, log-add-exp, distance
+    "col2im": _col2im, "remainder": _remainder, "logaddexp": _logaddexp, "dist": _dist,
     # piecewise activations
     "hardsigmoid": _hardsigmoid, "hardsigmoid_backward": _hardsigmoid_backward, "hardswish": _hardswish,
     "hardswish_backward": _hardswish_backward, "mish": _mish, "mish_backward": _mish_backward, "glu": _glu,
@@ -1521,6 +1649,8 @@ ROUTES: Dict[str, Callable] = {
     "linspace": _linspace,
     "rand": _rand, "randn": _randn, "randint": _randint, "randperm": _randperm, "uniform": _uniform_,
     "normal": _normal_, "random": _random_, "exponential": _exponential_, "bernoulli": _bernoulli, "multinomial": _multinomial,
+    "rand_like": _rand_like, "randn_like": _randn_like, "randint_like": _randint_like, "log_normal": _log_normal_,
+    "geometric": _geometric_,
     "native_dropout": _native_dropout, "native_dropout_backward": _native_dropout_backward,
     # foreach (torch.optim's multi-tensor paths, grad scaling)
     **{f"_foreach_{b}": _foreach(b) for b in ("add", "sub", "mul", "div", "addcmul", "addcdiv", "lerp", "sqrt", "pow",

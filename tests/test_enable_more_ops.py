@@ -1,0 +1,243 @@
+"""carbon.enable's routes for ops that ordinary models reach less often (docs/enable.md): the ``*_like``
+random factories and the log-normal / geometric draws, F.fold (col2im) against exact Fraction sums built by
+index arithmetic, Python's modulo, log-add-exp and torch.dist against their definitions evaluated here, and
+the selections that run as torch's own because every value they return is one of their input's."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import carbon
+from tests.norm_reference import sqrt_rn32
+from tests.oracle import as_bits, assert_bits_equal, bits_tensor, bits_to_float, round_bits, row_quotient_bits, row_sum_bits
+
+F32 = torch.float32
+
+
+def _randn(*shape, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(F32)
+
+
+def _values(t: torch.Tensor) -> list:
+    return t.detach().double().reshape(-1).tolist()
+
+
+def _bits_of(values, dtype=F32) -> torch.Tensor:
+    return bits_tensor([round_bits(v, dtype) for v in values], dtype)
+
+
+def _assert_bits_or_both_nan(got: torch.Tensor, want_bits: torch.Tensor, context: str) -> None:
+    """Bits equal, except that a NaN made by a single IEEE operation (fmod(∞, y), ∞ − ∞) has the device's
+    own NaN bits (docs/enable.md): there only NaN-ness is compared."""
+    want = want_bits.view(got.dtype)
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan), f"{context}: NaN positions differ"
+    assert_bits_equal(got[~nan], want_bits[~nan], context)
+
+
+@pytest.fixture(autouse=True)
+def _always_disabled_after():
+    yield
+    carbon.disable()
+
+
+# ---- random factories -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16])
+def test_like_factories_draw_what_the_plain_factories_draw_in_the_input_layout(dtype):
+    x = torch.empty(2, 3, 4, 5, dtype=dtype).to(memory_format=torch.channels_last)
+    draws = {}
+    for name, like, plain in [
+        ("rand", lambda: torch.rand_like(x), lambda: torch.rand(x.shape, dtype=dtype)),
+        ("randn", lambda: torch.randn_like(x), lambda: torch.randn(x.shape, dtype=dtype)),
+        ("randint", lambda: torch.randint_like(x, 3, 11), lambda: torch.randint(3, 11, x.shape).to(dtype)),
+    ]:
+        with carbon.enabled(seed=11):
+            got = like()
+        with carbon.enabled(seed=11):
+            want = plain()
+        assert got.dtype == dtype and got.is_contiguous(memory_format=torch.channels_last), name
+        assert torch.equal(as_bits(got.contiguous()), as_bits(want)), name
+        draws[name] = got
+    ints = draws["randint"].double()
+    assert ints.min() >= 3 and ints.max() <= 10 and torch.equal(ints, ints.floor())
+    with carbon.enabled(seed=11):
+        assert torch.randint_like(x, 7, dtype=torch.int64).dtype == torch.int64
+
+
+def test_log_normal_draws_are_carbons_exp_of_its_normal_draws():
+    with carbon.enabled(seed=3):
+        got = torch.empty(500).log_normal_(0.5, 1.5)
+    with carbon.enabled(seed=3):
+        n = torch.empty(500).normal_(0.5, 1.5)  # the same (first) draw of the same seeded generator
+    assert_bits_equal(got, as_bits(carbon.exp(n)), "log_normal_")
+    assert got.min() > 0
+
+
+def test_geometric_draws_invert_carbons_uniforms():
+    p = 0.3
+    with carbon.enabled(seed=4):
+        got = torch.empty(2000).geometric_(p)
+    with carbon.enabled(seed=4):
+        u = torch.rand(2000)
+    logs = _values(carbon.log(1.0 - u))  # 1 − u is exact for u = k·2⁻²⁴
+    log_q = Fraction(carbon.log1p(torch.tensor(-p)).item())
+    want = [max(1, math.ceil(round_bits_value(Fraction(v) / log_q))) for v in logs]
+    assert got.tolist() == [float(k) for k in want]
+    # the law: P(K = 1) = p
+    assert abs(float((got == 1).double().mean()) - p) < 0.04
+
+
+def round_bits_value(q: Fraction) -> float:
+    """RN32(q) as a Python float."""
+    return bits_to_float(round_bits(q, F32), F32)
+
+
+# ---- F.fold / col2im ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kernel,dilation,padding,stride", [
+    ((3, 3), (1, 1), (1, 1), (2, 2)),
+    ((2, 3), (2, 1), (0, 2), (1, 3)),
+    ((1, 1), (1, 1), (0, 0), (1, 1)),
+])
+def test_fold_gives_each_position_one_rounding_of_the_exact_sum_of_its_entries(kernel, dilation, padding, stride):
+    h, w, c, n = 7, 9, 2, 2
+    oh = (h + 2 * padding[0] - dilation[0] * (kernel[0] - 1) - 1) // stride[0] + 1
+    ow = (w + 2 * padding[1] - dilation[1] * (kernel[1] - 1) - 1) // stride[1] + 1
+    cols = _randn(n, c * kernel[0] * kernel[1], oh * ow, seed=1) + _randn(n, c * kernel[0] * kernel[1], oh * ow,
+                                                                          seed=2, scale=1e-6)
+    cols[0, 0, 0] = 3e7  # a large term that cancels only in the exact sum
+    cols[0, 0, 1 % (oh * ow)] = -3e7
+    with carbon.enabled():
+        got = F.fold(cols, (h, w), kernel, dilation=dilation, padding=padding, stride=stride)
+    terms = {}
+    v = cols.double().tolist()
+    for b in range(n):
+        for ch in range(c):
+            for ki in range(kernel[0]):
+                for kj in range(kernel[1]):
+                    row = (ch * kernel[0] + ki) * kernel[1] + kj
+                    for li in range(oh):
+                        for lj in range(ow):
+                            y = li * stride[0] - padding[0] + ki * dilation[0]
+                            x = lj * stride[1] - padding[1] + kj * dilation[1]
+                            if 0 <= y < h and 0 <= x < w:
+                                terms.setdefault((b, ch, y, x), []).append(v[b][row][li * ow + lj])
+    want = [row_quotient_bits(terms.get((b, ch, y, x), [0.0]), 1, F32)
+            for b in range(n) for ch in range(c) for y in range(h) for x in range(w)]
+    assert_bits_equal(got, bits_tensor(want, F32).reshape(n, c, h, w), "fold")
+    # unbatched input: the same bits as a batch of one
+    with carbon.enabled():
+        alone = F.fold(cols[1], (h, w), kernel, dilation=dilation, padding=padding, stride=stride)
+    assert torch.equal(as_bits(alone), as_bits(got[1]))
+
+
+def test_unfold_is_a_copy_and_its_gradient_is_fold():
+    x = _randn(2, 3, 6, 8, seed=3).requires_grad_()
+    g = _randn(2, 3 * 4, 5 * 7, seed=4)
+    with carbon.enabled():
+        cols = F.unfold(x, 2)
+        cols.backward(g)
+        want = F.fold(g, (6, 8), 2)
+    ref = torch.nn.functional.unfold(x.detach(), 2)  # torch's own im2col: a gather, no arithmetic
+    assert torch.equal(as_bits(cols), as_bits(ref))
+    assert torch.equal(as_bits(x.grad), as_bits(want))
+
+
+def test_fold_rejects_inconsistent_shapes():
+    with carbon.enabled(), pytest.raises(RuntimeError, match="col2im"):
+        F.fold(torch.zeros(1, 4, 5), (4, 4), 2)
+
+
+# ---- modulo, log-add-exp, distance --------------------------------------------------------------------------------
+
+def _remainder_reference(x: float, y: float, dtype: torch.dtype) -> int:
+    """FMOD exactly (math.fmod is exact), then m + y rounded to float32 where signs differ, then to dtype."""
+    m = math.fmod(x, y) if (math.isfinite(x) and y != 0 and not math.isnan(y)) else math.nan
+    if math.isinf(y) and math.isfinite(x):
+        m = x
+    if m == m and m != 0 and (m < 0) != (y < 0):
+        m = y if math.isinf(y) else round_bits_value(Fraction(m) + Fraction(y))
+    return round_bits(m, dtype)
+
+
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16])
+def test_remainder_follows_pythons_modulo_step_by_step(dtype):
+    x = torch.cat([_randn(300, seed=5, scale=10.0), torch.tensor([0.0, -0.0, 5.0, -5.0, math.inf, math.nan, 1e-30,
+                                                                   -1e-30, 3e38])]).to(dtype)
+    ys = [0.3, -0.7, 2.5]
+    for y in ys:
+        with carbon.enabled():
+            got = torch.remainder(x, y)
+        y_compute = round_bits_value(Fraction(y))  # the number in float32, torch's compute type
+        want = [_remainder_reference(v, y_compute, dtype) for v in _values(x)]
+        _assert_bits_or_both_nan(got, bits_tensor(want, dtype), f"remainder by {y}")
+    yt = torch.cat([_randn(300, seed=6), torch.tensor([0.0, -1.0, math.inf, -math.inf, 1.0, 2.0, -3.0, 0.5, 1e-30])])
+    yt = yt.to(dtype)
+    with carbon.enabled():
+        got = x % yt
+    want = [_remainder_reference(a, b, dtype) for a, b in zip(_values(x), _values(yt))]
+    _assert_bits_or_both_nan(got, bits_tensor(want, dtype), "remainder of two tensors")
+    with carbon.enabled():
+        assert torch.equal(torch.remainder(torch.arange(-5, 5), 3), torch.arange(-5, 5) % 3)
+
+
+def test_logaddexp_is_max_plus_carbons_log1p_of_carbons_exp():
+    x = torch.cat([_randn(200, seed=7, scale=5.0), torch.tensor([math.inf, -math.inf, -math.inf, math.nan, 0.0])])
+    y = torch.cat([_randn(200, seed=8, scale=5.0), torch.tensor([math.inf, -math.inf, 1.0, 0.0, -0.0])])
+    with carbon.enabled():
+        got = torch.logaddexp(x, y)
+    want = []
+    for a, b in zip(_values(x), _values(y)):
+        if math.isinf(a) and a == b:
+            want.append(a)
+            continue
+        d = round_bits_value(Fraction(a) - Fraction(b)) if math.isfinite(a) and math.isfinite(b) else a - b
+        t = carbon.log1p(carbon.exp(torch.tensor([-abs(d)], dtype=F32))).item()
+        m = max(a, b) if a == a and b == b else math.nan
+        want.append(m + t if not (math.isfinite(m) and math.isfinite(t)) else round_bits_value(Fraction(m) + Fraction(t)))
+    _assert_bits_or_both_nan(got, _bits_of(want), "logaddexp")
+    # close to the true value (a sanity check of the formula, not of the bits)
+    true = torch.logaddexp(x.double(), y.double())
+    finite = torch.isfinite(true)
+    assert torch.allclose(got.double()[finite], true[finite], rtol=1e-6, atol=1e-6)
+
+
+def test_dist_is_the_rounded_root_of_the_rounded_exact_sum_of_squared_differences():
+    x = _randn(7, 11, seed=9, scale=1e3)
+    y = x + _randn(7, 11, seed=10, scale=1e-3)  # differences far below the values
+    with carbon.enabled():
+        got = torch.dist(x, y)
+        inf_norm = torch.dist(x, y, float("inf"))
+    diffs = [round_bits_value(Fraction(a) - Fraction(b)) for a, b in zip(_values(x), _values(y))]
+    total = row_sum_bits([d * d for d in diffs], F32)  # d·d is exact in binary64
+    assert_bits_equal(got.reshape(1), _bits_of([sqrt_rn32(bits_to_float(total, F32))]), "dist")
+    assert inf_norm.item() == max(abs(d) for d in diffs)
+
+
+# ---- selections ---------------------------------------------------------------------------------------------------
+
+def test_selections_run_as_torchs_own_and_return_input_values():
+    x = _randn(6, 9, seed=12)
+    with carbon.enabled():
+        results = {
+            "median": torch.median(x), "nanmedian": torch.nanmedian(x, 1).values, "kthvalue": torch.kthvalue(x, 4).values,
+            "mode": torch.mode(x.round()).values, "cummax": torch.cummax(x, 1).values, "cummin": torch.cummin(x, 0).values,
+        }
+        buckets = torch.bucketize(x, torch.tensor([-1.0, 0.0, 1.0]))
+        found = torch.searchsorted(torch.sort(x[0]).values, x)
+        frac = torch.frac(x * 100)
+    inputs = set(_values(x)) | set(_values(x.round()))
+    for name, r in results.items():
+        assert set(_values(r)) <= inputs, name
+    assert torch.equal(buckets, torch.bucketize(x, torch.tensor([-1.0, 0.0, 1.0])))
+    assert torch.equal(found, torch.searchsorted(torch.sort(x[0]).values, x))
+    scaled = _values(x * 100)
+    want = [Fraction(v) - math.trunc(Fraction(v)) for v in scaled]  # exact: frac never rounds
+    assert [Fraction(v) for v in _values(frac)] == want
