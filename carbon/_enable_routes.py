@@ -1269,6 +1269,101 @@ def _index_put(a: dict) -> Any:
     return aten.movedim(out, list(range(k)), list(range(first, first + k))).contiguous()
 
 
+def _bag_of_each_index(indices: Tensor, offsets: Tensor, include_last_offset: bool) -> tuple:
+    """(bag of every index, number of bags), computed on the device (no host sync): bag b holds the
+    indices [offsets[b], offsets[b + 1]), the last one up to the end (or to the last offset with
+    include_last_offset)."""
+    starts = offsets[:-1] if include_last_offset else offsets
+    positions = aten.arange(indices.numel(), device=indices.device, dtype=offsets.dtype)
+    bags = aten.sub(aten.searchsorted(starts.contiguous(), positions, right=True), 1)
+    return bags.to(torch.int64), starts.numel()
+
+
+def _quotient_by_count(x: Tensor, counts: Tensor) -> Tensor:
+    """RN(x / n) per row, n the row's count (≥ 1, < 2²⁴): the binary64 quotient rounded once more, which is
+    the correctly rounded one (a quotient of two ≤ 24-bit numbers taken to 53 ≥ 2·24 + 1 bits)."""
+    return aten.div(x.double(), aten.clamp_min(counts, 1).unsqueeze(1).double()).to(x.dtype)
+
+
+def _embedding_bag(a: dict) -> tuple:
+    """nn.EmbeddingBag / F.embedding_bag. sum: each bag RN(exact Σ of its rows) (with per_sample_weights,
+    float32 only, the exact Σ of the exact products, each split into float32 hi + lo as for the norm route,
+    exact unless a product is below 2⁻¹⁰¹ in magnitude); mean: RN(RN(exact Σ) / n) with n the bag's rows
+    other than padding_idx; max: the elementwise maximum (torch's kernel: a selection). Empty bags give +0.
+    Returns (out, bag of every index, bag sizes, argmax rows), which the routed backward reads."""
+    w, idx, offsets, mode = a["weight"], a["indices"], a["offsets"], a.get("mode", 0)
+    psw, padding_idx = a.get("per_sample_weights"), a.get("padding_idx", -1)
+    last = a.get("include_last_offset", False)
+    _need_carbon_dtype("embedding_bag", w, psw)
+    if mode == 2:
+        out, _, _, max_rows = aten._embedding_bag(w, idx, offsets, False, 2, False, None, last, padding_idx)
+    idx = idx.reshape([-1])
+    bags, n_bags = _bag_of_each_index(idx, offsets, last)
+    keep = aten.ne(idx, padding_idx) if padding_idx is not None and padding_idx >= 0 else aten.ones_like(idx, dtype=torch.bool)
+    sizes = aten.zeros([n_bags], dtype=torch.int64, device=w.device).index_add_(0, bags, keep.to(torch.int64))
+    if mode == 2:
+        return out, bags, sizes, max_rows
+    rows = aten.where(keep.unsqueeze(1), aten.index_select(w, 0, idx), 0.0)
+    zeros = aten.zeros([n_bags, w.shape[1]], dtype=w.dtype, device=w.device)
+    if psw is not None:
+        if mode != 0:
+            raise NotImplementedError("embedding_bag: per_sample_weights are only supported for mode='sum'")
+        if w.dtype != torch.float32:
+            raise NotCovered(f"embedding_bag with per_sample_weights in {w.dtype}")
+        prod = aten.mul(rows.double(), psw.reshape([-1, 1]).double())  # exact: at most 2 × 24 bits
+        hi = prod.to(torch.float32)
+        lo = aten.sub(prod, hi.double()).to(torch.float32)
+        out = carbon_ops.index_add(zeros, 0, aten.cat([bags, bags]), aten.cat([hi, lo]))
+    else:
+        out = carbon_ops.index_add(zeros, 0, bags, rows.contiguous())
+    if mode == 1:
+        out = _quotient_by_count(out, sizes)
+    return out, bags, sizes, aten.zeros_like(sizes)
+
+
+def _embedding_bag_dense_backward(a: dict) -> Tensor:
+    """Every weight row RN(exact Σ of its contributions): sum g[bag] (RN(g·psw) with per-sample weights),
+    mean RN(g[bag] / n), max g[b, j] to the row that held bag b's maximum in column j; padding_idx gets none."""
+    g, idx, bags, sizes = a["grad"], a["indices"].reshape([-1]), a["offset2bag"], a["bag_size"]
+    mode, psw, padding_idx, n = a["mode"], a.get("per_sample_weights"), a.get("padding_idx", -1), a["num_weights"]
+    _need_carbon_dtype("embedding_bag backward", g)
+    if a.get("scale_grad_by_freq", False) or a.get("sparse", False):
+        raise NotCovered("embedding_bag with scale_grad_by_freq or sparse gradients")
+    if bags.numel() != idx.numel():  # torch's own forward may leave it empty
+        if a.get("offsets") is None:
+            raise NotCovered("embedding_bag backward without the bag of every index")
+        bags, _ = _bag_of_each_index(idx, a["offsets"], a["offsets"].numel() == g.shape[0] + 1)
+    zeros = aten.zeros([n, g.shape[1]], dtype=g.dtype, device=g.device)
+    if mode == 2:
+        rows = a["maximum_indices"]
+        used = aten.logical_and(aten.ge(rows, 0), aten.gt(sizes, 0).unsqueeze(1))  # empty bags: no maximum
+        return carbon_ops.scatter_add(zeros, 0, aten.where(used, rows, 0).contiguous(),
+                                      aten.where(used, g, 0.0).contiguous())
+    contrib = aten.index_select(g, 0, bags)
+    if mode == 1:
+        contrib = _quotient_by_count(contrib, aten.index_select(sizes, 0, bags))
+    if psw is not None:
+        contrib = aten.mul(contrib, psw.reshape([-1, 1]).to(g.dtype))
+    if padding_idx is not None and padding_idx >= 0:
+        contrib = aten.where(aten.ne(idx, padding_idx).unsqueeze(1), contrib, 0.0)
+    return carbon_ops.index_add(zeros, 0, idx, contrib.contiguous())
+
+
+def _embedding_bag_per_sample_weights_backward(a: dict) -> Tensor:
+    """Each index's RN(exact Σⱼ g[bag, j]·w[index, j]) (`carbon.bmm` of one row by one column); 0 for
+    padding_idx."""
+    g, w, idx, bags = a["grad"], a["weight"], a["indices"].reshape([-1]), a["offset2bag"]
+    if bags.numel() != idx.numel():
+        bags, _ = _bag_of_each_index(idx, a["offsets"], a["offsets"].numel() == g.shape[0] + 1)
+    rows = aten.index_select(w, 0, idx).unsqueeze(2)  # [M, D, 1]
+    grads = aten.index_select(g, 0, bags).unsqueeze(1)  # [M, 1, D]
+    out = carbon_ops.bmm(grads.contiguous(), rows.contiguous(), None).reshape([-1])
+    padding_idx = a.get("padding_idx", -1)
+    if padding_idx is not None and padding_idx >= 0:
+        out = aten.where(aten.ne(idx, padding_idx), out, 0.0)
+    return out
+
+
 def _embedding_backward(a: dict) -> Tensor:
     return carbon_ops.embedding_backward(a["grad_output"], a["indices"], a["num_weights"], a["padding_idx"])
 
@@ -1630,6 +1725,10 @@ ROUTES: Dict[str, Callable] = {
     # indexed accumulation
     "index_add": _index_add, "scatter_add": _scatter_add, "index_put": _index_put, "_index_put_impl": _index_put,
     "embedding_dense_backward": _embedding_backward,
+    "_embedding_bag": _embedding_bag, "_embedding_bag_forward_only": _embedding_bag,
+    "_embedding_bag_backward": _embedding_bag_dense_backward,
+    "_embedding_bag_dense_backward": _embedding_bag_dense_backward,
+    "_embedding_bag_per_sample_weights_backward": _embedding_bag_per_sample_weights_backward,
     "max_pool2d_with_indices_backward": _max_pool_backward(2),
     "max_pool3d_with_indices_backward": _max_pool_backward(3),
     "_adaptive_avg_pool2d": _adaptive_avg_pool2d, "_adaptive_avg_pool2d_backward": _adaptive_avg_pool2d_backward,

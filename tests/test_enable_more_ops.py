@@ -241,3 +241,81 @@ def test_selections_run_as_torchs_own_and_return_input_values():
     scaled = _values(x * 100)
     want = [Fraction(v) - math.trunc(Fraction(v)) for v in scaled]  # exact: frac never rounds
     assert [Fraction(v) for v in _values(frac)] == want
+
+
+# ---- embedding_bag ------------------------------------------------------------------------------------------------
+
+def _bags(idx: list, offsets: list, include_last_offset: bool) -> list:
+    ends = offsets[1:] if include_last_offset else offsets[1:] + [len(idx)]
+    starts = offsets[:-1] if include_last_offset else offsets
+    return [idx[s:e] for s, e in zip(starts, ends)]
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("include_last_offset", [False, True])
+def test_embedding_bag_and_its_gradient_follow_the_exact_definitions(mode, include_last_offset):
+    w = (_randn(12, 6, seed=20) + _randn(12, 6, seed=21, scale=1e-7)).requires_grad_()
+    with torch.no_grad():
+        w[3] *= 1e6  # rows of very different sizes: a float32 running sum would lose the small ones
+    idx = [3, 1, 2, 3, 5, 0, 0, 7, 3, 11, 5, 5, 2]
+    offsets = [0, 4, 4, 9, 13] if include_last_offset else [0, 4, 4, 9]
+    g = _randn(4 if include_last_offset else 4, 6, seed=22)
+    with carbon.enabled():
+        out = F.embedding_bag(torch.tensor(idx), w, torch.tensor(offsets), mode=mode, padding_idx=0,
+                              include_last_offset=include_last_offset)
+        out.backward(g)
+    wv, gv = w.detach().double().tolist(), g.double().tolist()
+    want, grads = [], {}
+    for b, bag in enumerate(_bags(idx, offsets, include_last_offset)):
+        rows = [r for r in bag if r != 0]
+        for j in range(6):
+            col = [wv[r][j] for r in rows]
+            if mode == "max":
+                want.append(round_bits(max(col), F32) if col else round_bits(0.0, F32))
+                if col:
+                    top = rows[col.index(max(col))]
+                    grads.setdefault((top, j), []).append(gv[b][j])
+                continue
+            s = row_sum_bits(col or [0.0], F32)
+            if mode == "sum":
+                want.append(s)
+                share = gv[b][j]
+            else:
+                want.append(round_bits(Fraction(bits_to_float(s, F32)) / max(len(rows), 1), F32))
+                share = bits_to_float(round_bits(Fraction(gv[b][j]) / max(len(rows), 1), F32), F32)
+            for r in rows:
+                grads.setdefault((r, j), []).append(share)
+    assert_bits_equal(out, bits_tensor(want, F32).reshape(out.shape), f"embedding_bag {mode}")
+    want_grad = [row_sum_bits(grads.get((r, j), [0.0]), F32) for r in range(12) for j in range(6)]
+    assert_bits_equal(w.grad, bits_tensor(want_grad, F32).reshape(12, 6), f"embedding_bag {mode} gradient")
+
+
+def test_embedding_bag_per_sample_weights_sum_exact_products():
+    w = (_randn(8, 5, seed=23) * 1e3).requires_grad_()
+    psw = (_randn(7, seed=24).abs() + 1e-4).requires_grad_()
+    idx, offsets = [1, 2, 1, 7, 3, 3, 0], [0, 3, 5]
+    g = _randn(3, 5, seed=25)
+    with carbon.enabled():
+        out = F.embedding_bag(torch.tensor(idx), w, torch.tensor(offsets), mode="sum", per_sample_weights=psw)
+        out.backward(g)
+    wv, pv, gv = w.detach().double().tolist(), _values(psw), g.double().tolist()
+    bags = _bags(list(range(7)), offsets, False)  # positions, to pair each index with its weight
+    want = [exact_row_bits([Fraction(wv[idx[i]][j]) * Fraction(pv[i]) for i in bag]) for bag in bags for j in range(5)]
+    assert_bits_equal(out, bits_tensor(want, F32).reshape(3, 5), "per-sample-weighted bags")
+    bag_of = {i: b for b, bag in enumerate(bags) for i in bag}
+    want_p = [exact_row_bits([Fraction(gv[bag_of[i]][j]) * Fraction(wv[idx[i]][j]) for j in range(5)]) for i in range(7)]
+    assert_bits_equal(psw.grad, bits_tensor(want_p, F32), "per-sample-weight gradient")
+
+
+def exact_row_bits(terms: list) -> int:
+    """RN32 of an exact Fraction sum."""
+    return round_bits(sum(terms, Fraction(0)), F32)
+
+
+def test_embedding_bag_module_with_two_dimensional_input_matches_flat_offsets():
+    m = torch.nn.EmbeddingBag(30, 4, mode="mean")
+    x = torch.randint(0, 30, (5, 3), generator=torch.Generator().manual_seed(0))
+    with carbon.enabled():
+        a = m(x)
+        b = m(x.reshape(-1), torch.arange(0, 15, 3))
+    assert torch.equal(as_bits(a), as_bits(b))
