@@ -1002,52 +1002,56 @@ def _glu_backward(a: dict) -> Tensor:
 
 # ---- pooling and upsampling -----------------------------------------------------------------------------------------
 
-def _pool_pair(v: Any, default: Optional[List[int]] = None) -> List[int]:
+def _pool_pair(v: Any, default: Optional[List[int]] = None, d: int = 2) -> List[int]:
     v = list(v) if isinstance(v, (list, tuple)) else [v]
     if not v:
         return list(default or [])
-    return v * 2 if len(v) == 1 else v
+    return v * d if len(v) == 1 else v
 
 
-def _avg_pool2d_args(a: dict) -> tuple:
-    kernel = _pool_pair(a["kernel_size"])
-    stride = _pool_pair(a.get("stride", []), kernel)
-    padding = _pool_pair(a.get("padding", 0))
+def _avg_pool_args(a: dict, d: int) -> tuple:
+    kernel = _pool_pair(a["kernel_size"], d=d)
+    stride = _pool_pair(a.get("stride", []), kernel, d=d)
+    padding = _pool_pair(a.get("padding", 0), d=d)
     if a.get("ceil_mode", False) or a.get("divisor_override") is not None:
-        raise NotCovered("avg_pool2d with ceil_mode or divisor_override")
+        raise NotCovered(f"avg_pool{d}d with ceil_mode or divisor_override")
     if not a.get("count_include_pad", True) and any(padding):
-        raise NotCovered("avg_pool2d with padding and count_include_pad=False")
+        raise NotCovered(f"avg_pool{d}d with padding and count_include_pad=False")
     return kernel, stride, padding
 
 
-def _avg_pool2d(a: dict) -> Tensor:
-    """Each output RN(exact Σ window / (kh·kw)), padding counted as +0 (count_include_pad): carbon.mean
-    over each window, copied into columns as for a convolution."""
-    x = a["self"]
-    _need_carbon_dtype("avg_pool2d", x)
-    kernel, stride, padding = _avg_pool2d_args(a)
-    batched = x if x.dim() == 4 else x.unsqueeze(0)
-    n, c = batched.shape[:2]
-    cols, out = conv_columns(batched, kernel, stride, [1, 1], padding, 1)  # [1, C*K, N*P]
-    means = carbon_ops.mean(cols.reshape([c, kernel[0] * kernel[1], n] + out), [1], False, None)  # [C, N, P...]
-    y = aten.movedim(means, 0, 1).contiguous()
-    return y if x.dim() == 4 else y.squeeze(0)
+def _avg_pool(d: int) -> Callable[[dict], Tensor]:
+    def handler(a: dict) -> Tensor:
+        """Each output RN(exact Σ window / window size), padding counted as +0 (count_include_pad):
+        carbon.mean over each window, copied into columns as for a convolution."""
+        x = a["self"]
+        _need_carbon_dtype(f"avg_pool{d}d", x)
+        kernel, stride, padding = _avg_pool_args(a, d)
+        batched = x if x.dim() == d + 2 else x.unsqueeze(0)
+        n, c = batched.shape[:2]
+        cols, out = conv_columns(batched, kernel, stride, [1] * d, padding, 1)  # [1, C*K, N*P]
+        means = carbon_ops.mean(cols.reshape([c, math.prod(kernel), n] + out), [1], False, None)  # [C, N, P...]
+        y = aten.movedim(means, 0, 1).contiguous()
+        return y if x.dim() == d + 2 else y.squeeze(0)
+    return handler
 
 
-def _avg_pool2d_backward(a: dict) -> Tensor:
-    """RN(exact Σ over the windows containing the position of RN(g / (kh·kw))): each window's share
-    (one IEEE division), then one exact sum per input position (a transposed convolution with unit
-    weights)."""
-    g, x = a["grad_output"], a["self"]
-    kernel, stride, padding = _avg_pool2d_args(a)
-    gb, xb = (g, x) if x.dim() == 4 else (g.unsqueeze(0), x.unsqueeze(0))
-    c = xb.shape[1]
-    share = true_divide(gb, float(kernel[0] * kernel[1]))
-    ones = aten.ones([c, 1] + kernel, dtype=gb.dtype, device=gb.device)
-    out = conv_transpose_forward(share, ones, None, stride, padding,
-                                 [xb.shape[2 + i] - conv_transpose_size(share, ones, stride, padding, [0, 0], [1, 1])[i]
-                                  for i in range(2)], [1, 1], c)
-    return out if x.dim() == 4 else out.squeeze(0)
+def _avg_pool_backward(d: int) -> Callable[[dict], Tensor]:
+    def handler(a: dict) -> Tensor:
+        """RN(exact Σ over the windows containing the position of RN(g / window size)): each window's share
+        (one IEEE division), then one exact sum per input position (a transposed convolution with unit
+        weights)."""
+        g, x = a["grad_output"], a["self"]
+        kernel, stride, padding = _avg_pool_args(a, d)
+        gb, xb = (g, x) if x.dim() == d + 2 else (g.unsqueeze(0), x.unsqueeze(0))
+        c = xb.shape[1]
+        share = true_divide(gb, float(math.prod(kernel)))
+        ones = aten.ones([c, 1] + kernel, dtype=gb.dtype, device=gb.device)
+        natural = conv_transpose_size(share, ones, stride, padding, [0] * d, [1] * d)
+        out = conv_transpose_forward(share, ones, None, stride, padding,
+                                     [xb.shape[2 + i] - natural[i] for i in range(d)], [1] * d, c)
+        return out if x.dim() == d + 2 else out.squeeze(0)
+    return handler
 
 
 def _interpolation_matrix(size_in: int, size_out: int, align_corners: bool, scale: Optional[float],
@@ -1195,39 +1199,57 @@ def _pool_regions(size: int, out: int) -> List[tuple]:
     return [((i * size) // out, -((-(i + 1) * size) // out)) for i in range(out)]
 
 
-def _adaptive_avg_pool2d(a: dict) -> Tensor:
-    """Each output the exact mean of its region, rounded once (carbon.mean)."""
-    x = a["self"]
-    _need_carbon_dtype("_adaptive_avg_pool2d", x)
-    oh, ow = list(a["output_size"])
-    h, w = x.shape[-2:]
-    if h % oh == 0 and w % ow == 0:  # a regular tiling: one call
-        tiles = x.reshape(list(x.shape[:-2]) + [oh, h // oh, ow, w // ow])
-        return carbon_ops.mean(tiles, [-3, -1], False, None)
-    rows = []
-    for h0, h1 in _pool_regions(h, oh):
-        rows.append(aten.stack([carbon_ops.mean(x[..., h0:h1, w0:w1].contiguous(), [-2, -1], False, None)
-                                for w0, w1 in _pool_regions(w, ow)], -1))
-    return aten.stack(rows, -2)
+def _adaptive_avg_pool(d: int) -> Callable[[dict], Tensor]:
+    def handler(a: dict) -> Tensor:
+        """Each output the exact mean of its region, rounded once (carbon.mean)."""
+        x = a["self"]
+        _need_carbon_dtype(f"_adaptive_avg_pool{d}d", x)
+        outs, sizes = list(a["output_size"]), list(x.shape[-d:])
+        lead = list(x.shape[:-d])
+        if all(s % o == 0 for s, o in zip(sizes, outs)):  # a regular tiling: one call
+            tiles = x.reshape(lead + [v for s, o in zip(sizes, outs) for v in (o, s // o)])
+            return carbon_ops.mean(tiles, [-1 - 2 * i for i in range(d)], False, None)
+        cells = []
+        for region in _product_of_regions(sizes, outs):
+            window = x[(Ellipsis,) + tuple(slice(lo, hi) for lo, hi in region)].contiguous()
+            cells.append(carbon_ops.mean(window, list(range(-d, 0)), False, None))
+        return aten.stack(cells, -1).reshape(lead + outs)
+    return handler
 
 
-def _adaptive_avg_pool2d_backward(a: dict) -> Tensor:
-    """RN(g / |region|) to every position of the region (one IEEE division); where regions overlap
-    (sizes not divisible), the shares are added region by region in row-major order, each addition
-    rounded."""
-    g, x = a["grad_output"], a["self"]
-    oh, ow = g.shape[-2:]
-    h, w = x.shape[-2:]
-    if h % oh == 0 and w % ow == 0:
-        share = true_divide(g, float((h // oh) * (w // ow)))
-        return share.reshape(list(g.shape[:-2]) + [oh, 1, ow, 1]).expand(
-            list(g.shape[:-2]) + [oh, h // oh, ow, w // ow]).reshape(x.shape).contiguous()
-    out = aten.zeros_like(x, memory_format=torch.contiguous_format)
-    for i, (h0, h1) in enumerate(_pool_regions(h, oh)):
-        for j, (w0, w1) in enumerate(_pool_regions(w, ow)):
-            share = true_divide(g[..., i:i + 1, j:j + 1], float((h1 - h0) * (w1 - w0)))
-            out[..., h0:h1, w0:w1] = aten.add(out[..., h0:h1, w0:w1], share)
-    return out
+def _product_of_regions(sizes: List[int], outs: List[int]) -> List[tuple]:
+    """Every output cell's region (one (lo, hi) per dimension), row-major."""
+    cells: List[tuple] = [()]
+    for s, o in zip(sizes, outs):
+        cells = [c + (r,) for c in cells for r in _pool_regions(s, o)]
+    return cells
+
+
+def _adaptive_avg_pool_backward(d: int) -> Callable[[dict], Tensor]:
+    def handler(a: dict) -> Tensor:
+        """RN(g / |region|) to every position of the region (one IEEE division); where regions overlap
+        (sizes not divisible), the shares are added region by region in row-major order, each addition
+        rounded."""
+        g, x = a["grad_output"], a["self"]
+        outs, sizes = list(g.shape[-d:]), list(x.shape[-d:])
+        lead = list(g.shape[:-d])
+        if all(s % o == 0 for s, o in zip(sizes, outs)):
+            share = true_divide(g, float(math.prod(s // o for s, o in zip(sizes, outs))))
+            spread = share.reshape(lead + [v for o in outs for v in (o, 1)])
+            return spread.expand(lead + [v for s, o in zip(sizes, outs) for v in (o, s // o)]).reshape(x.shape).contiguous()
+        out = aten.zeros_like(x, memory_format=torch.contiguous_format)
+        for cell, region in enumerate(_product_of_regions(sizes, outs)):
+            at = []
+            for o in reversed(outs):  # the cell's index along each dimension
+                at.append(cell % o)
+                cell //= o
+            at.reverse()
+            where = (Ellipsis,) + tuple(slice(lo, hi) for lo, hi in region)
+            size = math.prod(hi - lo for lo, hi in region)
+            share = true_divide(g[(Ellipsis,) + tuple(slice(i, i + 1) for i in at)], float(size))
+            out[where] = aten.add(out[where], share)
+        return out
+    return handler
 
 
 def _index_put(a: dict) -> Any:
@@ -1731,8 +1753,10 @@ ROUTES: Dict[str, Callable] = {
     "_embedding_bag_per_sample_weights_backward": _embedding_bag_per_sample_weights_backward,
     "max_pool2d_with_indices_backward": _max_pool_backward(2),
     "max_pool3d_with_indices_backward": _max_pool_backward(3),
-    "_adaptive_avg_pool2d": _adaptive_avg_pool2d, "_adaptive_avg_pool2d_backward": _adaptive_avg_pool2d_backward,
-    "avg_pool2d": _avg_pool2d, "avg_pool2d_backward": _avg_pool2d_backward,
+    **{f"_adaptive_avg_pool{d}d": _adaptive_avg_pool(d) for d in (2, 3)},
+    **{f"_adaptive_avg_pool{d}d_backward": _adaptive_avg_pool_backward(d) for d in (2, 3)},
+    **{f"avg_pool{d}d": _avg_pool(d) for d in (2, 3)},
+    **{f"avg_pool{d}d_backward": _avg_pool_backward(d) for d in (2, 3)},
     **{f"upsample_nearest{d}d_backward": _upsample_nearest_backward for d in (1, 2, 3)},
     "upsample_linear1d": _upsample_linear(1), "upsample_bilinear2d": _upsample_linear(2),
     "upsample_trilinear3d": _upsample_linear(3), "upsample_linear1d_backward": _upsample_linear_backward(1),

@@ -319,3 +319,75 @@ def test_embedding_bag_module_with_two_dimensional_input_matches_flat_offsets():
         a = m(x)
         b = m(x.reshape(-1), torch.arange(0, 15, 3))
     assert torch.equal(as_bits(a), as_bits(b))
+
+
+# ---- 3-d average pooling ------------------------------------------------------------------------------------------
+
+def _regions(size: int, out: int) -> list:
+    return [((i * size) // out, -((-(i + 1) * size) // out)) for i in range(out)]
+
+
+def test_avg_pool3d_and_its_gradient_are_exact_window_means_and_sums():
+    x = (_randn(1, 2, 5, 6, 7, seed=30) * torch.logspace(-4, 4, 7)).requires_grad_()
+    k, s, p = (2, 3, 2), (2, 2, 3), (1, 1, 0)
+    with carbon.enabled():
+        y = F.avg_pool3d(x, k, s, p)
+        g = torch.linspace(-1, 2, y.numel()).reshape(y.shape)
+        y.backward(g)
+    xv = x.detach().double().numpy()
+    size = k[0] * k[1] * k[2]
+    want, shares = [], {}
+    gv = g.double().reshape(-1).tolist()
+    for c in range(2):
+        for i in range(y.shape[2]):
+            for j in range(y.shape[3]):
+                for l in range(y.shape[4]):
+                    terms, at = [], []
+                    for a in range(k[0]):
+                        for b in range(k[1]):
+                            for e in range(k[2]):
+                                z, yy, xx = i * s[0] - p[0] + a, j * s[1] - p[1] + b, l * s[2] - p[2] + e
+                                if 0 <= z < 5 and 0 <= yy < 6 and 0 <= xx < 7:
+                                    terms.append(float(xv[0, c, z, yy, xx]))
+                                    at.append((c, z, yy, xx))
+                    want.append(row_quotient_bits(terms or [0.0], size, F32))
+                    share = round_bits_value(Fraction(gv[len(want) - 1]) / size)
+                    for pos in at:
+                        shares.setdefault(pos, []).append(share)
+    assert_bits_equal(y, bits_tensor(want, F32).reshape(y.shape), "avg_pool3d")
+    want_g = [row_sum_bits(shares.get((c, z, yy, xx), [0.0]), F32)
+              for c in range(2) for z in range(5) for yy in range(6) for xx in range(7)]
+    assert_bits_equal(x.grad, bits_tensor(want_g, F32).reshape(x.shape), "avg_pool3d gradient")
+
+
+@pytest.mark.parametrize("out", [(2, 3, 3), (1, 1, 1)])
+def test_adaptive_avg_pool3d_is_the_exact_mean_of_each_region(out):
+    x = (_randn(2, 5, 6, 9, seed=31) * torch.logspace(-5, 5, 9)).requires_grad_()
+    with carbon.enabled():
+        y = F.adaptive_avg_pool3d(x, out)
+        y.sum().backward()
+    xv = x.detach().double().numpy()
+    want, grads = [], {}
+    for c in range(2):
+        for r0 in _regions(5, out[0]):
+            for r1 in _regions(6, out[1]):
+                for r2 in _regions(9, out[2]):
+                    terms = [float(xv[c, z, yy, xx]) for z in range(*r0) for yy in range(*r1) for xx in range(*r2)]
+                    want.append(row_quotient_bits(terms, len(terms), F32))
+                    share = round_bits_value(Fraction(1) / len(terms))
+                    for z in range(*r0):
+                        for yy in range(*r1):
+                            for xx in range(*r2):
+                                grads.setdefault((c, z, yy, xx), []).append(share)
+    assert_bits_equal(y, bits_tensor(want, F32).reshape(y.shape), f"adaptive_avg_pool3d {out}")
+    # overlapping regions add their shares one rounded addition at a time, in row-major order
+    want_g = []
+    for c in range(2):
+        for z in range(5):
+            for yy in range(6):
+                for xx in range(9):
+                    acc = 0.0
+                    for v in grads[(c, z, yy, xx)]:
+                        acc = round_bits_value(Fraction(acc) + Fraction(v))
+                    want_g.append(round_bits(acc, F32))
+    assert_bits_equal(x.grad, bits_tensor(want_g, F32).reshape(x.shape), f"adaptive_avg_pool3d {out} gradient")
