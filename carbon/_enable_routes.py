@@ -1055,24 +1055,44 @@ def _avg_pool_backward(d: int) -> Callable[[dict], Tensor]:
 
 
 def _interpolation_matrix(size_in: int, size_out: int, align_corners: bool, scale: Optional[float],
-                          device: torch.device) -> Tensor:
-    """[size_out, size_in] float32 weights of linear interpolation along one dimension, torch's rule in
-    binary64: scale = (in − 1)/(out − 1) with align_corners, else 1/scale_factor if given, else in/out;
-    src = scale·dst (align_corners) or max(scale·(dst + 0.5) − 0.5, 0); i0 = ⌊src⌋, i1 = min(i0 + 1, in − 1),
-    λ1 = src − i0, λ0 = 1 − λ1; each entry RN32 of its binary64 weight (λ0 + λ1 where i0 = i1)."""
+                          device: torch.device, cubic: bool = False) -> Tensor:
+    """[size_out, size_in] float32 weights of linear (or cubic) interpolation along one dimension, torch's
+    rule in binary64: scale = (in − 1)/(out − 1) with align_corners, else 1/scale_factor if given, else
+    in/out; src = scale·dst (align_corners) or scale·(dst + 0.5) − 0.5, clamped at 0 for linear. Linear:
+    i0 = ⌊src⌋, i1 = min(i0 + 1, in − 1), λ1 = src − i0, λ0 = 1 − λ1. Cubic (torch's A = −0.75 kernel):
+    t = src − ⌊src⌋, weights c₁(t + 1), c₀(t), c₀(1 − t), c₁(2 − t) at ⌊src⌋ − 1 … ⌊src⌋ + 2, indices clamped
+    to [0, in − 1], with c₀(x) = ((A + 2)x − (A + 3))x² + 1 and c₁(x) = ((Ax − 5A)x + 8A)x − 4A. Weights
+    landing on one index are added in binary64; each entry is then rounded once to float32."""
     if align_corners:
         step = (size_in - 1) / (size_out - 1) if size_out > 1 else 0.0
     else:
         step = 1.0 / scale if scale is not None and scale > 0 else size_in / size_out
     rows = [[0.0] * size_in for _ in range(size_out)]
     for dst in range(size_out):
-        src = step * dst if align_corners else max(step * (dst + 0.5) - 0.5, 0.0)
+        src = step * dst if align_corners else step * (dst + 0.5) - 0.5
+        if cubic:
+            base = int(math.floor(src))
+            t = src - base
+            for k, w in enumerate(_cubic_weights(t)):
+                rows[dst][min(max(base - 1 + k, 0), size_in - 1)] += w
+            continue
+        src = max(src, 0.0)
         i0 = min(int(math.floor(src)), size_in - 1)
         i1 = min(i0 + 1, size_in - 1)
         lam1 = src - i0
         rows[dst][i0] += 1.0 - lam1
         rows[dst][i1] += lam1
     return torch.tensor(rows, dtype=torch.float64).to(device=device, dtype=torch.float32)
+
+
+def _cubic_weights(t: float, A: float = -0.75) -> List[float]:
+    """torch's get_cubic_upsample_coefficients (Keys' kernel, A = −0.75), in binary64."""
+    def near(x: float) -> float:
+        return ((A + 2) * x - (A + 3)) * x * x + 1
+
+    def far(x: float) -> float:
+        return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A
+    return [far(t + 1.0), near(t), near(1.0 - t), far(2.0 - t)]
 
 
 def _linear_upsample_args(a: dict, spatial: int, in_sizes: List[int]) -> tuple:
@@ -1095,10 +1115,11 @@ def _along(t: Tensor, dim: int, matrix: Tensor, out_dtype: torch.dtype) -> Tenso
     return aten.movedim(out.reshape(lead + [matrix.shape[0]]), -1, dim)
 
 
-def _upsample_linear(spatial: int) -> Callable[[dict], Tensor]:
-    """linear / bilinear / trilinear upsampling as separable exact products: along each spatial dimension
-    from the last, RN(exact Σ of interpolation weight · value) (two terms; carbon.mm with the float32
-    interpolation matrix); float32 between the passes, the input's dtype after the last."""
+def _upsample_linear(spatial: int, cubic: bool = False) -> Callable[[dict], Tensor]:
+    """linear / bilinear / trilinear (and bicubic) upsampling as separable exact products: along each
+    spatial dimension from the last, RN(exact Σ of interpolation weight · value) (two or four terms;
+    carbon.mm with the float32 interpolation matrix); float32 between the passes, the input's dtype after
+    the last."""
     def handler(a: dict) -> Tensor:
         x = a["input"] if "input" in a else a["self"]
         _need_carbon_dtype("upsample", x)
@@ -1107,13 +1128,13 @@ def _upsample_linear(spatial: int) -> Callable[[dict], Tensor]:
         t = x
         for k in reversed(range(spatial)):
             dim = x.dim() - spatial + k
-            matrix = _interpolation_matrix(in_sizes[k], out_sizes[k], align, factors[k], x.device)
+            matrix = _interpolation_matrix(in_sizes[k], out_sizes[k], align, factors[k], x.device, cubic)
             t = _along(t, dim, matrix, x.dtype if k == 0 else torch.float32)
         return t.contiguous()
     return handler
 
 
-def _upsample_linear_backward(spatial: int) -> Callable[[dict], Tensor]:
+def _upsample_linear_backward(spatial: int, cubic: bool = False) -> Callable[[dict], Tensor]:
     """The transposed products: along each spatial dimension from the last, RN(exact Σ_j weight[j, k] · g_j)."""
     def handler(a: dict) -> Tensor:
         g = a["grad_output"]
@@ -1122,7 +1143,7 @@ def _upsample_linear_backward(spatial: int) -> Callable[[dict], Tensor]:
         t = g
         for k in reversed(range(spatial)):
             dim = g.dim() - spatial + k
-            matrix = _interpolation_matrix(in_sizes[k], out_sizes[k], align, factors[k], g.device)
+            matrix = _interpolation_matrix(in_sizes[k], out_sizes[k], align, factors[k], g.device, cubic)
             t = _along(t, dim, aten.t(matrix), g.dtype if k == 0 else torch.float32)
         return t.contiguous()
     return handler
@@ -1762,6 +1783,8 @@ ROUTES: Dict[str, Callable] = {
     "upsample_trilinear3d": _upsample_linear(3), "upsample_linear1d_backward": _upsample_linear_backward(1),
     "upsample_bilinear2d_backward": _upsample_linear_backward(2),
     "upsample_trilinear3d_backward": _upsample_linear_backward(3),
+    "upsample_bicubic2d": _upsample_linear(2, cubic=True),
+    "upsample_bicubic2d_backward": _upsample_linear_backward(2, cubic=True),
     # folding, modulo, log-add-exp, distance
     "col2im": _col2im, "remainder": _remainder, "logaddexp": _logaddexp, "dist": _dist,
     # piecewise activations

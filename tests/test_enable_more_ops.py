@@ -391,3 +391,59 @@ def test_adaptive_avg_pool3d_is_the_exact_mean_of_each_region(out):
                         acc = round_bits_value(Fraction(acc) + Fraction(v))
                     want_g.append(round_bits(acc, F32))
     assert_bits_equal(x.grad, bits_tensor(want_g, F32).reshape(x.shape), f"adaptive_avg_pool3d {out} gradient")
+
+
+# ---- bicubic upsampling -------------------------------------------------------------------------------------------
+
+def _cubic_rows(size_in: int, size_out: int, align_corners: bool, factor) -> list:
+    """Per output index {input index: Fraction weight}: torch's bicubic rule (Keys' kernel, A = −0.75,
+    taps clamped to the edge) evaluated in binary64 as docs/enable.md states, each summed weight then
+    rounded to float32."""
+    a = -0.75
+    if align_corners:
+        scale = (size_in - 1) / (size_out - 1) if size_out > 1 else 0.0
+    else:
+        scale = 1.0 / factor if factor else size_in / size_out
+    rows = []
+    for dst in range(size_out):
+        src = scale * dst if align_corners else scale * (dst + 0.5) - 0.5
+        base = math.floor(src)
+        t = src - base
+        taps = [((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a,
+                ((a + 2) * t - (a + 3)) * t * t + 1,
+                ((a + 2) * (1 - t) - (a + 3)) * (1 - t) * (1 - t) + 1,
+                ((a * (2 - t) - 5 * a) * (2 - t) + 8 * a) * (2 - t) - 4 * a]
+        row = {}
+        for k, wt in enumerate(taps):
+            i = min(max(base - 1 + k, 0), size_in - 1)
+            row[i] = row.get(i, 0.0) + wt
+        rows.append({i: Fraction(round_bits_value(Fraction(wt))) for i, wt in row.items()})
+    return rows
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("size", [(9, 4), None])
+def test_bicubic_upsampling_is_two_exact_separable_passes(align_corners, size):
+    x = _randn(1, 2, 5, 6, seed=40).requires_grad_()
+    factor = None if size else 2.5
+    with carbon.enabled():
+        y = F.interpolate(x, size=size, scale_factor=factor, mode="bicubic", align_corners=align_corners)
+        g = torch.linspace(-1, 1, y.numel()).reshape(y.shape)
+        y.backward(g)
+    ho, wo = y.shape[-2:]
+    ah, aw = _cubic_rows(5, ho, align_corners, factor), _cubic_rows(6, wo, align_corners, factor)
+    xs, gs = x.detach().double().tolist()[0], g.double().tolist()[0]
+    want_y, want_dx = [], []
+    for c in range(2):
+        rows = [[Fraction(round_bits_value(sum(wt * Fraction(xs[c][i][k]) for k, wt in aw[j].items())))
+                 for j in range(wo)] for i in range(5)]
+        want_y += [round_bits(sum(wt * rows[k][j] for k, wt in ah[i].items()), F32) for i in range(ho) for j in range(wo)]
+        gw = [[Fraction(round_bits_value(sum(aw[j].get(k, 0) * Fraction(gs[c][i][j]) for j in range(wo))))
+               for k in range(6)] for i in range(ho)]
+        want_dx += [round_bits(sum(ah[i].get(r, 0) * gw[i][k] for i in range(ho)), F32) for r in range(5) for k in range(6)]
+    assert_bits_equal(y, bits_tensor(want_y, F32).reshape(y.shape), "bicubic")
+    assert_bits_equal(x.grad, bits_tensor(want_dx, F32).reshape(x.shape), "bicubic gradient")
+    # the same interpolation as torch's own (which rounds differently inside)
+    ref = torch.nn.functional.interpolate(x.detach(), size=size, scale_factor=factor, mode="bicubic",
+                                          align_corners=align_corners)
+    assert torch.allclose(y, ref, atol=1e-5)
