@@ -1013,11 +1013,95 @@ def _avg_pool_args(a: dict, d: int) -> tuple:
     kernel = _pool_pair(a["kernel_size"], d=d)
     stride = _pool_pair(a.get("stride", []), kernel, d=d)
     padding = _pool_pair(a.get("padding", 0), d=d)
-    if a.get("ceil_mode", False) or a.get("divisor_override") is not None:
-        raise NotCovered(f"avg_pool{d}d with ceil_mode or divisor_override")
-    if not a.get("count_include_pad", True) and any(padding):
-        raise NotCovered(f"avg_pool{d}d with padding and count_include_pad=False")
+    if a.get("divisor_override") is not None:
+        raise NotCovered(f"avg_pool{d}d with divisor_override")
     return kernel, stride, padding
+
+
+def _uniform_windows(a: dict, d: int) -> bool:
+    """Every window divides by the full window size (no ceil_mode, and padding counted or absent): the
+    fast path of columns and one carbon.mean."""
+    return not a.get("ceil_mode", False) and (a.get("count_include_pad", True) or not any(_avg_pool_args(a, d)[2]))
+
+
+def _pool_windows(in_sizes: List[int], kernel: List[int], stride: List[int], padding: List[int], ceil_mode: bool,
+                  count_pad: bool) -> tuple:
+    """torch's average-pooling windows along each dimension: (output size, per output index the valid input
+    range [lo, hi) and the count it contributes to the divisor)."""
+    per_dim = []
+    for size, k, s, p in zip(in_sizes, kernel, stride, padding):
+        span = size + 2 * p - k
+        out = (-(-span // s) if ceil_mode else span // s) + 1
+        if ceil_mode and (out - 1) * s >= size + p:
+            out -= 1
+        windows = []
+        for o in range(out):
+            start = o * s - p
+            end = min(start + k, size + p)
+            counted = end - start  # padding inside [−p, size + p) counts with count_include_pad
+            lo, hi = max(start, 0), min(end, size)
+            windows.append((lo, hi, counted if count_pad else hi - lo))
+        per_dim.append(windows)
+    return [len(w) for w in per_dim], per_dim
+
+
+def _window_classes(in_sizes: List[int], per_dim: List[list]) -> Dict[int, list]:
+    """Windows grouped by divisor: {divisor: [(output position, flat input indices of the window)]}."""
+    classes: Dict[int, list] = {}
+    cells: List[tuple] = [((), [0], 1)]  # (output index, flat offsets so far, divisor so far)
+    for dim, windows in enumerate(per_dim):
+        stride_flat = math.prod(in_sizes[dim + 1:])
+        cells = [(at + (o,), [f + i * stride_flat for f in flats for i in range(lo, hi)], div * count)
+                 for at, flats, div in cells for o, (lo, hi, count) in enumerate(windows)]
+    outs = [len(w) for w in per_dim]
+    for at, flats, div in cells:
+        pos = 0
+        for i, o in zip(at, outs):
+            pos = pos * o + i
+        classes.setdefault(div, []).append((pos, flats))
+    return classes
+
+
+def _avg_pool_by_class(x: Tensor, d: int, a: dict) -> Tensor:
+    """ceil_mode / count_include_pad=False: each output RN(exact Σ of its valid window / torch's divisor),
+    as carbon.mean over rows of `divisor` entries (the window's values, then +0 for the counted padding),
+    one call per divisor (they differ only at the borders)."""
+    kernel, stride, padding = _avg_pool_args(a, d)
+    lead, in_sizes = list(x.shape[:-d]), list(x.shape[-d:])
+    outs, per_dim = _pool_windows(in_sizes, kernel, stride, padding, a.get("ceil_mode", False),
+                                  a.get("count_include_pad", True))
+    plane = math.prod(in_sizes)
+    flat = aten.cat([x.reshape([-1, plane]), aten.zeros([math.prod(lead), 1], dtype=x.dtype, device=x.device)], 1)
+    result = aten.zeros([math.prod(lead), math.prod(outs)], dtype=x.dtype, device=x.device)
+    for div, members in _window_classes(in_sizes, per_dim).items():
+        rows = [flats + [plane] * (div - len(flats)) for _, flats in members]  # `plane`: the +0 column
+        idx = torch.tensor(rows, dtype=torch.int64).reshape(-1).to(x.device)
+        means = carbon_ops.mean(aten.index_select(flat, 1, idx).reshape([flat.shape[0], len(members), div]), [2],
+                                False, None)
+        pos = torch.tensor([p for p, _ in members], dtype=torch.int64).to(x.device)
+        result = aten.index_copy(result, 1, pos, means)
+    return result.reshape(lead + outs)
+
+
+def _avg_pool_backward_by_class(g: Tensor, x: Tensor, d: int, a: dict) -> Tensor:
+    """Each input position RN(exact Σ over the windows containing it of RN(g / divisor)) (carbon.index_add)."""
+    kernel, stride, padding = _avg_pool_args(a, d)
+    lead, in_sizes = list(x.shape[:-d]), list(x.shape[-d:])
+    _, per_dim = _pool_windows(in_sizes, kernel, stride, padding, a.get("ceil_mode", False),
+                               a.get("count_include_pad", True))
+    gflat = g.reshape([math.prod(lead), -1])
+    plane = math.prod(in_sizes)
+    dest, src_pos, divisors = [], [], []
+    for div, members in _window_classes(in_sizes, per_dim).items():
+        for pos, flats in members:
+            dest += flats
+            src_pos += [pos] * len(flats)
+            divisors += [div] * len(flats)
+    shares = true_divide(aten.index_select(gflat, 1, torch.tensor(src_pos, dtype=torch.int64).to(g.device)),
+                         torch.tensor(divisors, dtype=torch.float64).to(device=g.device, dtype=g.dtype))
+    out = carbon_ops.index_add(aten.zeros([plane, gflat.shape[0]], dtype=g.dtype, device=g.device), 0,
+                               torch.tensor(dest, dtype=torch.int64).to(g.device), aten.t(shares).contiguous())
+    return aten.t(out).reshape(x.shape).contiguous()
 
 
 def _avg_pool(d: int) -> Callable[[dict], Tensor]:
@@ -1026,6 +1110,8 @@ def _avg_pool(d: int) -> Callable[[dict], Tensor]:
         carbon.mean over each window, copied into columns as for a convolution."""
         x = a["self"]
         _need_carbon_dtype(f"avg_pool{d}d", x)
+        if not _uniform_windows(a, d):
+            return _avg_pool_by_class(x, d, a)
         kernel, stride, padding = _avg_pool_args(a, d)
         batched = x if x.dim() == d + 2 else x.unsqueeze(0)
         n, c = batched.shape[:2]
@@ -1042,6 +1128,8 @@ def _avg_pool_backward(d: int) -> Callable[[dict], Tensor]:
         (one IEEE division), then one exact sum per input position (a transposed convolution with unit
         weights)."""
         g, x = a["grad_output"], a["self"]
+        if not _uniform_windows(a, d):
+            return _avg_pool_backward_by_class(g, x, d, a)
         kernel, stride, padding = _avg_pool_args(a, d)
         gb, xb = (g, x) if x.dim() == d + 2 else (g.unsqueeze(0), x.unsqueeze(0))
         c = xb.shape[1]

@@ -447,3 +447,47 @@ def test_bicubic_upsampling_is_two_exact_separable_passes(align_corners, size):
     ref = torch.nn.functional.interpolate(x.detach(), size=size, scale_factor=factor, mode="bicubic",
                                           align_corners=align_corners)
     assert torch.allclose(y, ref, atol=1e-5)
+
+
+# ---- average pooling with ceil_mode / count_include_pad=False -------------------------------------------------------
+
+def _torch_windows(size: int, k: int, s: int, p: int, ceil_mode: bool, count_pad: bool) -> list:
+    """torch's avg_pool rule along one dimension: [(valid lo, valid hi, divisor factor)] per output index."""
+    out = (math.ceil((size + 2 * p - k) / s) if ceil_mode else (size + 2 * p - k) // s) + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    result = []
+    for o in range(out):
+        start, end = o * s - p, min(o * s - p + k, size + p)
+        lo, hi = max(start, 0), min(end, size)
+        result.append((lo, hi, end - start if count_pad else hi - lo))
+    return result
+
+
+@pytest.mark.parametrize("k,s,p,ceil_mode,count_pad", [
+    ((2, 2), (2, 2), (0, 0), True, False),   # ResNet-D's average-pool shortcut
+    ((3, 3), (2, 2), (1, 1), False, False),
+    ((3, 2), (2, 3), (1, 1), True, True),
+])
+def test_avg_pool2d_with_border_divisors_is_the_exact_mean_of_each_window(k, s, p, ceil_mode, count_pad):
+    x = (_randn(2, 7, 9, seed=41) * torch.logspace(-3, 3, 9)).requires_grad_()
+    with carbon.enabled():
+        y = F.avg_pool2d(x, k, s, p, ceil_mode=ceil_mode, count_include_pad=count_pad)
+        g = torch.linspace(-2, 1, y.numel()).reshape(y.shape)
+        y.backward(g)
+    rows, cols = _torch_windows(7, k[0], s[0], p[0], ceil_mode, count_pad), _torch_windows(9, k[1], s[1], p[1], ceil_mode, count_pad)
+    assert tuple(y.shape) == (2, len(rows), len(cols))
+    xv, gv = x.detach().double().tolist(), g.double().tolist()
+    want, shares = [], {}
+    for c in range(2):
+        for i, (r0, r1, dr) in enumerate(rows):
+            for j, (c0, c1, dc) in enumerate(cols):
+                terms = [xv[c][a][b] for a in range(r0, r1) for b in range(c0, c1)]
+                want.append(round_bits(sum(map(Fraction, terms), Fraction(0)) / (dr * dc), F32))
+                share = round_bits_value(Fraction(gv[c][i][j]) / (dr * dc))
+                for a in range(r0, r1):
+                    for b in range(c0, c1):
+                        shares.setdefault((c, a, b), []).append(share)
+    assert_bits_equal(y, bits_tensor(want, F32).reshape(y.shape), "avg_pool2d")
+    want_g = [row_sum_bits(shares.get((c, a, b), [0.0]), F32) for c in range(2) for a in range(7) for b in range(9)]
+    assert_bits_equal(x.grad, bits_tensor(want_g, F32).reshape(x.shape), "avg_pool2d gradient")
