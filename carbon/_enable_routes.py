@@ -664,6 +664,96 @@ def _norm(a: dict) -> Tensor:
                          "keepdim": a.get("keepdim", False), "dtype": a.get("dtype")})
 
 
+def _square_split(x: Tensor) -> tuple:
+    """x² as float32 hi + lo, exactly (x² is exact in binary64; lo is exact while x² ≥ 2⁻¹⁰¹, i.e. |x| ≥ 2⁻⁵⁰·⁵,
+    or x = 0, and hi finite while |x| < 2⁶⁴)."""
+    sq = aten.mul(x.double(), x.double())
+    hi = sq.to(torch.float32)
+    return hi, aten.sub(sq, hi.double()).to(torch.float32)
+
+
+def _cdist_pairs(x1: Tensor, x2: Tensor) -> tuple:
+    """x1 [..., N, K], x2 [..., M, K] with broadcast batch dimensions, flattened to [B, N, K], [B, M, K]."""
+    batch = list(torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2]))
+    a = x1.expand(batch + list(x1.shape[-2:])).reshape([-1] + list(x1.shape[-2:]))
+    b = x2.expand(batch + list(x2.shape[-2:])).reshape([-1] + list(x2.shape[-2:]))
+    return a, b, batch
+
+
+def _euclidean_distances(x1: Tensor, x2: Tensor) -> Tensor:
+    """d[i, j] = RN(√RN(exact Σₖ (x1ᵢₖ − x2ⱼₖ)²)) with the differences exact, from ONE carbon.bmm per batch:
+    (x1 − x2)² = x1² − 2·x1·x2 + x2², so the rows [−2·x1 | hi(x1²) | lo(x1²) | 1 | 1] times the columns
+    [x2 | 1 | 1 | hi(x2²) | lo(x2²)] give the exact sum inside one correctly rounded product (see
+    _square_split for the range)."""
+    _need_carbon_dtype("cdist", x1, x2)
+    out_dtype = torch.result_type(x1, x2)
+    a, b, batch = _cdist_pairs(x1.to(torch.float32), x2.to(torch.float32))
+    a_hi, a_lo = _square_split(a)
+    b_hi, b_lo = _square_split(b)
+    ones_a, ones_b = aten.ones_like(a), aten.ones_like(b)
+    left = aten.cat([aten.mul(a, -2.0), a_hi, a_lo, ones_a, ones_a], -1)
+    right = aten.cat([b, ones_b, ones_b, b_hi, b_lo], -1)
+    total = carbon_ops.bmm(left.contiguous(), aten.transpose(right, 1, 2).contiguous(), out_dtype)
+    return sqrt_rn(total).reshape(batch + [x1.shape[-2], x2.shape[-2]])
+
+
+def _euclidean_dist(a: dict) -> Tensor:
+    return _euclidean_distances(a["x1"], a["x2"])
+
+
+def _cdist_forward(a: dict) -> Tensor:
+    """torch.cdist. p = 2: the exact Euclidean distance above; p = 1: RN(exact Σₖ |x1ᵢₖ − x2ⱼₖ|) (each
+    difference split exactly into RN(x1 − x2) + its rounding error); p = ∞: max |RN(x1 − x2)| (= RN of the
+    exact maximum); p = 0: the number of differing coordinates. Other p raise."""
+    x1, x2, p = a["x1"], a["x2"], float(a["p"])
+    if p == 2.0:
+        return _euclidean_distances(x1, x2)
+    _need_carbon_dtype("cdist", x1, x2)
+    out_dtype = torch.result_type(x1, x2)
+    a1, b1, batch = _cdist_pairs(x1, x2)
+    diff_hi = aten.sub(a1.unsqueeze(2).to(torch.float32), b1.unsqueeze(1).to(torch.float32))  # [B, N, M, K]
+    if p == math.inf:
+        r = aten.amax(aten.abs(diff_hi), [-1]) if diff_hi.shape[-1] else aten.zeros(diff_hi.shape[:-1], device=x1.device)
+    elif p == 0.0:
+        r = aten.sum(aten.ne(diff_hi, 0), [-1]).to(torch.float32)
+    elif p == 1.0:
+        exact = aten.sub(a1.unsqueeze(2).double(), b1.unsqueeze(1).double())  # exact: two float32 values
+        lo = aten.sub(exact, diff_hi.double()).to(torch.float32)  # exact: the rounding error of one subtraction
+        sign = aten.sign(diff_hi)  # the exact difference's sign (|lo| ≤ ½ ulp(hi); hi = 0 only if lo = 0)
+        terms = aten.cat([aten.mul(diff_hi, sign), aten.mul(lo, sign)], -1)
+        r = carbon_ops.sum(terms.contiguous(), [-1], False, torch.float32)
+    else:
+        raise NotCovered(f"cdist with p = {p}: carbon computes p = 0, 1, 2 and ∞ exactly")
+    return r.to(out_dtype).reshape(batch + [x1.shape[-2], x2.shape[-2]])
+
+
+def _cdist_backward(a: dict) -> Tensor:
+    """The gradient for x1. p = 2: torch's _euclidean_dist_backward on routed ops, r = RN(g / d) (0 where
+    d = 0), RN(RN(x1·RN(Σⱼ r)) − RN(Σⱼ r·x2)) (both sums exact); p = 1: RN(exact Σⱼ g·sign(x1 − x2));
+    p = ∞: RN(exact Σⱼ of g·sign(x1 − x2) at the coordinates where |x1 − x2| = d); p = 0: zeros."""
+    g, x1, x2, p, d = a["grad_output"], a["x1"], a["x2"], float(a["p"]), a["cdist"]
+    _need_carbon_dtype("cdist backward", g, x1, x2)
+    if p == 0.0:
+        return aten.zeros_like(x1)
+    if p == 2.0:
+        ratio = aten.masked_fill(true_divide(g, d), aten.eq(d, 0), 0.0)
+        sums = carbon_ops.sum(ratio.contiguous(), [-1], True, None)
+        a1, b1, batch = _cdist_pairs(x1, x2)
+        mixed = carbon_ops.bmm(ratio.reshape([-1] + list(ratio.shape[-2:])).contiguous(), b1.contiguous(), None)
+        return aten.sub(aten.mul(x1, sums), mixed.reshape(x1.shape))
+    if p not in (1.0, math.inf):
+        raise NotCovered(f"cdist backward with p = {p}")
+    a1, b1, batch = _cdist_pairs(x1, x2)
+    diff = aten.sub(a1.unsqueeze(2).to(torch.float32), b1.unsqueeze(1).to(torch.float32))  # [B, N, M, K]
+    gs = g.reshape([-1] + list(g.shape[-2:])).unsqueeze(-1).to(torch.float32)
+    terms = aten.mul(gs, aten.sign(diff))
+    if p == math.inf:
+        at_max = aten.eq(aten.abs(diff), d.reshape([-1] + list(d.shape[-2:])).unsqueeze(-1).to(torch.float32))
+        terms = aten.where(at_max, terms, 0.0)
+    r = carbon_ops.sum(aten.transpose(terms, 2, 3).contiguous(), [-1], False, x1.dtype)  # over j
+    return r.reshape(x1.shape)
+
+
 def _weight_norm_slices(t: Tensor, dim: int) -> Tensor:
     """Rows [S, K]: one per index of ``dim`` (every element in one row when dim = −1, torch's 'whole tensor')."""
     if dim == -1:
@@ -1820,7 +1910,8 @@ ROUTES: Dict[str, Callable] = {
     "mm": _mm, "bmm": _bmm, "addmm": _addmm, "baddbmm": _baddbmm, "mv": _mv, "dot": _dot,
     "convolution": _convolution, "convolution_backward": _convolution_backward,
     # reductions
-    "sum": _sum, "mean": _mean, "linalg_vector_norm": _vector_norm, "norm": _norm,
+    "sum": _sum, "mean": _mean, "linalg_vector_norm": _vector_norm, "norm": _norm, "_euclidean_dist": _euclidean_dist,
+    "_cdist_forward": _cdist_forward, "_cdist_backward": _cdist_backward,
     "_weight_norm_interface": _weight_norm, "_weight_norm_interface_backward": _weight_norm_backward, "_foreach_norm": _foreach_norm,
     # normalization, softmax, losses
     "native_layer_norm": _layer_norm, "native_layer_norm_backward": _layer_norm_backward,

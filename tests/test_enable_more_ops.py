@@ -491,3 +491,53 @@ def test_avg_pool2d_with_border_divisors_is_the_exact_mean_of_each_window(k, s, 
     assert_bits_equal(y, bits_tensor(want, F32).reshape(y.shape), "avg_pool2d")
     want_g = [row_sum_bits(shares.get((c, a, b), [0.0]), F32) for c in range(2) for a in range(7) for b in range(9)]
     assert_bits_equal(x.grad, bits_tensor(want_g, F32).reshape(x.shape), "avg_pool2d gradient")
+
+
+# ---- cdist --------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [5, 40])  # torch takes _cdist_forward below 25 rows, _euclidean_dist (mm) above
+def test_cdist_is_the_rounded_root_of_the_exact_sum_of_squared_exact_differences(n):
+    x = _randn(n, 6, seed=50, scale=1e3)
+    y = _randn(7, 6, seed=51, scale=1e3)
+    y[0] = x[0] + _randn(6, seed=52, scale=1e-3)  # nearly equal rows: x² + y² − 2xy cancels in float32
+    with carbon.enabled():
+        got = torch.cdist(x, y)
+    xv, yv = x.double().tolist(), y.double().tolist()
+    want = []
+    for i in range(n):
+        for j in range(7):
+            total = sum(((Fraction(a) - Fraction(b)) ** 2 for a, b in zip(xv[i], yv[j])), Fraction(0))
+            want.append(round_bits(Fraction(sqrt_rn32(round_bits_value(total))), F32))
+    assert_bits_equal(got, bits_tensor(want, F32).reshape(n, 7), "cdist p=2")
+    with carbon.enabled():
+        alone = torch.cdist(x[:1], y)  # a row alone: the same bits (batch invariance)
+    assert torch.equal(as_bits(alone[0]), as_bits(got[0]))
+
+
+def test_cdist_p1_and_pinf_and_the_p2_gradient_follow_their_definitions():
+    x = _randn(4, 5, seed=53).requires_grad_()
+    y = (_randn(3, 5, seed=54) * 1e4)
+    xv, yv = x.detach().double().tolist(), y.double().tolist()
+    with carbon.enabled():
+        d1 = torch.cdist(x, y, p=1)
+        dinf = torch.cdist(x, y, p=float("inf"))
+        d2 = torch.cdist(x, y)
+        g = torch.linspace(-1, 1, 12).reshape(4, 3)
+        d2.backward(g)
+    want1 = [round_bits(sum((abs(Fraction(a) - Fraction(b)) for a, b in zip(xv[i], yv[j])), Fraction(0)), F32)
+             for i in range(4) for j in range(3)]
+    assert_bits_equal(d1, bits_tensor(want1, F32).reshape(4, 3), "cdist p=1")
+    wantinf = [round_bits(max(abs(Fraction(a) - Fraction(b)) for a, b in zip(xv[i], yv[j])), F32)
+               for i in range(4) for j in range(3)]
+    assert_bits_equal(dinf, bits_tensor(wantinf, F32).reshape(4, 3), "cdist p=inf")
+    # gradient: r = RN(g / d); RN(RN(x·RN(Σⱼ r)) − RN(Σⱼ r·y)), both sums exact
+    dv, gv = d2.detach().double().tolist(), g.double().tolist()
+    want_g = []
+    for i in range(4):
+        r = [round_bits_value(Fraction(gv[i][j]) / Fraction(dv[i][j])) for j in range(3)]
+        s = round_bits_value(sum(map(Fraction, r), Fraction(0)))
+        for k in range(5):
+            first = round_bits_value(Fraction(xv[i][k]) * Fraction(s))
+            second = round_bits_value(sum((Fraction(r[j]) * Fraction(yv[j][k]) for j in range(3)), Fraction(0)))
+            want_g.append(round_bits(Fraction(first) - Fraction(second), F32))
+    assert_bits_equal(x.grad, bits_tensor(want_g, F32).reshape(4, 5), "cdist p=2 gradient")
