@@ -43,7 +43,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import carbon
 from carbon import _enable_allow, _enable_norms
-from carbon._enable_routes import PASS, ROUTES, NotCovered
+from carbon._enable_routes import COMPLEX_ROUTES, PASS, ROUTES, NotCovered
 
 __all__ = ["enable", "disable", "enabled", "is_enabled", "NotExactError"]
 
@@ -143,6 +143,8 @@ class _DispatchMode(TorchDispatchMode):
         if func.namespace != "aten":
             return func(*args, **kwargs)  # carbon's own ops, profiler markers, collectives
         base = _base_name(func)
+        if _enable_allow.has_complex(args, kwargs):
+            return self._complex(func, base, args, kwargs)
         handler = ROUTES.get(base)
         if handler is not None:
             try:
@@ -152,6 +154,20 @@ class _DispatchMode(TorchDispatchMode):
                 self.session.not_covered(func, why)
                 return func(*args, **kwargs)
         why = _enable_allow.why_not_exact(func, base, args, kwargs)
+        if why is not None:
+            self.session.not_covered(func, why)
+        return func(*args, **kwargs)
+
+    def _complex(self, func, base, args, kwargs):
+        """Complex arguments: carbon's complex routes, the exact complex ops as torch's, the rest refused."""
+        handler = COMPLEX_ROUTES.get(base)
+        if handler is not None:
+            try:
+                return self._run(func, base, handler, args, kwargs)
+            except (NotCovered, KeyError) as e:
+                self.session.not_covered(func, str(e) if isinstance(e, NotCovered) else f"this overload ({func._overloadname})")
+                return func(*args, **kwargs)
+        why = _enable_allow.why_not_complex(func, base, args, kwargs)
         if why is not None:
             self.session.not_covered(func, why)
         return func(*args, **kwargs)

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["ALLOWED", "PER_TENSOR", "why_not_exact"]
+__all__ = ["ALLOWED", "COMPLEX_EXACT", "PER_TENSOR", "has_complex", "why_not_complex", "why_not_exact"]
 
 # Ops with one correctly rounded IEEE operation per element, or none. A
 # Python/CPU scalar in mul is rounded to the tensor's compute type first, the
@@ -36,7 +36,7 @@ ALLOWED = PER_TENSOR | frozenset({
     "_local_scalar_dense", "_copy_from", "_copy_from_and_resize", "resize", "resize_as", "set",
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "ones",
     "ones_like", "full", "full_like", "new_zeros", "new_ones", "new_full", "scalar_tensor", "eye", "tril", "triu",
-    "_efficientzerotensor", "_pin_memory", "is_pinned",
+    "_efficientzerotensor", "_pin_memory", "is_pinned", "complex", "view_as_complex", "view_as_real",
     # data movement and indexing
     "cat", "stack", "index", "_unsafe_index", "index_select", "gather", "scatter", "select_scatter",
     "slice_scatter", "diagonal_scatter", "as_strided_scatter", "masked_scatter", "masked_select", "embedding",
@@ -67,6 +67,44 @@ ALLOWED = PER_TENSOR | frozenset({
     # mixed precision: g * inv_scale (one rounding) and a non-finite check; scale * factor
     "_amp_foreach_non_finite_check_and_unscale", "_amp_update_scale", "_nested_tensor_from_mask_left_aligned", "detach", "alias",
 })
+
+
+# Complex tensors: the ops above are exact for real tensors, but a complex product, quotient or modulus is
+# several rounded operations, which torch fuses differently on each device. With a complex argument only
+# these run as torch's own: copies, views and data movement, and the componentwise operations whose every
+# component is one correctly rounded operation (add / sub with a real alpha, neg, conj). carbon.enable
+# routes complex `mul` and `sum` itself (_enable_routes.COMPLEX_ROUTES); everything else is refused.
+COMPLEX_EXACT = frozenset({
+    "_to_copy", "to", "clone", "copy", "contiguous", "_unsafe_view", "view", "reshape", "lift_fresh",
+    "lift_fresh_copy", "detach", "alias", "_local_scalar_dense", "_copy_from", "_copy_from_and_resize", "resize",
+    "resize_as", "set", "as_strided", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
+    "zeros", "zeros_like", "new_zeros", "ones_like", "full_like", "fill", "zero", "_efficientzerotensor",
+    "cat", "stack", "index", "_unsafe_index", "index_select", "gather", "scatter", "select_scatter",
+    "slice_scatter", "masked_fill", "where", "flip", "roll", "repeat", "tile", "constant_pad_nd", "expand_copy",
+    "permute_copy", "t_copy", "transpose_copy", "view_copy", "unbind_copy", "split_with_sizes_copy", "narrow_copy",
+    "select_backward", "slice_backward", "transpose", "t", "squeeze", "unsqueeze", "swapaxes", "swapdims",
+    "view_as_real", "view_as_complex", "real", "imag", "complex", "conj", "_conj", "conj_physical",
+    "resolve_conj", "resolve_neg", "_neg_view", "neg", "add", "sub", "rsub", "eq", "ne", "isnan", "isinf",
+    "isfinite", "_has_compatible_shallow_copy_type", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
+})
+
+
+def has_complex(args: tuple, kwargs: dict) -> bool:
+    """Whether an argument is a complex tensor, or the op is asked for a complex result."""
+    if any(t.is_complex() for t in _tensors(list(args) + list(kwargs.values()))):
+        return True
+    dtype = kwargs.get("dtype")
+    return isinstance(dtype, torch.dtype) and dtype.is_complex
+
+
+def why_not_complex(func: Any, base: str, args: tuple, kwargs: dict) -> Optional[str]:
+    """None when an op with complex arguments is exact by construction (see COMPLEX_EXACT), else why not."""
+    if base in COMPLEX_EXACT or _is_view(func):
+        alpha = kwargs.get("alpha", args[2] if base in ("add", "sub", "rsub") and len(args) > 2 else 1)
+        if isinstance(alpha, complex) or (isinstance(alpha, torch.Tensor) and alpha.is_complex()):
+            return "a complex alpha (a complex product)"
+        return None
+    return "complex arithmetic: carbon covers complex copies, views, add, sub, neg, conj, mul and sum"
 
 
 def _is_view(func: Any) -> bool:

@@ -30,7 +30,7 @@ from carbon._conv import _columns as conv_columns
 from carbon._conv import (conv_backward, conv_forward, conv_transpose_backward, conv_transpose_forward,
                           conv_transpose_size)
 
-__all__ = ["ROUTES", "PASS", "NotCovered"]
+__all__ = ["COMPLEX_ROUTES", "ROUTES", "PASS", "NotCovered"]
 
 aten = torch.ops.aten
 carbon_ops = torch.ops.carbon
@@ -1661,6 +1661,67 @@ def _dist(a: dict) -> Tensor:
                          "keepdim": False, "dtype": None})
 
 
+# ---- complex numbers (rotary embeddings written with torch.polar) -----------------------------------------------
+
+def _components(t: Any) -> tuple:
+    """(real, imaginary) float tensors of a complex tensor; a real tensor or number has no imaginary part."""
+    if isinstance(t, Tensor) and t.is_complex():
+        t = t.resolve_conj().resolve_neg()  # a conjugated view: its parts, negated exactly
+        return aten.real(t), aten.imag(t)
+    return t, None
+
+
+def _complex_mul(a: dict) -> Tensor:
+    """(a + bi)(c + di) = RN(RN(a·c) − RN(b·d)) + RN(RN(a·d) + RN(b·c))·i, each product and the sum rounded
+    (torch fuses them into fmas on some devices, not on others); by a real factor r: RN(a·r) + RN(b·r)·i."""
+    x, y = a["self"], a["other"]
+    if not (isinstance(x, Tensor) and x.is_complex()):
+        x, y = y, x
+    if isinstance(y, complex) or (isinstance(y, Tensor) and y.is_complex()):
+        if not isinstance(y, Tensor):
+            y = torch.full([], y, dtype=x.dtype, device=x.device)
+        _need_complex64("mul", x, y)
+        (xr, xi), (yr, yi) = _components(x), _components(y)
+        real = aten.sub(aten.mul(xr, yr), aten.mul(xi, yi))
+        imag = aten.add(aten.mul(xr, yi), aten.mul(xi, yr))
+        return aten.complex(real, imag)
+    _need_complex64("mul", x)
+    if isinstance(y, Tensor) and y.is_floating_point() and y.dtype not in _CARBON_DTYPES:
+        raise NotCovered(f"complex mul by a {y.dtype} tensor")
+    xr, xi = _components(x)
+    return aten.complex(aten.mul(xr, y), aten.mul(xi, y)).to(torch.result_type(x, y))
+
+
+def _need_complex64(op: str, *tensors: Tensor) -> None:
+    for t in tensors:
+        if t.is_complex() and t.dtype != torch.complex64:
+            raise NotCovered(f"{op} in {t.dtype}: carbon computes complex64 (float32 parts)")
+
+
+def _complex_sum(a: dict) -> Tensor:
+    """Each part summed exactly and rounded once (carbon.sum over the float32 parts)."""
+    x, dim, keepdim = a["self"], a.get("dim"), a.get("keepdim", False)
+    _need_complex64("sum", x)
+    if a.get("dtype") not in (None, x.dtype):
+        raise NotCovered("complex sum with a dtype argument")
+    parts = aten.view_as_real(x.resolve_conj())
+    dims = list(range(x.dim())) if dim is None or len(dim) == 0 else [d % x.dim() for d in dim]
+    total = carbon_ops.sum(parts.contiguous(), dims, keepdim, None) if dims else parts
+    return aten.view_as_complex(total.contiguous())
+
+
+def _polar(a: dict) -> Tensor:
+    """abs·e^{i·angle}: RN(abs·COS(angle)) + RN(abs·SIN(angle))·i with carbon's cos and sin."""
+    r, theta = a["abs"], a["angle"]
+    _need_carbon_dtype("polar", r, theta)
+    if r.dtype != torch.float32 or theta.dtype != torch.float32:
+        raise NotCovered("polar of non-float32 tensors")
+    return aten.complex(aten.mul(r, carbon_ops.cos(theta)), aten.mul(r, carbon_ops.sin(theta)))
+
+
+COMPLEX_ROUTES: Dict[str, Callable[[dict], Any]] = {"mul": _complex_mul, "sum": _complex_sum}
+
+
 # ---- randomness -------------------------------------------------------------------------------------------------
 
 def _factory(a: dict) -> tuple:
@@ -1965,6 +2026,7 @@ ROUTES: Dict[str, Callable] = {
     "upsample_bicubic2d": _upsample_linear(2, cubic=True),
     "upsample_bicubic2d_backward": _upsample_linear_backward(2, cubic=True),
     # folding, modulo, log-add-exp, distance
+    "polar": _polar,
     "col2im": _col2im, "remainder": _remainder, "logaddexp": _logaddexp, "dist": _dist,
     # piecewise activations
     "hardsigmoid": _hardsigmoid, "hardsigmoid_backward": _hardsigmoid_backward, "hardswish": _hardswish,

@@ -541,3 +541,80 @@ def test_cdist_p1_and_pinf_and_the_p2_gradient_follow_their_definitions():
             second = round_bits_value(sum((Fraction(r[j]) * Fraction(yv[j][k]) for j in range(3)), Fraction(0)))
             want_g.append(round_bits(Fraction(first) - Fraction(second), F32))
     assert_bits_equal(x.grad, bits_tensor(want_g, F32).reshape(4, 5), "cdist p=2 gradient")
+
+
+# ---- complex numbers ----------------------------------------------------------------------------------------------
+
+def _complex(seed: int, n: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.view_as_complex(_randn(n, 2, seed=seed, scale=scale).contiguous())
+
+
+def test_complex_products_round_each_product_and_the_sum():
+    x, y, real_factor = _complex(60, 300, 1e3), _complex(61, 300), _randn(300, seed=62)
+    with carbon.enabled():
+        got = x * y
+        by_real = x * real_factor
+    xr, xi = _values(torch.view_as_real(x)[:, 0]), _values(torch.view_as_real(x)[:, 1])
+    yr, yi = _values(torch.view_as_real(y)[:, 0]), _values(torch.view_as_real(y)[:, 1])
+
+    def rn(q: Fraction) -> Fraction:
+        return Fraction(round_bits_value(q))
+    real = [round_bits(rn(Fraction(a) * Fraction(c)) - rn(Fraction(b) * Fraction(d)), F32)
+            for a, b, c, d in zip(xr, xi, yr, yi)]
+    imag = [round_bits(rn(Fraction(a) * Fraction(d)) + rn(Fraction(b) * Fraction(c)), F32)
+            for a, b, c, d in zip(xr, xi, yr, yi)]
+    assert_bits_equal(torch.view_as_real(got)[:, 0].contiguous(), bits_tensor(real, F32), "complex product, real part")
+    assert_bits_equal(torch.view_as_real(got)[:, 1].contiguous(), bits_tensor(imag, F32), "complex product, imaginary part")
+    r = _values(_randn(300, seed=62))
+    want = [round_bits(Fraction(a) * Fraction(c), F32) for a, c in zip(xr, r)]
+    assert_bits_equal(torch.view_as_real(by_real)[:, 0].contiguous(), bits_tensor(want, F32), "complex by real")
+
+
+def test_complex_sum_and_polar_are_exact_per_part():
+    x = _complex(63, 500, 1e4)
+    theta = _randn(50, seed=64, scale=3.0)
+    r = _randn(50, seed=65).abs()
+    with carbon.enabled():
+        total = x.sum()
+        z = torch.polar(r, theta)
+    parts = torch.view_as_real(x)
+    assert_bits_equal(torch.view_as_real(total)[0].reshape(1), bits_tensor([row_sum_bits(_values(parts[:, 0]), F32)], F32), "sum re")
+    assert_bits_equal(torch.view_as_real(total)[1].reshape(1), bits_tensor([row_sum_bits(_values(parts[:, 1]), F32)], F32), "sum im")
+    cos, sin = _values(carbon.cos(theta)), _values(carbon.sin(theta))
+    want_re = [round_bits(Fraction(a) * Fraction(c), F32) for a, c in zip(_values(r), cos)]
+    want_im = [round_bits(Fraction(a) * Fraction(s), F32) for a, s in zip(_values(r), sin)]
+    assert_bits_equal(torch.view_as_real(z)[:, 0].contiguous(), bits_tensor(want_re, F32), "polar re")
+    assert_bits_equal(torch.view_as_real(z)[:, 1].contiguous(), bits_tensor(want_im, F32), "polar im")
+
+
+def test_rotary_embedding_written_with_complex_numbers_runs_under_strict_enable(restore_num_threads):
+    """torchtitan / Meta's Llama reference style: torch.polar, view_as_complex, a complex product; the same
+    bits at one and two threads, forward and backward."""
+    def rope(x, freqs_cis):
+        xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(xc * freqs_cis).flatten(-2)
+
+    x0 = _randn(2, 6, 3, 8, seed=66)
+    results = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        x = x0.clone().requires_grad_()
+        with carbon.enabled():
+            freqs = torch.outer(torch.arange(6.0), 1.0 / (10000.0 ** (torch.arange(0, 8, 2).float() / 8)))
+            cis = torch.polar(torch.ones_like(freqs), freqs)[None, :, None, :]
+            y = rope(x, cis)
+            y.backward(torch.linspace(-1, 1, y.numel()).reshape(y.shape))
+        results.append((as_bits(y), as_bits(x.grad)))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    ref = rope(x0, torch.polar(torch.ones(6, 4), torch.outer(torch.arange(6.0), 1.0 / (10000.0 ** (torch.arange(0, 8, 2).float() / 8))))[None, :, None, :])
+    assert torch.allclose(ref, y.detach(), atol=1e-5)
+
+
+def test_other_complex_arithmetic_is_refused_not_silently_run():
+    c = _complex(67, 6)
+    for name, fn in [("abs", lambda: c.abs()), ("div", lambda: c / c), ("mm", lambda: c.reshape(2, 3) @ c.reshape(3, 2)),
+                     ("exp", lambda: torch.exp(c)), ("add with a complex alpha", lambda: torch.add(c, c, alpha=1j))]:
+        with carbon.enabled(), pytest.raises(carbon.NotExactError):
+            fn()
+    with carbon.enabled():
+        assert torch.equal(torch.view_as_real(c + c), torch.view_as_real(c) * 2)  # componentwise: exact
