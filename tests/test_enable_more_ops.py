@@ -618,3 +618,92 @@ def test_other_complex_arithmetic_is_refused_not_silently_run():
             fn()
     with carbon.enabled():
         assert torch.equal(torch.view_as_real(c + c), torch.view_as_real(c) * 2)  # componentwise: exact
+
+
+# ---- grid_sample / affine_grid --------------------------------------------------------------------------------------
+
+def _rn(q) -> float:
+    return round_bits_value(Fraction(q))
+
+
+@pytest.mark.parametrize("padding", ["zeros", "border"])
+@pytest.mark.parametrize("align", [False, True])
+def test_bilinear_grid_sample_and_its_gradients_follow_the_documented_sequence(padding, align):
+    n, c, h, w = 1, 3, 4, 5
+    x = _randn(n, c, h, w, seed=70).requires_grad_()
+    grid = (_randn(n, 3, 2, 2, seed=71) * 0.8).requires_grad_()
+    with torch.no_grad():
+        grid[0, 0, 0] = torch.tensor([1.3, -1.1])  # outside the image: +0 corners / a clamped coordinate
+    with carbon.enabled():
+        y = F.grid_sample(x, grid, mode="bilinear", padding_mode=padding, align_corners=align)
+        gy = torch.linspace(-1, 1, y.numel()).reshape(y.shape)
+        y.backward(gy)
+    xv, gv, gyv = x.detach().double().tolist()[0], grid.detach().double().tolist()[0], gy.double().tolist()[0]
+    mx = _rn((w - 1) / 2 if align else w / 2)
+    my = _rn((h - 1) / 2 if align else h / 2)
+    want_y, shares, want_grid = [], {}, []
+    for i in range(3):
+        for j in range(2):
+            gx_, gy_ = gv[i][j]
+            ix = ((gx_ + 1) / 2) * (w - 1) if align else ((gx_ + 1) * w - 1) / 2  # binary64, as documented
+            iy = ((gy_ + 1) / 2) * (h - 1) if align else ((gy_ + 1) * h - 1) / 2
+            clip = (0 < ix < w - 1, 0 < iy < h - 1)
+            if padding == "border":
+                ix, iy = min(max(ix, 0.0), w - 1.0), min(max(iy, 0.0), h - 1.0)
+            x0, y0 = math.floor(ix), math.floor(iy)
+            wx, wy = (x0 + 1 - ix, ix - x0), (y0 + 1 - iy, iy - y0)
+            corners = [(y0, x0, wx[0] * wy[0]), (y0, x0 + 1, wx[1] * wy[0]), (y0 + 1, x0, wx[0] * wy[1]),
+                       (y0 + 1, x0 + 1, wx[1] * wy[1])]
+
+            def val(ch, yy, xx):
+                return xv[ch][yy][xx] if 0 <= yy < h and 0 <= xx < w else 0.0
+            for ch in range(c):
+                acc = None
+                for yy, xx, wt in corners:
+                    term = _rn(Fraction(_rn(wt)) * Fraction(val(ch, yy, xx)))
+                    acc = term if acc is None else _rn(Fraction(acc) + Fraction(term))
+                    if 0 <= yy < h and 0 <= xx < w:
+                        shares.setdefault((ch, yy, xx), []).append(_rn(Fraction(gyv[ch][i][j]) * Fraction(_rn(wt))))
+                want_y.append((ch, i, j, round_bits(acc, F32)))
+            tx = [_rn(Fraction(_rn(_rn(wy[0]) * Fraction(_rn(Fraction(val(ch, y0, x0 + 1)) - Fraction(val(ch, y0, x0)))))) +
+                           Fraction(_rn(_rn(wy[1]) * Fraction(_rn(Fraction(val(ch, y0 + 1, x0 + 1)) - Fraction(val(ch, y0 + 1, x0)))))))
+                  for ch in range(c)]
+            ty = [_rn(Fraction(_rn(_rn(wx[0]) * Fraction(_rn(Fraction(val(ch, y0 + 1, x0)) - Fraction(val(ch, y0, x0)))))) +
+                           Fraction(_rn(_rn(wx[1]) * Fraction(_rn(Fraction(val(ch, y0 + 1, x0 + 1)) - Fraction(val(ch, y0, x0 + 1)))))))
+                  for ch in range(c)]
+            for t, m, k in ((tx, mx, 0), (ty, my, 1)):
+                dot = _rn(sum((Fraction(gyv[ch][i][j]) * Fraction(t[ch]) for ch in range(c)), Fraction(0)))
+                r = _rn(Fraction(dot) * Fraction(m))
+                if padding == "border" and not clip[k]:
+                    r = 0.0
+                want_grid.append(round_bits(r, F32))
+    by_position = {(ch, i, j): b for ch, i, j, b in want_y}
+    want_list = [by_position[(ch, i, j)] for ch in range(c) for i in range(3) for j in range(2)]
+    assert_bits_equal(y, bits_tensor(want_list, F32).reshape(y.shape), "grid_sample values")
+    want_gx = [row_sum_bits(shares.get((ch, yy, xx), [0.0]), F32) for ch in range(c) for yy in range(h) for xx in range(w)]
+    assert_bits_equal(x.grad, bits_tensor(want_gx, F32).reshape(x.shape), "grid_sample input gradient")
+    assert_bits_equal(grid.grad, bits_tensor(want_grid, F32).reshape(grid.shape), "grid_sample grid gradient")
+
+
+def test_nearest_grid_sample_copies_and_non_finite_coordinates_give_nan():
+    x = _randn(1, 2, 3, 4, seed=72)
+    grid = torch.tensor([[[[0.0, 0.0], [-1.0, -1.0], [0.99, 0.2], [math.nan, 0.0], [math.inf, 0.5]]]])
+    with carbon.enabled():
+        y = F.grid_sample(x, grid, mode="nearest", align_corners=True)
+    ix = [round(((g + 1) / 2) * 3) for g in (0.0, -1.0, 0.99)]  # Python's round: half to even, as nearbyint
+    iy = [round(((g + 1) / 2) * 2) for g in (0.0, -1.0, 0.2)]
+    for k in range(3):
+        assert torch.equal(y[0, :, 0, k], x[0, :, iy[k], ix[k]])
+    assert torch.isnan(y[0, :, 0, 3:]).all()
+
+
+def test_affine_grid_entries_are_exact_dot_products_of_the_base_grid():
+    theta = _randn(2, 2, 3, seed=73, scale=100.0)
+    with carbon.enabled():
+        grid = F.affine_grid(theta, (2, 1, 3, 4), align_corners=False)
+    tv = theta.double().tolist()
+    xs = [_rn(Fraction(_rn(Fraction(_rn(-1 + 2 * j / 3)) * 3)) / 4) for j in range(4)]  # linspace, ·(n − 1), / n
+    ys = [_rn(Fraction(_rn(Fraction(_rn(-1 + 2 * i / 2)) * 2)) / 3) for i in range(3)]
+    want = [round_bits(Fraction(xs[j]) * Fraction(tv[b][k][0]) + Fraction(ys[i]) * Fraction(tv[b][k][1]) + Fraction(tv[b][k][2]), F32)
+            for b in range(2) for i in range(3) for j in range(4) for k in range(2)]
+    assert_bits_equal(grid, bits_tensor(want, F32).reshape(grid.shape), "affine_grid")
