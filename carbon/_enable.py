@@ -43,7 +43,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import carbon
 from carbon import _enable_allow, _enable_norms
-from carbon._enable_routes import COMPLEX_ROUTES, PASS, ROUTES, NotCovered
+from carbon._enable_routes import COMPLEX_ROUTES, FOREIGN_ROUTES, PASS, ROUTES, NotCovered
 
 __all__ = ["enable", "disable", "enabled", "is_enabled", "NotExactError"]
 
@@ -141,7 +141,7 @@ class _DispatchMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func.namespace != "aten":
-            return func(*args, **kwargs)  # carbon's own ops, profiler markers, collectives
+            return self._other_namespace(func, args, kwargs)
         base = _base_name(func)
         if _enable_allow.has_complex(args, kwargs):
             return self._complex(func, base, args, kwargs)
@@ -156,6 +156,21 @@ class _DispatchMode(TorchDispatchMode):
         why = _enable_allow.why_not_exact(func, base, args, kwargs)
         if why is not None:
             self.session.not_covered(func, why)
+        return func(*args, **kwargs)
+
+    def _other_namespace(self, func, args, kwargs):
+        """carbon's own ops, profiler markers and collectives pass; other libraries' kernels (torchvision's
+        roi_align, fused attention kernels, ...) are outside carbon's lists: refused (strict) or warned about,
+        unless carbon routes them."""
+        handler = FOREIGN_ROUTES.get(f"{func.namespace}.{_base_name(func)}")
+        if handler is not None:
+            try:
+                return self._run(func, _base_name(func), handler, args, kwargs)
+            except (NotCovered, KeyError) as e:
+                self.session.not_covered(func, str(e) if isinstance(e, NotCovered) else f"this overload ({func._overloadname})")
+                return func(*args, **kwargs)
+        if func.namespace not in _enable_allow.PASSING_NAMESPACES and _enable_allow.has_floats(args, kwargs):
+            self.session.not_covered(func, f"an op of the {func.namespace!r} library, which carbon does not cover")
         return func(*args, **kwargs)
 
     def _complex(self, func, base, args, kwargs):

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["ALLOWED", "COMPLEX_EXACT", "PER_TENSOR", "has_complex", "why_not_complex", "why_not_exact"]
+__all__ = ["ALLOWED", "COMPLEX_EXACT", "PASSING_NAMESPACES", "PER_TENSOR", "has_complex", "has_floats", "why_not_complex", "why_not_exact"]
 
 # Ops with one correctly rounded IEEE operation per element, or none. A
 # Python/CPU scalar in mul is rounded to the tensor's compute type first, the
@@ -69,6 +69,12 @@ ALLOWED = PER_TENSOR | frozenset({
 })
 
 
+# Op namespaces other than aten that pass unchanged: carbon's own ops, profiler markers and collectives
+# (a floating-point all-reduce adds in the backend's order: DDP under carbon.enable should use
+# carbon.allreduce_hook, docs/distributed.md). Ops of any other library are refused unless routed.
+PASSING_NAMESPACES = frozenset({"carbon", "profiler", "c10d", "_c10d_functional", "_c10d_functional_autograd",
+                                "_dtensor"})
+
 # Complex tensors: the ops above are exact for real tensors, but a complex product, quotient or modulus is
 # several rounded operations, which torch fuses differently on each device. With a complex argument only
 # these run as torch's own: copies, views and data movement, and the componentwise operations whose every
@@ -95,6 +101,12 @@ def has_complex(args: tuple, kwargs: dict) -> bool:
         return True
     dtype = kwargs.get("dtype")
     return isinstance(dtype, torch.dtype) and dtype.is_complex
+
+
+def has_floats(args: tuple, kwargs: dict) -> bool:
+    """Whether a floating-point or complex tensor is among the arguments (an op without one, such as a
+    library's version query or an integer kernel, computes nothing that rounds)."""
+    return any(t.is_floating_point() or t.is_complex() for t in _tensors(list(args) + list(kwargs.values())))
 
 
 def why_not_complex(func: Any, base: str, args: tuple, kwargs: dict) -> Optional[str]:

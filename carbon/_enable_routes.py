@@ -30,7 +30,7 @@ from carbon._conv import _columns as conv_columns
 from carbon._conv import (conv_backward, conv_forward, conv_transpose_backward, conv_transpose_forward,
                           conv_transpose_size)
 
-__all__ = ["COMPLEX_ROUTES", "ROUTES", "PASS", "NotCovered"]
+__all__ = ["COMPLEX_ROUTES", "FOREIGN_ROUTES", "ROUTES", "PASS", "NotCovered"]
 
 aten = torch.ops.aten
 carbon_ops = torch.ops.carbon
@@ -1901,6 +1901,37 @@ def _polar(a: dict) -> Tensor:
 
 
 COMPLEX_ROUTES: Dict[str, Callable[[dict], Any]] = {"mul": _complex_mul, "sum": _complex_sum}
+
+def _nms(a: dict) -> Tensor:
+    """torchvision.ops.nms with torchvision's CPU rule, every step spelled out in float32 so that no device
+    contracts it into fmas: boxes by decreasing score (stable: ties by index), area = RN(RN(x₂ − x₁)·RN(y₂ − y₁)),
+    intersection RN(max(RN(min x₂ − max x₁), 0)·max(RN(min y₂ − max y₁), 0)), IoU = RN(inter / RN(RN(areaᵢ +
+    areaⱼ) − inter)) compared with the threshold in binary64; greedily, a kept box suppresses every later box
+    whose IoU with it exceeds the threshold. The suppression matrix is read on the host (as torchvision's CUDA
+    kernel does)."""
+    boxes, scores, threshold = a["dets"], a["scores"], float(a["iou_threshold"])
+    if boxes.numel() == 0:
+        return aten.empty([0], dtype=torch.int64, device=boxes.device)
+    b = boxes.to(torch.float32)
+    order = aten.sort.stable(scores, stable=True, dim=0, descending=True)[1]
+    b = aten.index_select(b, 0, order)
+    x1, y1, x2, y2 = b[:, 0], b[:, 1], b[:, 2], b[:, 3]
+    area = aten.mul(aten.sub(x2, x1), aten.sub(y2, y1))
+    w = aten.clamp_min(aten.sub(aten.minimum(x2.unsqueeze(1), x2.unsqueeze(0)), aten.maximum(x1.unsqueeze(1), x1.unsqueeze(0))), 0)
+    h = aten.clamp_min(aten.sub(aten.minimum(y2.unsqueeze(1), y2.unsqueeze(0)), aten.maximum(y1.unsqueeze(1), y1.unsqueeze(0))), 0)
+    inter = aten.mul(w, h)
+    union = aten.sub(aten.add(area.unsqueeze(1), area.unsqueeze(0)), inter)
+    over = aten.gt(aten.div(inter, union).double(), threshold).cpu()
+    keep, suppressed = [], torch.zeros(over.shape[0], dtype=torch.bool)
+    for i in range(over.shape[0]):
+        if not bool(suppressed[i]):
+            keep.append(i)
+            suppressed[i + 1:] |= over[i, i + 1:]
+    return aten.index_select(order, 0, torch.tensor(keep, dtype=torch.int64, device=boxes.device))
+
+
+FOREIGN_ROUTES: Dict[str, Callable[[dict], Any]] = {"torchvision.nms": _nms}
+"""Ops of other libraries that carbon routes, by "namespace.name"."""
 
 
 # ---- randomness -------------------------------------------------------------------------------------------------

@@ -707,3 +707,36 @@ def test_affine_grid_entries_are_exact_dot_products_of_the_base_grid():
     want = [round_bits(Fraction(xs[j]) * Fraction(tv[b][k][0]) + Fraction(ys[i]) * Fraction(tv[b][k][1]) + Fraction(tv[b][k][2]), F32)
             for b in range(2) for i in range(3) for j in range(4) for k in range(2)]
     assert_bits_equal(grid, bits_tensor(want, F32).reshape(grid.shape), "affine_grid")
+
+
+# ---- other libraries' ops -----------------------------------------------------------------------------------------
+
+_lib = torch.library.Library("carbon_test_foreign", "DEF")
+_lib.define("scale(Tensor x) -> Tensor")
+_lib.define("count(Tensor x) -> Tensor")
+_lib.impl("scale", lambda x: x * 3.0, "CompositeExplicitAutograd")
+_lib.impl("count", lambda x: torch.tensor(x.numel()), "CompositeExplicitAutograd")
+
+
+def test_floating_point_ops_of_other_libraries_are_refused_and_others_pass():
+    with carbon.enabled(), pytest.raises(carbon.NotExactError, match="carbon_test_foreign"):
+        torch.ops.carbon_test_foreign.scale(torch.ones(3))
+    with carbon.enabled():
+        assert int(torch.ops.carbon_test_foreign.count(torch.ones(3, dtype=torch.int64))) == 3  # no float: passes
+    with carbon.enabled(strict=False), pytest.warns(RuntimeWarning, match="carbon_test_foreign"):
+        torch.ops.carbon_test_foreign.scale(torch.ones(3))
+
+
+def test_nms_keeps_what_torchvisions_cpu_kernel_keeps():
+    torchvision = pytest.importorskip("torchvision")
+    g = torch.Generator().manual_seed(5)
+    xy = torch.rand(400, 2, generator=g) * 100
+    boxes = torch.cat([xy, xy + torch.rand(400, 2, generator=g) * 30 + 0.5], 1)
+    scores = torch.rand(400, generator=g)
+    scores[10:20] = scores[5]  # tied scores: the earlier index first
+    for t in (0.3, 0.5, 0.7):
+        with carbon.enabled():
+            got = torchvision.ops.nms(boxes, scores, t)
+        assert torch.equal(got, torchvision.ops.nms(boxes, scores, t)), t
+    with carbon.enabled(), pytest.raises(carbon.NotExactError, match="roi_align"):
+        torchvision.ops.roi_align(torch.rand(1, 2, 8, 8), [torch.tensor([[0.0, 0.0, 4.0, 4.0]])], 2)
