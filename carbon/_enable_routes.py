@@ -1930,7 +1930,104 @@ def _nms(a: dict) -> Tensor:
     return aten.index_select(order, 0, torch.tensor(keep, dtype=torch.int64, device=boxes.device))
 
 
-FOREIGN_ROUTES: Dict[str, Callable[[dict], Any]] = {"torchvision.nms": _nms}
+class _RoiSamples:
+    """torchvision's RoIAlign sampling points, in binary64 (torchvision computes them in the input's type):
+    per roi k, bin (ph, pw) and sample (iy, ix): y = start_h + ph·bin_h + (iy + ½)·bin_h / grid_h (x likewise),
+    start = box·scale − (½ if aligned), bin = size / pooled with size = end − start (at least 1 unless
+    aligned); a sample with y < −1, y > H, x < −1 or x > W reads nothing (weight 0, still counted); otherwise
+    y = max(y, 0), y_low = ⌊y⌋, y_high = y_low + 1 (both H − 1 at the last row, where y = H − 1). Weights
+    RN32 of the binary64 products of hy = 1 − ly, ly = y − y_low and the same for x."""
+
+    def __init__(self, rois: Tensor, scale: float, pooled: tuple, grid: tuple, aligned: bool, h: int, w: int) -> None:
+        r = rois.double()
+        self.width = w
+        offset = 0.5 if aligned else 0.0
+        start = [aten.sub(aten.mul(r[:, 2], scale), offset), aten.sub(aten.mul(r[:, 1], scale), offset)]
+        end = [aten.sub(aten.mul(r[:, 4], scale), offset), aten.sub(aten.mul(r[:, 3], scale), offset)]
+        self.axes = []
+        for d, (size_px, n_bins, n_grid) in enumerate(zip((h, w), pooled, grid)):
+            length = aten.sub(end[d], start[d])
+            if not aligned:
+                length = aten.clamp_min(length, 1.0)
+            bin_size = aten.div(length, float(n_bins))
+            p = torch.arange(n_bins, dtype=torch.float64, device=r.device).reshape(1, n_bins, 1)
+            i = torch.arange(n_grid, dtype=torch.float64, device=r.device).reshape(1, 1, n_grid) + 0.5
+            b = bin_size.reshape(-1, 1, 1)
+            c = aten.add(aten.add(start[d].reshape(-1, 1, 1), aten.mul(p, b)), aten.div(aten.mul(i, b), float(n_grid)))
+            outside = aten.logical_or(aten.lt(c, -1.0), aten.gt(c, float(size_px)))
+            c = aten.clamp_min(c, 0.0)
+            low = aten.floor(c)
+            last = aten.ge(low, size_px - 1)
+            low = aten.where(last, float(size_px - 1), low)
+            c = aten.where(last, low, c)
+            high = aten.where(last, low, aten.add(low, 1.0))
+            frac = aten.sub(c, low)
+            self.axes.append((low.to(torch.int64), high.to(torch.int64), aten.rsub(frac, 1.0), frac, outside))
+
+    def corners(self) -> list:
+        """[(flat position [K, PH, GH, PW, GW], float32 weight)] for the four corners, torchvision's order."""
+        (yl, yh, hy, ly, yo), (xl, xh, hx, lx, xo) = self.axes
+        outside = aten.logical_or(yo.unsqueeze(-1).unsqueeze(-1), xo.unsqueeze(1).unsqueeze(1))
+        out = []
+        for ya, wy in ((yl, hy), (yh, ly)):
+            for xa, wx in ((xl, hx), (xh, lx)):
+                pos = aten.add(aten.mul(ya, self.width).unsqueeze(-1).unsqueeze(-1), xa.unsqueeze(1).unsqueeze(1))
+                wt = aten.mul(wy.unsqueeze(-1).unsqueeze(-1), wx.unsqueeze(1).unsqueeze(1)).to(torch.float32)
+                out.append((pos, aten.where(outside, 0.0, wt)))
+        return out
+
+
+def _roi_grid(a: dict, rois: Tensor) -> tuple:
+    ratio = a["sampling_ratio"]
+    if ratio > 0:
+        return ratio, ratio
+    raise NotCovered("roi_align with adaptive sampling (sampling_ratio <= 0): the grid depends on the boxes")
+
+
+def _roi_align(a: dict) -> Tensor:
+    """torchvision.ops.roi_align: per sample RN(RN(RN(RN(w₁·v₁) + RN(w₂·v₂)) + RN(w₃·v₃)) + RN(w₄·v₄)) in float32
+    (_RoiSamples), each bin RN(exact Σ of its samples / their number) (carbon.mean); rounded to the input's
+    dtype at the end. A fixed sampling_ratio only."""
+    x, rois = a["input"], a["rois"]
+    _need_carbon_dtype("roi_align", x, rois)
+    ph, pw = a["pooled_height"], a["pooled_width"]
+    n, c, h, w = x.shape
+    gh, gw = _roi_grid(a, rois)
+    s = _RoiSamples(rois, float(a["spatial_scale"]), (ph, pw), (gh, gw), a["aligned"], h, w)
+    k = rois.shape[0]
+    planes = aten.index_select(x.reshape([n, c, h * w]).to(torch.float32), 0, rois[:, 0].to(torch.int64))  # [K, C, HW]
+    acc = None
+    for pos, wt in s.corners():
+        v = aten.gather(planes, 2, pos.reshape([k, 1, -1]).expand([k, c, pos[0].numel()]))
+        term = aten.mul(v, wt.reshape([k, 1, -1]))
+        acc = term if acc is None else aten.add(acc, term)
+    samples = aten.permute(acc.reshape([k, c, ph, gh, pw, gw]), [0, 1, 2, 4, 3, 5]).contiguous()
+    return carbon_ops.mean(samples, [4, 5], False, None).to(x.dtype)
+
+
+def _roi_align_backward(a: dict) -> Tensor:
+    """Every input position RN(exact Σ over the samples reading it of RN(RN(g·w) / count)) (torchvision's order
+    of the two operations; carbon.index_add)."""
+    g, rois = a["grad"], a["rois"]
+    ph, pw = a["pooled_height"], a["pooled_width"]
+    n, c, h, w = a["batch_size"], a["channels"], a["height"], a["width"]
+    gh, gw = _roi_grid(a, rois)
+    s = _RoiSamples(rois, float(a["spatial_scale"]), (ph, pw), (gh, gw), a["aligned"], h, w)
+    k = rois.shape[0]
+    gb = g.to(torch.float32).reshape([k, c, ph, 1, pw, 1]).expand([k, c, ph, gh, pw, gw])
+    base = aten.mul(rois[:, 0].to(torch.int64), h * w).reshape([k, 1, 1, 1, 1])
+    dest, contrib = [], []
+    for pos, wt in s.corners():
+        share = true_divide(aten.mul(gb, wt.unsqueeze(1)), float(gh * gw))  # [K, C, PH, GH, PW, GW]
+        dest.append(aten.add(pos, base).reshape([-1]))
+        contrib.append(aten.movedim(share, 1, -1).reshape([-1, c]))
+    total = carbon_ops.index_add(aten.zeros([n * h * w, c], dtype=torch.float32, device=g.device), 0,
+                                 aten.cat(dest), aten.cat(contrib))
+    return aten.movedim(total.reshape([n, h * w, c]), 2, 1).reshape([n, c, h, w]).to(g.dtype)
+
+
+FOREIGN_ROUTES: Dict[str, Callable[[dict], Any]] = {"torchvision.nms": _nms, "torchvision.roi_align": _roi_align,
+                                                    "torchvision._roi_align_backward": _roi_align_backward}
 """Ops of other libraries that carbon routes, by "namespace.name"."""
 
 

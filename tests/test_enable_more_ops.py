@@ -738,5 +738,65 @@ def test_nms_keeps_what_torchvisions_cpu_kernel_keeps():
         with carbon.enabled():
             got = torchvision.ops.nms(boxes, scores, t)
         assert torch.equal(got, torchvision.ops.nms(boxes, scores, t)), t
-    with carbon.enabled(), pytest.raises(carbon.NotExactError, match="roi_align"):
-        torchvision.ops.roi_align(torch.rand(1, 2, 8, 8), [torch.tensor([[0.0, 0.0, 4.0, 4.0]])], 2)
+
+
+def _roi_axis(start: float, end: float, bins: int, grid: int, size: int, aligned: bool) -> list:
+    """Per bin, per sample: (low, high, weight of low, weight of high, outside) by the documented rule."""
+    length = end - start if aligned else max(end - start, 1.0)
+    bin_size = length / bins
+    out = []
+    for p in range(bins):
+        row = []
+        for i in range(grid):
+            c = start + p * bin_size + (i + 0.5) * bin_size / grid
+            outside = c < -1.0 or c > size
+            c = max(c, 0.0)
+            low = math.floor(c)
+            if low >= size - 1:
+                low = high = size - 1
+                c = float(low)
+            else:
+                high = low + 1
+            row.append((low, high, 1.0 - (c - low), c - low, outside))
+        out.append(row)
+    return out
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+def test_roi_align_bins_are_exact_means_of_their_documented_samples(aligned):
+    torchvision = pytest.importorskip("torchvision")
+    x = _randn(2, 2, 6, 5, seed=80).requires_grad_()
+    rois = torch.tensor([[0, 0.5, 1.0, 3.5, 5.0], [1, -2.0, 0.25, 4.0, 7.5]])
+    scale, (ph, pw), ratio = 0.75, (2, 3), 2
+    with carbon.enabled():
+        y = torchvision.ops.roi_align(x, rois, (ph, pw), spatial_scale=scale, sampling_ratio=ratio, aligned=aligned)
+        g = torch.linspace(-1, 1, y.numel()).reshape(y.shape)
+        y.backward(g)
+    xv, gv = x.detach().double().tolist(), g.double().tolist()
+    off = 0.5 if aligned else 0.0
+    want, shares = [], {}
+    for k, (b, x1, y1, x2, y2) in enumerate(rois.tolist()):
+        ys = _roi_axis(y1 * scale - off, y2 * scale - off, ph, ratio, 6, aligned)
+        xs = _roi_axis(x1 * scale - off, x2 * scale - off, pw, ratio, 5, aligned)
+        for ch in range(2):
+            for p in range(ph):
+                for q in range(pw):
+                    samples = []
+                    for yl, yh, hy, ly, yo in ys[p]:
+                        for xl, xh, hx, lx, xo in xs[q]:
+                            corners = [(yl, xl, hy * hx), (yl, xh, hy * lx), (yh, xl, ly * hx), (yh, xh, ly * lx)]
+                            acc = None
+                            for yy, xx, wt in corners:
+                                w32 = 0.0 if (yo or xo) else _rn(wt)
+                                term = _rn(Fraction(w32) * Fraction(xv[int(b)][ch][yy][xx]))
+                                acc = term if acc is None else _rn(Fraction(acc) + Fraction(term))
+                                share = _rn(Fraction(_rn(Fraction(gv[k][ch][p][q]) * Fraction(w32))) / (ratio * ratio))
+                                shares.setdefault((int(b), ch, yy, xx), []).append(share)
+                            samples.append(acc)
+                    want.append(row_quotient_bits(samples, len(samples), F32))
+    assert_bits_equal(y, bits_tensor(want, F32).reshape(y.shape), "roi_align")
+    want_g = [row_sum_bits(shares.get((b, ch, yy, xx), [0.0]), F32) for b in range(2) for ch in range(2)
+              for yy in range(6) for xx in range(5)]
+    assert_bits_equal(x.grad, bits_tensor(want_g, F32).reshape(x.shape), "roi_align gradient")
+    with carbon.enabled(), pytest.raises(carbon.NotExactError, match="adaptive sampling"):
+        torchvision.ops.roi_align(x, rois, (ph, pw), sampling_ratio=-1)  # the grid would depend on the boxes
