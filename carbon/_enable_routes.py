@@ -1977,52 +1977,110 @@ class _RoiSamples:
         return out
 
 
-def _roi_grid(a: dict, rois: Tensor) -> tuple:
+def _roi_groups(a: dict, rois: Tensor, pooled: tuple) -> list:
+    """[(rois of the group as an index tensor, or None for all, (grid_h, grid_w))]: one group with a fixed
+    sampling_ratio; with adaptive sampling each box's grid is ⌈length / pooled⌉ per dimension (the binary64
+    lengths of _RoiSamples), boxes grouped by grid. Adaptive sampling reads the boxes on the host, so it is
+    covered for CPU boxes only (on CUDA it would synchronize)."""
     ratio = a["sampling_ratio"]
     if ratio > 0:
-        return ratio, ratio
-    raise NotCovered("roi_align with adaptive sampling (sampling_ratio <= 0): the grid depends on the boxes")
+        return [(None, (ratio, ratio))]
+    if rois.device.type != "cpu":
+        raise NotCovered("roi_align with adaptive sampling (sampling_ratio <= 0) on CUDA: the grid depends on "
+                         "the boxes, which would have to be read on the host")
+    r = rois.double()
+    scale, offset = float(a["spatial_scale"]), 0.5 if a["aligned"] else 0.0
+    grids = []
+    for lo, hi, n in ((2, 4, pooled[0]), (1, 3, pooled[1])):
+        length = (r[:, hi] * scale - offset) - (r[:, lo] * scale - offset)
+        if not a["aligned"]:
+            length = length.clamp_min(1.0)
+        grids.append(torch.ceil(length / n).to(torch.int64).tolist())
+    groups: Dict[tuple, list] = {}
+    for k, grid in enumerate(zip(*grids)):
+        groups.setdefault(grid, []).append(k)
+    return [(torch.tensor(ks, dtype=torch.int64), grid) for grid, ks in groups.items()]
 
 
 def _roi_align(a: dict) -> Tensor:
     """torchvision.ops.roi_align: per sample RN(RN(RN(RN(w₁·v₁) + RN(w₂·v₂)) + RN(w₃·v₃)) + RN(w₄·v₄)) in float32
-    (_RoiSamples), each bin RN(exact Σ of its samples / their number) (carbon.mean); rounded to the input's
-    dtype at the end. A fixed sampling_ratio only."""
+    (_RoiSamples), each bin RN(exact Σ of its samples / their number) (carbon.mean), +0 for a box whose grid
+    is empty; rounded to the input's dtype at the end."""
     x, rois = a["input"], a["rois"]
     _need_carbon_dtype("roi_align", x, rois)
     ph, pw = a["pooled_height"], a["pooled_width"]
     n, c, h, w = x.shape
-    gh, gw = _roi_grid(a, rois)
-    s = _RoiSamples(rois, float(a["spatial_scale"]), (ph, pw), (gh, gw), a["aligned"], h, w)
     k = rois.shape[0]
-    planes = aten.index_select(x.reshape([n, c, h * w]).to(torch.float32), 0, rois[:, 0].to(torch.int64))  # [K, C, HW]
-    acc = None
-    for pos, wt in s.corners():
-        v = aten.gather(planes, 2, pos.reshape([k, 1, -1]).expand([k, c, pos[0].numel()]))
-        term = aten.mul(v, wt.reshape([k, 1, -1]))
-        acc = term if acc is None else aten.add(acc, term)
-    samples = aten.permute(acc.reshape([k, c, ph, gh, pw, gw]), [0, 1, 2, 4, 3, 5]).contiguous()
-    return carbon_ops.mean(samples, [4, 5], False, None).to(x.dtype)
+    groups = _roi_groups(a, rois, (ph, pw))
+    if k == 0:
+        return aten.zeros([0, c, ph, pw], dtype=x.dtype, device=x.device)
+    out = aten.zeros([k, c, ph, pw], dtype=torch.float32, device=x.device)
+    for members, (gh, gw) in groups:
+        if gh * gw == 0:
+            continue
+        sub = rois if members is None else aten.index_select(rois, 0, members.to(rois.device))
+        part = _roi_align_fixed(x, sub, float(a["spatial_scale"]), (ph, pw), (gh, gw), a["aligned"])
+        if members is None:
+            return part.to(x.dtype)
+        out = aten.index_copy(out, 0, members.to(x.device), part)
+    return out.to(x.dtype)
+
+
+def _roi_align_fixed(x: Tensor, rois: Tensor, scale: float, pooled: tuple, grid: tuple, aligned: bool) -> Tensor:
+    n, c, h, w = x.shape
+    (ph, pw), (gh, gw), k = pooled, grid, rois.shape[0]
+    corners = _RoiSamples(rois, scale, pooled, grid, aligned, h, w).corners()
+    images = rois[:, 0].to(torch.int64)
+    outs = []
+    for c0, c1 in _channel_chunks(c, k * ph * gh * pw * gw):  # every output on its own: chunks keep memory small
+        planes = aten.index_select(x[:, c0:c1].reshape([n, c1 - c0, h * w]).to(torch.float32), 0, images)
+        acc = None
+        for pos, wt in corners:
+            v = aten.gather(planes, 2, pos.reshape([k, 1, -1]).expand([k, c1 - c0, pos[0].numel()]))
+            term = aten.mul(v, wt.reshape([k, 1, -1]))
+            acc = term if acc is None else aten.add(acc, term)
+        samples = aten.permute(acc.reshape([k, c1 - c0, ph, gh, pw, gw]), [0, 1, 2, 4, 3, 5]).contiguous()
+        outs.append(carbon_ops.mean(samples, [4, 5], False, None))
+    return aten.cat(outs, 1)
+
+
+def _channel_chunks(c: int, per_channel: int) -> list:
+    step = max(1, (1 << 23) // max(per_channel, 1))
+    return [(c0, min(c0 + step, c)) for c0 in range(0, c, step)]
 
 
 def _roi_align_backward(a: dict) -> Tensor:
     """Every input position RN(exact Σ over the samples reading it of RN(RN(g·w) / count)) (torchvision's order
-    of the two operations; carbon.index_add)."""
+    of the two operations), over all boxes at once (carbon.index_add)."""
     g, rois = a["grad"], a["rois"]
     ph, pw = a["pooled_height"], a["pooled_width"]
     n, c, h, w = a["batch_size"], a["channels"], a["height"], a["width"]
-    gh, gw = _roi_grid(a, rois)
-    s = _RoiSamples(rois, float(a["spatial_scale"]), (ph, pw), (gh, gw), a["aligned"], h, w)
     k = rois.shape[0]
-    gb = g.to(torch.float32).reshape([k, c, ph, 1, pw, 1]).expand([k, c, ph, gh, pw, gw])
-    base = aten.mul(rois[:, 0].to(torch.int64), h * w).reshape([k, 1, 1, 1, 1])
-    dest, contrib = [], []
-    for pos, wt in s.corners():
-        share = true_divide(aten.mul(gb, wt.unsqueeze(1)), float(gh * gw))  # [K, C, PH, GH, PW, GW]
-        dest.append(aten.add(pos, base).reshape([-1]))
-        contrib.append(aten.movedim(share, 1, -1).reshape([-1, c]))
-    total = carbon_ops.index_add(aten.zeros([n * h * w, c], dtype=torch.float32, device=g.device), 0,
-                                 aten.cat(dest), aten.cat(contrib))
+    groups = [(m, grid) for m, grid in _roi_groups(a, rois, (ph, pw)) if grid[0] * grid[1] > 0]
+    if k == 0 or not groups:
+        return aten.zeros([n, c, h, w], dtype=g.dtype, device=g.device)
+    pieces = []  # (grad rows, grid, corners) per group
+    dest = []
+    for members, (gh, gw) in groups:
+        sub = rois if members is None else aten.index_select(rois, 0, members.to(rois.device))
+        gsub = g if members is None else aten.index_select(g, 0, members.to(g.device))
+        corners = _RoiSamples(sub, float(a["spatial_scale"]), (ph, pw), (gh, gw), a["aligned"], h, w).corners()
+        base = aten.mul(sub[:, 0].to(torch.int64), h * w).reshape([-1, 1, 1, 1, 1])
+        dest += [aten.add(pos, base).reshape([-1]) for pos, _ in corners]
+        pieces.append((gsub, (gh, gw), corners))
+    dest_all = aten.cat(dest)
+    parts = []
+    for c0, c1 in _channel_chunks(c, dest_all.numel()):  # channels are independent sums
+        contrib = []
+        for gsub, (gh, gw), corners in pieces:
+            kk = gsub.shape[0]
+            gb = gsub[:, c0:c1].to(torch.float32).reshape([kk, c1 - c0, ph, 1, pw, 1]).expand(
+                [kk, c1 - c0, ph, gh, pw, gw])
+            contrib += [aten.movedim(true_divide(aten.mul(gb, wt.unsqueeze(1)), float(gh * gw)), 1, -1)
+                        .reshape([-1, c1 - c0]) for _, wt in corners]
+        parts.append(carbon_ops.index_add(aten.zeros([n * h * w, c1 - c0], dtype=torch.float32, device=g.device), 0,
+                                          dest_all, aten.cat(contrib)))
+    total = aten.cat(parts, 1)
     return aten.movedim(total.reshape([n, h * w, c]), 2, 1).reshape([n, c, h, w]).to(g.dtype)
 
 

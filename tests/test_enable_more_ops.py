@@ -741,9 +741,11 @@ def test_nms_keeps_what_torchvisions_cpu_kernel_keeps():
 
 
 def _roi_axis(start: float, end: float, bins: int, grid: int, size: int, aligned: bool) -> list:
-    """Per bin, per sample: (low, high, weight of low, weight of high, outside) by the documented rule."""
+    """Per bin, per sample: (low, high, weight of low, weight of high, outside) by the documented rule
+    (grid ≤ 0: adaptive, ⌈length / bins⌉ samples)."""
     length = end - start if aligned else max(end - start, 1.0)
     bin_size = length / bins
+    grid = grid if grid > 0 else math.ceil(length / bins)
     out = []
     for p in range(bins):
         row = []
@@ -762,14 +764,17 @@ def _roi_axis(start: float, end: float, bins: int, grid: int, size: int, aligned
     return out
 
 
+@pytest.mark.parametrize("ratio", [2, -1])
 @pytest.mark.parametrize("aligned", [False, True])
-def test_roi_align_bins_are_exact_means_of_their_documented_samples(aligned):
+def test_roi_align_bins_are_exact_means_of_their_documented_samples(aligned, ratio):
     torchvision = pytest.importorskip("torchvision")
     x = _randn(2, 2, 6, 5, seed=80).requires_grad_()
-    rois = torch.tensor([[0, 0.5, 1.0, 3.5, 5.0], [1, -2.0, 0.25, 4.0, 7.5]])
-    scale, (ph, pw), ratio = 0.75, (2, 3), 2
+    rois = torch.tensor([[0, 0.5, 1.0, 3.5, 5.0], [1, -2.0, 0.25, 4.0, 7.5], [0, 1.0, 1.0, 6.0, 2.0]])
+    scale, (ph, pw) = 0.75, (2, 3)
     with carbon.enabled():
         y = torchvision.ops.roi_align(x, rois, (ph, pw), spatial_scale=scale, sampling_ratio=ratio, aligned=aligned)
+    assert torch.allclose(y, torchvision.ops.roi_align(x, rois, (ph, pw), scale, ratio, aligned), atol=1e-6)
+    with carbon.enabled():
         g = torch.linspace(-1, 1, y.numel()).reshape(y.shape)
         y.backward(g)
     xv, gv = x.detach().double().tolist(), g.double().tolist()
@@ -790,7 +795,8 @@ def test_roi_align_bins_are_exact_means_of_their_documented_samples(aligned):
                                 w32 = 0.0 if (yo or xo) else _rn(wt)
                                 term = _rn(Fraction(w32) * Fraction(xv[int(b)][ch][yy][xx]))
                                 acc = term if acc is None else _rn(Fraction(acc) + Fraction(term))
-                                share = _rn(Fraction(_rn(Fraction(gv[k][ch][p][q]) * Fraction(w32))) / (ratio * ratio))
+                                count = len(ys[p]) * len(xs[q])
+                                share = _rn(Fraction(_rn(Fraction(gv[k][ch][p][q]) * Fraction(w32))) / count)
                                 shares.setdefault((int(b), ch, yy, xx), []).append(share)
                             samples.append(acc)
                     want.append(row_quotient_bits(samples, len(samples), F32))
@@ -798,5 +804,3 @@ def test_roi_align_bins_are_exact_means_of_their_documented_samples(aligned):
     want_g = [row_sum_bits(shares.get((b, ch, yy, xx), [0.0]), F32) for b in range(2) for ch in range(2)
               for yy in range(6) for xx in range(5)]
     assert_bits_equal(x.grad, bits_tensor(want_g, F32).reshape(x.shape), "roi_align gradient")
-    with carbon.enabled(), pytest.raises(carbon.NotExactError, match="adaptive sampling"):
-        torchvision.ops.roi_align(x, rois, (ph, pw), sampling_ratio=-1)  # the grid would depend on the boxes
