@@ -221,6 +221,43 @@ def _reduce_loss(loss: Tensor, reduction: int) -> Tensor:
     return carbon_ops.sum(loss, None, False, None) if reduction == 2 else carbon_ops.mean(loss, None, False, None)
 
 
+def _soft_margin_loss(a: dict) -> Tensor:
+    """RN(SOFTPLUS(−RN(x·y))) (carbon's softplus: log(1 + e^z) without overflow), then mean / sum exact."""
+    x, y = a["self"], a["target"]
+    _need_carbon_dtype("soft_margin_loss", x, y)
+    return _reduce_loss(carbon_ops.softplus(aten.neg(aten.mul(x, y))), a.get("reduction", 1))
+
+
+def _soft_margin_loss_backward(a: dict) -> Tensor:
+    """RN(RN(−y·SIGMOID(−RN(x·y)))·g'), g' = RN(g / numel) for mean, else g."""
+    g, x, y, reduction = a["grad_output"], a["self"], a["target"], a["reduction"]
+    if reduction == 1:
+        g = true_divide(g, float(x.numel()))
+    return aten.mul(aten.neg(aten.mul(y, carbon_ops.sigmoid(aten.neg(aten.mul(x, y))))), g)
+
+
+def _linalg_cross(a: dict) -> Tensor:
+    """The cross product, each component RN(RN(a·b) − RN(c·d)) (torch's CUDA kernel may fuse it into an fma)."""
+    x, y, dim = a["self"], a["other"], a.get("dim", -1)
+    _need_carbon_dtype("linalg_cross", x, y)
+    shape = torch.broadcast_shapes(x.shape, y.shape)
+    x, y = x.expand(shape), y.expand(shape)
+    if shape[dim] != 3:
+        raise RuntimeError(f"linalg.cross: inputs dimension {dim} must have length 3. Got {shape[dim]}")
+    xs, ys = [x.select(dim, k) for k in range(3)], [y.select(dim, k) for k in range(3)]
+    parts = [aten.sub(aten.mul(xs[(k + 1) % 3], ys[(k + 2) % 3]), aten.mul(xs[(k + 2) % 3], ys[(k + 1) % 3]))
+             for k in range(3)]
+    return aten.stack(parts, dim)
+
+
+def _sinc(a: dict) -> Tensor:
+    """sin(πx)/(πx): t = RN(RN32(π)·x), RN(SIN(t) / t), 1 at x = 0 (torch's formula, with carbon's sin)."""
+    x = a["self"]
+    _need_carbon_dtype("sinc", x)
+    t = aten.mul(x, float(torch.tensor(math.pi, dtype=torch.float32)))
+    return aten.where(aten.eq(x, 0), 1.0, true_divide(carbon_ops.sin(t), t)).to(x.dtype)
+
+
 def _bce_with_logits(a: dict) -> Tensor:
     """loss = RN(RN(RN(1 − y)·x) + RN(lw·SOFTPLUS(−x))) with lw = RN(RN(RN(pw − 1)·y) + 1) (lw = 1 without
     pos_weight, and no product), times RN(w·loss) with a weight; mean / sum exact with one rounding. Its
@@ -752,6 +789,25 @@ def _cdist_backward(a: dict) -> Tensor:
         terms = aten.where(at_max, terms, 0.0)
     r = carbon_ops.sum(aten.transpose(terms, 2, 3).contiguous(), [-1], False, x1.dtype)  # over j
     return r.reshape(x1.shape)
+
+
+def _pdist_forward(a: dict) -> Tensor:
+    """torch.pdist: the cdist route's distances of the pairs i < j, row-major."""
+    x, p = a["self"], a.get("p", 2.0)
+    n = x.shape[0]
+    full = _cdist_forward({"x1": x, "x2": x, "p": p})
+    i, j = torch.triu_indices(n, n, 1, device=x.device)
+    return full[i, j]
+
+
+def _pdist_backward(a: dict) -> Tensor:
+    """The cdist route's gradient with the pair gradients placed symmetrically: g at (i, j) and (j, i)."""
+    g, x, p, d = a["grad_output"], a["self"], a["p"], a["pdist"]
+    n = x.shape[0]
+    i, j = torch.triu_indices(n, n, 1, device=x.device)
+    grads = aten.zeros([n, n], dtype=g.dtype, device=g.device).index_put_((i, j), g).index_put_((j, i), g)
+    dists = aten.zeros([n, n], dtype=d.dtype, device=d.device).index_put_((i, j), d).index_put_((j, i), d)
+    return _cdist_backward({"grad_output": grads, "x1": x, "x2": x, "p": p, "cdist": dists})
 
 
 def _weight_norm_slices(t: Tensor, dim: int) -> Tensor:
@@ -2393,6 +2449,8 @@ ROUTES: Dict[str, Callable] = {
     "upsample_bicubic2d": _upsample_linear(2, cubic=True),
     "upsample_bicubic2d_backward": _upsample_linear_backward(2, cubic=True),
     # folding, modulo, log-add-exp, distance
+    "_pdist_forward": _pdist_forward, "_pdist_backward": _pdist_backward, "linalg_cross": _linalg_cross,
+    "soft_margin_loss": _soft_margin_loss, "soft_margin_loss_backward": _soft_margin_loss_backward, "sinc": _sinc,
     "polar": _polar,
     "affine_grid_generator": _affine_grid, "grid_sampler_2d": _grid_sample,
     "_grid_sampler_2d_cpu_fallback": _grid_sample, "grid_sampler_2d_backward": _grid_sample_backward,

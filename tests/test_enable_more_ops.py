@@ -804,3 +804,53 @@ def test_roi_align_bins_are_exact_means_of_their_documented_samples(aligned, rat
     want_g = [row_sum_bits(shares.get((b, ch, yy, xx), [0.0]), F32) for b in range(2) for ch in range(2)
               for yy in range(6) for xx in range(5)]
     assert_bits_equal(x.grad, bits_tensor(want_g, F32).reshape(x.shape), "roi_align gradient")
+
+
+# ---- pdist, cross, soft margin, sinc -------------------------------------------------------------------------------
+
+def test_pdist_and_its_gradient_are_the_cdist_definitions_over_pairs():
+    x = _randn(5, 3, seed=90, scale=10.0).requires_grad_()
+    with carbon.enabled():
+        d = F.pdist(x)
+        g = torch.linspace(0.5, 1.5, d.numel())
+        d.backward(g)
+    xv = x.detach().double().tolist()
+    pairs = [(i, j) for i in range(5) for j in range(i + 1, 5)]
+    want = [round_bits(Fraction(sqrt_rn32(_rn(sum(((Fraction(a) - Fraction(b)) ** 2 for a, b in zip(xv[i], xv[j])),
+                                                   Fraction(0))))), F32) for i, j in pairs]
+    assert_bits_equal(d, bits_tensor(want, F32), "pdist")
+    dv, gv = _values(d), _values(g)
+    r = [[0.0] * 5 for _ in range(5)]
+    for (i, j), dd, gg in zip(pairs, dv, gv):
+        r[i][j] = r[j][i] = _rn(Fraction(gg) / Fraction(dd))
+    want_g = []
+    for i in range(5):
+        s = _rn(sum(map(Fraction, r[i]), Fraction(0)))
+        for k in range(3):
+            first = _rn(Fraction(xv[i][k]) * Fraction(s))
+            second = _rn(sum((Fraction(r[i][j]) * Fraction(xv[j][k]) for j in range(5)), Fraction(0)))
+            want_g.append(round_bits(Fraction(first) - Fraction(second), F32))
+    assert_bits_equal(x.grad, bits_tensor(want_g, F32).reshape(5, 3), "pdist gradient")
+
+
+def test_cross_soft_margin_and_sinc_follow_their_step_by_step_definitions():
+    a, b = _randn(20, 3, seed=91, scale=100.0), _randn(20, 3, seed=92)
+    x, y = _randn(30, seed=93, scale=4.0), (_randn(30, seed=94) > 0).float() * 2 - 1
+    z = torch.cat([_randn(30, seed=95, scale=3.0), torch.tensor([0.0, -0.0, 1e-20])])
+    with carbon.enabled():
+        cross = torch.linalg.cross(a, b)
+        loss = F.soft_margin_loss(x, y)
+        s = torch.sinc(z)
+    av, bv = a.double().tolist(), b.double().tolist()
+    want = [round_bits(Fraction(_rn(Fraction(av[n][(k + 1) % 3]) * Fraction(bv[n][(k + 2) % 3])))
+                       - Fraction(_rn(Fraction(av[n][(k + 2) % 3]) * Fraction(bv[n][(k + 1) % 3]))), F32)
+            for n in range(20) for k in range(3)]
+    assert_bits_equal(cross, bits_tensor(want, F32).reshape(20, 3), "cross")
+    terms = _values(carbon.softplus(-(x * y)))  # x·y of ±1 is exact
+    assert_bits_equal(loss.reshape(1), bits_tensor([row_quotient_bits(terms, 30, F32)], F32), "soft margin")
+    pi32 = Fraction(_rn(Fraction(math.pi)))
+    t = [_rn(pi32 * Fraction(v)) for v in _values(z)]
+    sines = _values(carbon.sin(torch.tensor(t, dtype=F32)))
+    want_s = [round_bits(1.0, F32) if v == 0 else round_bits(Fraction(sv) / Fraction(tv), F32)
+              for v, tv, sv in zip(_values(z), t, sines)]
+    assert_bits_equal(s, bits_tensor(want_s, F32), "sinc")
