@@ -258,6 +258,131 @@ def _sinc(a: dict) -> Tensor:
     return aten.where(aten.eq(x, 0), 1.0, true_divide(carbon_ops.sin(t), t)).to(x.dtype)
 
 
+def _lse(*terms: Tensor) -> Tensor:
+    """log Σ e^v over a few tensors: m = max, RN(LOG(RN32(exact Σ EXP(RN(v − m)))) + m), −∞ when every term is −∞
+    (m read as 0 there)."""
+    m = terms[0]
+    for t in terms[1:]:
+        m = aten.maximum(m, t)
+    m0 = aten.where(aten.eq(m, -math.inf), 0.0, m)
+    e = aten.stack([carbon_ops.exp(aten.sub(t, m0)) for t in terms], -1)
+    return aten.add(carbon_ops.log(carbon_ops.sum(e, [-1], False, None)), m0)
+
+
+def _shift(x: Tensor, k: int) -> Tensor:
+    """x moved k positions along the last dimension (right for k > 0, left for k < 0), −∞ filling."""
+    fill = aten.full(list(x.shape[:-1]) + [abs(k)], -math.inf, dtype=x.dtype, device=x.device)
+    return aten.cat([fill, x[..., :-k]], -1) if k > 0 else aten.cat([x[..., -k:], fill], -1)
+
+
+class _CtcLattice:
+    """The CTC alignment lattice of a batch: extended labels l' = (blank, l₁, blank, …, l_S, blank) per sequence,
+    the log-probabilities of l' at every step, and where a step may skip a blank."""
+
+    def __init__(self, log_probs: Tensor, targets: Tensor, input_lengths: Any, target_lengths: Any, blank: int) -> None:
+        if log_probs.dtype != torch.float32:
+            raise NotCovered(f"ctc_loss in {log_probs.dtype}: carbon computes it in float32")
+        lengths = [int(v) for v in (input_lengths.tolist() if isinstance(input_lengths, Tensor) else input_lengths)]
+        tl = [int(v) for v in (target_lengths.tolist() if isinstance(target_lengths, Tensor) else target_lengths)]
+        t_max, n, _ = log_probs.shape
+        s_max = max(tl + [0])
+        dev = log_probs.device
+        if targets.dim() == 1:  # concatenated targets
+            offsets = [sum(tl[:i]) for i in range(n)]
+            idx = [[offsets[i] + min(j, max(tl[i] - 1, 0)) for j in range(s_max)] for i in range(n)]
+            padded = aten.index_select(targets, 0, torch.tensor(idx, dtype=torch.int64).reshape(-1).to(targets.device))
+            padded = padded.reshape([n, s_max])
+        else:
+            padded = targets[:, :s_max]
+        width = 2 * s_max + 1
+        ext = aten.full([n, width], blank, dtype=torch.int64, device=dev)
+        if s_max:
+            ext[:, 1::2] = padded.to(device=dev, dtype=torch.int64)
+        pos = torch.arange(width, device=dev)
+        self.valid = aten.lt(pos.unsqueeze(0), torch.tensor([2 * v + 1 for v in tl], device=dev).unsqueeze(1))
+        self.skip = aten.logical_and(aten.logical_and(aten.ge(pos, 2).unsqueeze(0), aten.ne(ext, blank)),
+                                     aten.ne(ext, aten.cat([aten.full([n, 2], -1, dtype=torch.int64, device=dev),
+                                                            ext[:, :-2]], 1)))
+        self.ext, self.lengths, self.target_lengths, self.t_max = ext, lengths, tl, t_max
+        self.lp = aten.gather(log_probs, 2, ext.unsqueeze(0).expand([t_max, n, width]))  # [T, N, S']
+        self.minus_inf = aten.full([n, width], -math.inf, dtype=torch.float32, device=dev)
+
+    def last_two(self) -> tuple:
+        """Positions 2S and 2S − 1 (the latter −∞ for an empty target) as masks over the lattice."""
+        dev = self.ext.device
+        pos = torch.arange(self.ext.shape[1], device=dev).unsqueeze(0)
+        end = torch.tensor([2 * v for v in self.target_lengths], device=dev).unsqueeze(1)
+        return aten.eq(pos, end), aten.logical_and(aten.eq(pos, end - 1), aten.gt(end, 0))
+
+    def step_is(self, t: int) -> Tensor:
+        """Sequences whose last step is t."""
+        return torch.tensor([t == v - 1 for v in self.lengths], device=self.ext.device).unsqueeze(1)
+
+
+def _ctc_loss(a: dict) -> tuple:
+    """nn.CTCLoss's forward: log α by the usual recursion in log space, every log-sum-exp RN(LOG(RN32(exact Σ
+    EXP(RN(v − m)))) + m) (_lse) and every sum with a log-probability rounded; loss = −LSE(α[T−1, 2S],
+    α[T−1, 2S − 1]) at each sequence's own length. Returns (loss, log α
+    as [N, T, 2S + 1]) like torch; the routed backward reads log α."""
+    lp = a["log_probs"]
+    lat = _CtcLattice(lp, a["targets"], a["input_lengths"], a["target_lengths"], a.get("blank", 0))
+    first = aten.logical_or(aten.eq(torch.arange(lat.ext.shape[1], device=lp.device), 0).unsqueeze(0),
+                            aten.logical_and(aten.eq(torch.arange(lat.ext.shape[1], device=lp.device), 1).unsqueeze(0),
+                                             aten.gt(torch.tensor(lat.target_lengths, device=lp.device), 0).unsqueeze(1)))
+    alpha = aten.where(aten.logical_and(first, lat.valid), lat.lp[0], lat.minus_inf)
+    alphas, final = [alpha], aten.where(lat.step_is(0), alpha, lat.minus_inf)
+    for t in range(1, lat.t_max):
+        prev = alphas[-1]
+        skip = aten.where(lat.skip, _shift(prev, 2), -math.inf)
+        alpha = aten.where(lat.valid, aten.add(_lse(prev, _shift(prev, 1), skip), lat.lp[t]), -math.inf)
+        alphas.append(alpha)
+        final = aten.where(lat.step_is(t), alpha, final)
+    end, before = lat.last_two()
+    loss = aten.neg(_lse(aten.amax(aten.where(end, final, -math.inf), [1]),
+                         aten.amax(aten.where(before, final, -math.inf), [1])))
+    return loss, aten.stack(alphas, 1)  # zero_infinity: F.ctc_loss zeroes an infinite loss itself
+
+
+def _ctc_loss_backward(a: dict) -> Tensor:
+    """The gradient torch's kernels compute, on the same log-space quantities: log β by the mirrored recursion,
+    v = RN(log α + log β), per step and class c lcab = LSE of v over the positions labelled c (grouped maximum,
+    then carbon.scatter_add of the EXPs: exact), grad = RN(RN(EXP(lp) − EXP(RN(RN(lcab + loss) − lp)))·g),
+    0 beyond each sequence's length (and where the loss is infinite with zero_infinity)."""
+    g, lp, loss, log_alpha = a["grad"], a["log_probs"], a["neg_log_likelihood"], a["log_alpha"]
+    lat = _CtcLattice(lp, a["targets"], a["input_lengths"], a["target_lengths"], a.get("blank", 0))
+    end, before = lat.last_two()
+    betas = [None] * lat.t_max
+    beta = lat.minus_inf
+    for t in reversed(range(lat.t_max)):
+        start = aten.where(aten.logical_or(end, before), lat.lp[t], -math.inf)
+        skip = aten.where(_shift(lat.skip.double(), -2).bool(), _shift(beta, -2), -math.inf)
+        rec = aten.add(_lse(beta, _shift(beta, -1), skip), lat.lp[t])
+        beta = aten.where(lat.step_is(t), start, rec)  # each sequence starts at its own last step
+        beta = aten.where(lat.valid, beta, -math.inf)
+        beta = aten.where(_beyond(lat, t), -math.inf, beta)
+        betas[t] = beta
+    v = aten.add(aten.movedim(log_alpha, 1, 0), aten.stack(betas, 0))  # [T, N, S']
+    t_max, n, c = lp.shape
+    index = lat.ext.unsqueeze(0).expand([t_max, n, lat.ext.shape[1]])
+    m = aten.scatter_reduce(aten.full([t_max, n, c], -math.inf, dtype=torch.float32, device=lp.device), 2, index, v,
+                            "amax", include_self=True)
+    m0 = aten.where(aten.eq(m, -math.inf), 0.0, m)
+    e = carbon_ops.exp(aten.sub(v, aten.gather(m0, 2, index)))
+    sums = carbon_ops.scatter_add(aten.zeros([t_max, n, c], dtype=torch.float32, device=lp.device), 2, index.contiguous(), e.contiguous())
+    lcab = aten.add(carbon_ops.log(sums), m0)
+    res = aten.sub(carbon_ops.exp(lp), carbon_ops.exp(aten.sub(aten.add(lcab, loss.reshape([1, n, 1])), lp)))
+    grad = aten.mul(res, g.reshape([1, n, 1]))
+    live = torch.tensor([[t < v for v in lat.lengths] for t in range(t_max)], device=lp.device).unsqueeze(-1)
+    if a.get("zero_infinity", False):
+        live = aten.logical_and(live, aten.logical_not(aten.isinf(loss)).reshape([1, n, 1]))
+    return aten.where(live, grad, 0.0)
+
+
+def _beyond(lat: "_CtcLattice", t: int) -> Tensor:
+    """Sequences that end before step t: no β there."""
+    return torch.tensor([t > v - 1 for v in lat.lengths], device=lat.ext.device).unsqueeze(1)
+
+
 def _bce_with_logits(a: dict) -> Tensor:
     """loss = RN(RN(RN(1 − y)·x) + RN(lw·SOFTPLUS(−x))) with lw = RN(RN(RN(pw − 1)·y) + 1) (lw = 1 without
     pos_weight, and no product), times RN(w·loss) with a weight; mean / sum exact with one rounding. Its
@@ -2449,6 +2574,7 @@ ROUTES: Dict[str, Callable] = {
     "upsample_bicubic2d": _upsample_linear(2, cubic=True),
     "upsample_bicubic2d_backward": _upsample_linear_backward(2, cubic=True),
     # folding, modulo, log-add-exp, distance
+    "_ctc_loss": _ctc_loss, "_ctc_loss_backward": _ctc_loss_backward,
     "_pdist_forward": _pdist_forward, "_pdist_backward": _pdist_backward, "linalg_cross": _linalg_cross,
     "soft_margin_loss": _soft_margin_loss, "soft_margin_loss_backward": _soft_margin_loss_backward, "sinc": _sinc,
     "polar": _polar,

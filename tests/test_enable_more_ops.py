@@ -854,3 +854,58 @@ def test_cross_soft_margin_and_sinc_follow_their_step_by_step_definitions():
     want_s = [round_bits(1.0, F32) if v == 0 else round_bits(Fraction(sv) / Fraction(tv), F32)
               for v, tv, sv in zip(_values(z), t, sines)]
     assert_bits_equal(s, bits_tensor(want_s, F32), "sinc")
+
+
+# ---- CTC loss -------------------------------------------------------------------------------------------------------
+
+def _ctc_brute_force(lp: list, target: list, blank: int = 0) -> float:
+    """−log Σ over every frame labelling that collapses to `target` of Π p — by enumeration (tiny cases)."""
+    import itertools
+    t_len, classes = len(lp), len(lp[0])
+    total = 0.0
+    for path in itertools.product(range(classes), repeat=t_len):
+        collapsed = [c for k, c in enumerate(path) if c != blank and (k == 0 or c != path[k - 1])]
+        if collapsed == target:
+            total += math.exp(sum(lp[k][c] for k, c in enumerate(path)))
+    return -math.log(total)
+
+
+def test_ctc_loss_matches_the_sum_over_alignments_and_is_batch_and_thread_invariant(restore_num_threads):
+    g = torch.Generator().manual_seed(7)
+    lp = torch.randn(5, 3, 4, generator=g).log_softmax(2)
+    targets = torch.tensor([[1, 2, 0], [3, 3, 0], [2, 0, 0]])
+    il, tl = torch.tensor([5, 5, 4]), torch.tensor([2, 2, 1])
+    results = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        x = lp.clone().requires_grad_()
+        with carbon.enabled():
+            loss = F.ctc_loss(x, targets, il, tl, reduction="none")
+            loss.backward(torch.tensor([1.0, 0.5, 2.0]))
+        results.append((as_bits(loss), as_bits(x.grad)))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    for n in range(3):
+        want = _ctc_brute_force(lp[: il[n], n].double().tolist(), targets[n, : tl[n]].tolist())
+        assert abs(loss[n].item() - want) <= 2e-6 * max(1.0, abs(want)), n
+    # a sequence alone: the same bits as inside the batch
+    x1 = lp[:, 1:2].clone().requires_grad_()
+    with carbon.enabled():
+        alone = F.ctc_loss(x1, targets[1:2], il[1:2], tl[1:2], reduction="none")
+        alone.backward(torch.tensor([0.5]))
+    assert torch.equal(as_bits(alone), as_bits(loss[1:2]))
+    assert torch.equal(as_bits(x1.grad[:, 0]), results[0][1][:, 1])
+    # the gradient is torch's up to rounding
+    ref = lp.clone().requires_grad_()
+    F.ctc_loss(ref, targets, il, tl, reduction="none").backward(torch.tensor([1.0, 0.5, 2.0]))
+    assert torch.allclose(ref.grad, x.grad, atol=1e-6)
+
+
+def test_ctc_loss_zero_infinity_and_impossible_alignments():
+    lp = torch.randn(2, 1, 3, generator=torch.Generator().manual_seed(8)).log_softmax(2).requires_grad_()
+    targets, il, tl = torch.tensor([[1, 1]]), torch.tensor([2]), torch.tensor([2])  # needs 3 frames: impossible
+    with carbon.enabled():
+        inf_loss = F.ctc_loss(lp, targets, il, tl, reduction="sum")
+        zero = F.ctc_loss(lp, targets, il, tl, reduction="sum", zero_infinity=True)
+        zero.backward()
+    assert inf_loss.item() == math.inf and zero.item() == 0.0
+    assert torch.equal(lp.grad, torch.zeros_like(lp))
