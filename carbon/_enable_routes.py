@@ -659,6 +659,11 @@ def _dot(a: dict) -> Tensor:
     return carbon_ops.mm(x.unsqueeze(0), y.unsqueeze(1)).reshape(())
 
 
+def _vdot(a: dict) -> Tensor:
+    """vdot of real tensors is dot (spectral-norm parametrization's power iteration)."""
+    return _dot({"self": a["self"], "tensor": a["other"]})
+
+
 def _conv_args(name: str, a: dict, *tensors: Optional[Tensor]) -> tuple:
     _need_carbon_dtype(name, *tensors)
     return list(a["stride"]), list(a["padding"]), list(a["dilation"]), a["groups"]
@@ -1766,6 +1771,43 @@ def _embedding_bag_per_sample_weights_backward(a: dict) -> Tensor:
     return out
 
 
+def _index_copy(a: dict) -> Tensor:
+    """index_copy with a deterministic rule for duplicate indices: the last write wins (torch leaves it
+    unspecified, and CUDA's winner varies). Each destination's writer is the largest position naming it
+    (scatter_reduce amax, exact); destinations nobody names keep their values. A copy: no rounding."""
+    x, dim, index, src = a["self"], a["dim"], a["index"], a["source"]
+    if x.dim() == 0:
+        return src.clone().reshape(x.shape) if index.numel() else x.clone()
+    d = dim % x.dim()
+    index = index.reshape([-1])
+    positions = aten.arange(index.numel(), device=index.device, dtype=torch.int64)
+    writer = aten.scatter_reduce(aten.full([x.shape[d]], -1, dtype=torch.int64, device=x.device), 0,
+                                 index.to(torch.int64), positions, "amax", include_self=True)
+    rows = aten.index_select(src.reshape(src.shape if src.dim() else [1]), d, aten.clamp_min(writer, 0))
+    shape = [x.shape[d] if k == d else 1 for k in range(x.dim())]
+    return aten.where(aten.ge(writer, 0).reshape(shape), rows, x)
+
+
+def _embedding_renorm(a: dict) -> Tensor:
+    """nn.Embedding(max_norm=…): every referenced row whose p-norm (p = 2: RN(√RN(exact Σ x²)); 1: RN(exact
+    Σ|x|); ∞: max|x|) exceeds max_norm becomes RN(row·RN32(max_norm / (norm + 10⁻⁷))), the quotient and sum in
+    binary64 (torch's CPU rule). Rows referenced twice get the same value twice."""
+    w, idx, max_norm, p = a["self"], a["indices"].reshape([-1]), float(a["max_norm"]), float(a["norm_type"])
+    _need_carbon_dtype("embedding_renorm_", w)
+    rows = aten.index_select(w, 0, idx)
+    if p == 2.0:
+        norms = _norm_over_dims(rows, [1], False)
+    elif p == 1.0:
+        norms = carbon_ops.sum(aten.abs(rows).contiguous(), [1], False, None)
+    elif p == math.inf:
+        norms = aten.amax(aten.abs(rows), [1])
+    else:
+        raise NotCovered(f"embedding max_norm with norm_type {p}")
+    scale = aten.div(max_norm, aten.add(norms.double(), 1e-7)).to(w.dtype)
+    renormed = aten.where(aten.gt(norms.double(), max_norm).unsqueeze(1), aten.mul(rows, scale.unsqueeze(1)), rows)
+    return aten.index_copy(w, 0, idx, renormed)
+
+
 def _embedding_backward(a: dict) -> Tensor:
     return carbon_ops.embedding_backward(a["grad_output"], a["indices"], a["num_weights"], a["padding_idx"])
 
@@ -2467,6 +2509,35 @@ def _bernoulli(a: dict) -> Tensor:
     return carbon_ops.bernoulli.state(probs, state, None if p is None else float(p)).to(x.dtype)
 
 
+def _rrelu(a: dict) -> Any:
+    """RReLU. Training: one uniform draw r in [lower, upper) per element (carbon.uniform); x ≤ 0 gives RN(x·r)
+    and noise r, else x and noise 1 (noise is written in place, as torch does). Evaluation: leaky ReLU with
+    slope RN((lower + upper) / 2)."""
+    x, noise, lower, upper = a["self"], a["noise"], float(a.get("lower", 0.125)), float(a.get("upper", 1 / 3))
+    _need_random_dtype("rrelu", x.dtype)
+    if not a.get("training", False):
+        return aten.where(aten.gt(x, 0), x, aten.mul(x, (lower + upper) / 2))
+    r = _uniform_values(list(x.shape), lower, upper, x.dtype, x.device)
+    negative = aten.le(x, 0)
+    noise.copy_(aten.where(negative, r, 1.0))
+    return aten.where(negative, aten.mul(x, r), x)
+
+
+def _rrelu_functional(a: dict) -> tuple:
+    noise = aten.clone(a["noise"])
+    out = _rrelu({**a, "noise": noise})
+    return out, noise
+
+
+def _rrelu_backward(a: dict) -> Tensor:
+    """RN(g·noise) in training (upper − lower > 10⁻⁶), else the leaky-ReLU gradient with the mean slope."""
+    g, x, noise = a["grad_output"], a["self"], a["noise"]
+    lower, upper = float(a["lower"]), float(a["upper"])
+    if a["training"] and upper - lower > 1e-6:
+        return aten.mul(g, noise)
+    return aten.where(aten.gt(x, 0), g, aten.mul(g, (lower + upper) / 2))
+
+
 def _native_dropout(a: dict):
     x, p, train = a["input"], a["p"], a["train"]
     if train is False or p == 0:
@@ -2516,7 +2587,7 @@ def _foreach(base: str) -> Callable[[dict], List[Tensor]]:
 # name -> handler. Keys are aten overload-packet names without a trailing "_".
 ROUTES: Dict[str, Callable] = {
     # matmul
-    "mm": _mm, "bmm": _bmm, "addmm": _addmm, "baddbmm": _baddbmm, "mv": _mv, "dot": _dot,
+    "mm": _mm, "bmm": _bmm, "addmm": _addmm, "baddbmm": _baddbmm, "mv": _mv, "dot": _dot, "vdot": _vdot,
     "convolution": _convolution, "convolution_backward": _convolution_backward,
     # reductions
     "sum": _sum, "mean": _mean, "linalg_vector_norm": _vector_norm, "norm": _norm, "_euclidean_dist": _euclidean_dist,
@@ -2556,6 +2627,7 @@ ROUTES: Dict[str, Callable] = {
     # indexed accumulation
     "index_add": _index_add, "scatter_add": _scatter_add, "index_put": _index_put, "_index_put_impl": _index_put,
     "embedding_dense_backward": _embedding_backward,
+    "index_copy": _index_copy, "embedding_renorm": _embedding_renorm,
     "_embedding_bag": _embedding_bag, "_embedding_bag_forward_only": _embedding_bag,
     "_embedding_bag_backward": _embedding_bag_dense_backward,
     "_embedding_bag_dense_backward": _embedding_bag_dense_backward,
@@ -2593,6 +2665,8 @@ ROUTES: Dict[str, Callable] = {
     "normal": _normal_, "random": _random_, "exponential": _exponential_, "bernoulli": _bernoulli, "multinomial": _multinomial,
     "rand_like": _rand_like, "randn_like": _randn_like, "randint_like": _randint_like, "log_normal": _log_normal_,
     "geometric": _geometric_,
+    "rrelu_with_noise": _rrelu, "rrelu_with_noise_functional": _rrelu_functional,
+    "rrelu_with_noise_backward": _rrelu_backward,
     "native_dropout": _native_dropout, "native_dropout_backward": _native_dropout_backward,
     # foreach (torch.optim's multi-tensor paths, grad scaling)
     **{f"_foreach_{b}": _foreach(b) for b in ("add", "sub", "mul", "div", "addcmul", "addcdiv", "lerp", "sqrt", "pow",

@@ -909,3 +909,69 @@ def test_ctc_loss_zero_infinity_and_impossible_alignments():
         zero.backward()
     assert inf_loss.item() == math.inf and zero.item() == 0.0
     assert torch.equal(lp.grad, torch.zeros_like(lp))
+
+
+# ---- index_copy, embedding max_norm, RReLU, vdot ---------------------------------------------------------------------
+
+def test_index_copy_lets_the_last_duplicate_write_win():
+    x = _randn(6, 3, seed=100)
+    src = _randn(5, 3, seed=101)
+    idx = torch.tensor([1, 4, 1, 0, 4])
+    with carbon.enabled():
+        got = x.index_copy(0, idx, src)
+        cols = x.t().contiguous().index_copy(1, torch.tensor([2, 2, 5]), src[:3].t().contiguous())
+    want = x.clone()
+    for pos, d in enumerate(idx.tolist()):  # in order: the last write stays
+        want[d] = src[pos]
+    assert torch.equal(as_bits(got), as_bits(want))
+    want_cols = x.t().clone()
+    want_cols[:, 2], want_cols[:, 5] = src[1], src[2]
+    assert torch.equal(as_bits(cols), as_bits(want_cols))
+
+
+def test_embedding_max_norm_renormalizes_referenced_rows_by_the_documented_steps():
+    emb = torch.nn.Embedding(8, 5, max_norm=1.5)
+    with torch.no_grad():
+        emb.weight.copy_(_randn(8, 5, seed=102, scale=2.0))
+    before = emb.weight.detach().clone()
+    ids = torch.tensor([1, 3, 3, 6])
+    with carbon.enabled():
+        emb(ids)
+    for r in range(8):
+        row = _values(before[r])
+        if r not in (1, 3, 6):
+            assert torch.equal(as_bits(emb.weight[r].detach()), as_bits(before[r]))
+            continue
+        norm = sqrt_rn32(round_bits_value(sum((Fraction(v) ** 2 for v in row), Fraction(0))))
+        if not norm > 1.5:
+            assert torch.equal(as_bits(emb.weight[r].detach()), as_bits(before[r]))
+            continue
+        scale = round_bits_value(Fraction(1.5 / (norm + 1e-7)))  # binary64 sum and quotient, then float32
+        want = [round_bits(Fraction(v) * Fraction(scale), F32) for v in row]
+        assert_bits_equal(emb.weight[r].detach(), bits_tensor(want, F32), f"row {r}")
+
+
+def test_rrelu_draws_its_slopes_from_carbons_uniforms():
+    x = _randn(200, seed=103).requires_grad_()
+    with carbon.enabled(seed=9):
+        y = F.rrelu(x, 0.1, 0.3, training=True)
+        y.backward(torch.ones(200))
+    with carbon.enabled(seed=9):
+        r = torch.empty(200).uniform_(0.1, 0.3)  # the same (first) draw
+    xv, rv = _values(x), _values(r)
+    want = [round_bits(Fraction(a) * Fraction(b), F32) if a <= 0 else round_bits(a, F32) for a, b in zip(xv, rv)]
+    assert_bits_equal(y, bits_tensor(want, F32), "rrelu")
+    want_g = [round_bits(b, F32) if a <= 0 else round_bits(1.0, F32) for a, b in zip(xv, rv)]
+    assert_bits_equal(x.grad, bits_tensor(want_g, F32), "rrelu gradient")
+    with carbon.enabled():
+        ev = F.rrelu(x.detach(), 0.1, 0.3, training=False)
+    slope = round_bits_value(Fraction((0.1 + 0.3) / 2))
+    assert [v for v in _values(ev)] == [v if v > 0 else round_bits_value(Fraction(v) * Fraction(slope)) for v in xv]
+
+
+def test_vdot_of_real_vectors_is_the_exact_dot_product():
+    a, b = _randn(300, seed=104, scale=1e4), _randn(300, seed=105)
+    with carbon.enabled():
+        got = torch.vdot(a, b)
+    want = round_bits(sum((Fraction(x) * Fraction(y) for x, y in zip(_values(a), _values(b))), Fraction(0)), F32)
+    assert_bits_equal(got.reshape(1), bits_tensor([want], F32), "vdot")
