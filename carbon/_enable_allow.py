@@ -54,7 +54,7 @@ ALLOWED = PER_TENSOR | frozenset({
     "any", "all", "equal", "is_nonzero", "is_same_size", "_is_all_true", "_is_any_true",
     # reductions without rounding (max pooling: the window's maximum and its index; the backward is routed)
     "amax", "amin", "max", "min", "argmax", "argmin", "aminmax", "count_nonzero", "max_pool2d_with_indices",
-    "max_pool3d_with_indices", "max_pool2d", "max_pool1d", "adaptive_max_pool2d",
+    "max_pool3d_with_indices", "max_pool2d", "max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d",
     # selections: every value is one of the input's (indices among equal values: see docs/enable.md)
     "median", "nanmedian", "kthvalue", "mode", "cummax", "cummin", "searchsorted", "bucketize", "im2col",
     # bookkeeping

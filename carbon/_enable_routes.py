@@ -645,6 +645,17 @@ _addmm = _biased_product("addmm", "mat1", "mat2", carbon_ops.mm, carbon_ops.addm
 _baddbmm = _biased_product("baddbmm", "batch1", "batch2", carbon_ops.bmm, carbon_ops.baddbmm)
 
 
+def _batch_as_depth(x: Tensor, y: Tensor) -> tuple:
+    """Σ_b x_b @ y_b as one product: x [B, N, K] → [N, B·K], y [B, K, M] → [B·K, M]."""
+    return aten.movedim(x, 0, 1).reshape([x.shape[1], -1]), y.reshape([-1, y.shape[2]])
+
+
+_addbmm = _biased_product("addbmm", "batch1", "batch2",
+                          lambda x, y: carbon_ops.mm(*_batch_as_depth(x, y)),
+                          lambda bias, x, y: carbon_ops.addmm(bias.expand([x.shape[1], y.shape[2]]).contiguous(),
+                                                              *_batch_as_depth(x, y)))
+
+
 def _mv(a: dict) -> Tensor:
     m, v = a["self"], a["vec"]
     if not _float_mm("mv", m, v):
@@ -793,8 +804,16 @@ def _vector_norm(a: dict) -> Tensor:
     if ord_ == math.inf:
         r = aten.amax(aten.abs(x), dim if dim is not None else [], keepdim)
         return r
+    if ord_ == -math.inf:
+        return aten.amin(aten.abs(x), dim if dim is not None else [], keepdim)
+    if ord_ == 1:  # RN(exact Σ|x|)
+        dims = None if dim is None or len(dim) == 0 else list(dim)
+        return carbon_ops.sum(aten.abs(x).contiguous(), dims, keepdim, None)
+    if ord_ == 0:  # the number of nonzero entries (exact below 2²⁴)
+        dims = list(range(x.dim())) if dim is None or len(dim) == 0 else list(dim)
+        return aten.sum(aten.ne(x, 0), dims, keepdim).to(x.dtype)
     if ord_ != 2:
-        raise NotCovered(f"linalg_vector_norm with ord={ord_}: carbon computes the 2-norm and the inf-norm exactly")
+        raise NotCovered(f"linalg_vector_norm with ord={ord_}: carbon computes ord 0, 1, 2 and ±inf exactly")
     if dim is not None and len(dim) > 0 and x.dim() > 0:
         return _norm_over_dims(x, list(dim), keepdim)
     if x.numel() == 0:
@@ -1771,6 +1790,40 @@ def _embedding_bag_per_sample_weights_backward(a: dict) -> Tensor:
     return out
 
 
+def _scatter_reduce(a: dict) -> Any:
+    """scatter_reduce (graph networks' sum / mean / max aggregation). sum: every destination RN(exact Σ of its
+    sources, plus self with include_self) (carbon.scatter_add), untouched destinations keep self; mean:
+    RN(RN(that exact sum) / n), n the number of terms; amax / amin select (torch's own); prod raises (its
+    value depends on the order of the products). Integer tensors run as torch's."""
+    x, dim, index, src, reduce = a["self"], a["dim"], a["index"], a["src"], a["reduce"]
+    include_self = a.get("include_self", True)
+    if not x.is_floating_point() or reduce in ("amax", "amin"):
+        return PASS
+    _need_carbon_dtype("scatter_reduce", x, src)
+    if reduce not in ("sum", "mean"):
+        raise NotCovered(f"scatter_reduce with reduce={reduce!r} (the product's rounding depends on its order)")
+    index = index.contiguous()
+    src = src[tuple(slice(0, n) for n in index.shape)].contiguous()  # torch reads src only where index is
+    base = x if include_self else aten.zeros_like(x)
+    total = carbon_ops.scatter_add(base.contiguous(), dim, index, src)
+    counts = aten.scatter_add(aten.zeros_like(x, dtype=torch.int64), dim, index, aten.ones_like(index))
+    touched = aten.gt(counts, 0)
+    if reduce == "mean":
+        n = aten.add(counts, 1) if include_self else counts
+        total = aten.div(total.double(), aten.clamp_min(n, 1).double()).to(x.dtype)  # the binary64 quotient rounds correctly
+    return aten.where(touched, total, x)
+
+
+def _index_reduce(a: dict) -> Any:
+    """index_reduce as scatter_reduce with the index spread along `dim` (mean / amax / amin; prod raises)."""
+    x, dim, index, src = a["self"], a["dim"], a["index"], a["source"]
+    d = dim % max(x.dim(), 1)
+    shape = [src.shape[k] if k == d else 1 for k in range(src.dim())]
+    spread = index.reshape(shape).expand(src.shape)
+    return _scatter_reduce({"self": x, "dim": d, "index": spread, "src": src, "reduce": a["reduce"],
+                            "include_self": a.get("include_self", True)})
+
+
 def _index_copy(a: dict) -> Tensor:
     """index_copy with a deterministic rule for duplicate indices: the last write wins (torch leaves it
     unspecified, and CUDA's winner varies). Each destination's writer is the largest position naming it
@@ -2587,7 +2640,7 @@ def _foreach(base: str) -> Callable[[dict], List[Tensor]]:
 # name -> handler. Keys are aten overload-packet names without a trailing "_".
 ROUTES: Dict[str, Callable] = {
     # matmul
-    "mm": _mm, "bmm": _bmm, "addmm": _addmm, "baddbmm": _baddbmm, "mv": _mv, "dot": _dot, "vdot": _vdot,
+    "mm": _mm, "bmm": _bmm, "addmm": _addmm, "baddbmm": _baddbmm, "mv": _mv, "dot": _dot, "vdot": _vdot, "addbmm": _addbmm,
     "convolution": _convolution, "convolution_backward": _convolution_backward,
     # reductions
     "sum": _sum, "mean": _mean, "linalg_vector_norm": _vector_norm, "norm": _norm, "_euclidean_dist": _euclidean_dist,
@@ -2627,13 +2680,15 @@ ROUTES: Dict[str, Callable] = {
     # indexed accumulation
     "index_add": _index_add, "scatter_add": _scatter_add, "index_put": _index_put, "_index_put_impl": _index_put,
     "embedding_dense_backward": _embedding_backward,
-    "index_copy": _index_copy, "embedding_renorm": _embedding_renorm,
+    "index_copy": _index_copy, "embedding_renorm": _embedding_renorm, "scatter_reduce": _scatter_reduce,
+    "index_reduce": _index_reduce,
     "_embedding_bag": _embedding_bag, "_embedding_bag_forward_only": _embedding_bag,
     "_embedding_bag_backward": _embedding_bag_dense_backward,
     "_embedding_bag_dense_backward": _embedding_bag_dense_backward,
     "_embedding_bag_per_sample_weights_backward": _embedding_bag_per_sample_weights_backward,
     "max_pool2d_with_indices_backward": _max_pool_backward(2),
     "max_pool3d_with_indices_backward": _max_pool_backward(3),
+    "adaptive_max_pool2d_backward": _max_pool_backward(2), "adaptive_max_pool3d_backward": _max_pool_backward(3),
     **{f"_adaptive_avg_pool{d}d": _adaptive_avg_pool(d) for d in (2, 3)},
     **{f"_adaptive_avg_pool{d}d_backward": _adaptive_avg_pool_backward(d) for d in (2, 3)},
     **{f"avg_pool{d}d": _avg_pool(d) for d in (2, 3)},

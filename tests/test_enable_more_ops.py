@@ -975,3 +975,70 @@ def test_vdot_of_real_vectors_is_the_exact_dot_product():
         got = torch.vdot(a, b)
     want = round_bits(sum((Fraction(x) * Fraction(y) for x, y in zip(_values(a), _values(b))), Fraction(0)), F32)
     assert_bits_equal(got.reshape(1), bits_tensor([want], F32), "vdot")
+
+
+# ---- scatter_reduce, index_reduce, vector norms, addbmm, adaptive max pooling --------------------------------------
+
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce_sums_exactly_and_means_round_the_exact_sum_then_divide(reduce, include_self):
+    x = _randn(5, 2, seed=110, scale=1e3)
+    src = _randn(7, 2, seed=111) + _randn(7, 2, seed=112, scale=1e-6)
+    rows = [0, 1, 0, 4, 4, 0, 4]
+    idx = torch.tensor(rows).unsqueeze(1).expand(7, 2)
+    with carbon.enabled():
+        got = x.scatter_reduce(0, idx, src, reduce, include_self=include_self)
+        via_index = x.index_reduce(0, torch.tensor(rows), src, "mean", include_self=include_self) if reduce == "mean" else None
+    xv, sv = x.double().tolist(), src.double().tolist()
+    want = []
+    for r in range(5):
+        for c in range(2):
+            terms = [sv[k][c] for k, d in enumerate(rows) if d == r]
+            if not terms:
+                want.append(round_bits(xv[r][c], F32))
+                continue
+            terms = terms + ([xv[r][c]] if include_self else [])
+            s = row_sum_bits(terms, F32)
+            want.append(s if reduce == "sum" else round_bits(Fraction(bits_to_float(s, F32)) / len(terms), F32))
+    assert_bits_equal(got, bits_tensor(want, F32).reshape(5, 2), f"scatter_reduce {reduce}")
+    if via_index is not None:
+        assert torch.equal(as_bits(via_index), as_bits(got))
+    with carbon.enabled(), pytest.raises(carbon.NotExactError, match="prod"):
+        x.scatter_reduce(0, idx, src, "prod")
+
+
+def test_vector_norms_of_order_one_zero_and_minus_infinity_and_addbmm_are_exact():
+    x = _randn(4, 6, seed=113, scale=1e3)
+    x[1, 2] = 0.0
+    b1, b2, bias = _randn(3, 2, 5, seed=114), _randn(3, 5, 4, seed=115, scale=1e2), _randn(2, 4, seed=116)
+    with carbon.enabled():
+        n1 = torch.linalg.vector_norm(x, 1, dim=1)
+        n0 = torch.linalg.vector_norm(x, 0)
+        nmin = torch.linalg.vector_norm(x, -math.inf)
+        acc = torch.addbmm(bias, b1, b2)
+    xv = x.double().tolist()
+    assert_bits_equal(n1, bits_tensor([row_sum_bits([abs(v) for v in row], F32) for row in xv], F32), "ord 1")
+    assert n0.item() == 23.0 and nmin.item() == 0.0
+    v1, v2, vb = b1.double().tolist(), b2.double().tolist(), bias.double().tolist()
+    want = [round_bits(Fraction(vb[i][j]) + sum((Fraction(v1[b][i][k]) * Fraction(v2[b][k][j])
+                                                  for b in range(3) for k in range(5)), Fraction(0)), F32)
+            for i in range(2) for j in range(4)]
+    assert_bits_equal(acc, bits_tensor(want, F32).reshape(2, 4), "addbmm")
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_adaptive_max_pooling_gradient_sums_exactly_at_each_maximum(d):
+    shape = (1, 2) + (7,) * d
+    x = _randn(*shape, seed=117).requires_grad_()
+    pool = F.adaptive_max_pool2d if d == 2 else F.adaptive_max_pool3d
+    with carbon.enabled():
+        y, where = pool(x, 4, return_indices=True)  # 7 → 4: regions overlap, a maximum can serve two outputs
+        g = torch.linspace(-1, 2, y.numel()).reshape(y.shape) + 1e-7
+        y.backward(g)
+    terms = {}
+    for plane, (gs, ws) in enumerate(zip(g.reshape(2, -1).double().tolist(), where.reshape(2, -1).tolist())):
+        for gv, wv in zip(gs, ws):
+            terms.setdefault((plane, wv), []).append(gv)
+    size = 7 ** d
+    want = [row_sum_bits(terms.get((p, i), [0.0]), F32) for p in range(2) for i in range(size)]
+    assert_bits_equal(x.grad, bits_tensor(want, F32).reshape(shape), f"adaptive max pool {d}d gradient")
