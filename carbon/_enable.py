@@ -235,12 +235,31 @@ def _linear(input, weight, bias=None):
 
 
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    # Grouped or broadcast key/value heads (GQA, Falcon's multi-query attention): torch's math decomposition
-    # runs instead, op by op, on routed ops (its matmuls, softmax and dropout).
-    shared_heads = key.shape[:-2] != query.shape[:-2] or value.shape[:-2] != query.shape[:-2]
-    if enable_gqa or shared_heads or query.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+    # Grouped or broadcast key/value heads (GQA, Falcon's multi-query attention) are copied out to one per
+    # query head first (repeat_interleave, as torch's enable_gqa and Hugging Face's repeat_kv define them;
+    # their gradient is an exact sum over each group), so every way of writing the same attention —
+    # enable_gqa, repeat_kv, a mask or none — is carbon's one attention and gives the same bits.
+    if query.dtype not in (torch.float32, torch.bfloat16, torch.float16) or query.dim() < 3:
+        return None
+    key, value = _heads_like(query, key, enable_gqa), _heads_like(query, value, enable_gqa)
+    if key is None or value is None:
         return None
     return carbon.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+
+
+def _heads_like(query, kv, enable_gqa):
+    """kv with query's batch and head dimensions (None when they are not GQA-compatible or broadcastable)."""
+    lead = list(query.shape[:-2])
+    if enable_gqa and kv.dim() == query.dim() and kv.shape[-3] != query.shape[-3]:
+        if query.shape[-3] % kv.shape[-3]:
+            return None
+        kv = kv.repeat_interleave(query.shape[-3] // kv.shape[-3], -3)
+    if list(kv.shape[:-2]) != lead:
+        try:
+            kv = kv.expand(lead + list(kv.shape[-2:]))
+        except RuntimeError:
+            return None
+    return kv
 
 
 def _rms_norm(input, normalized_shape, weight=None, eps=None):

@@ -1042,3 +1042,23 @@ def test_adaptive_max_pooling_gradient_sums_exactly_at_each_maximum(d):
     size = 7 ** d
     want = [row_sum_bits(terms.get((p, i), [0.0]), F32) for p in range(2) for i in range(size)]
     assert_bits_equal(x.grad, bits_tensor(want, F32).reshape(shape), f"adaptive max pool {d}d gradient")
+
+
+def test_generation_with_a_static_kv_cache_gives_the_dynamic_caches_bits():
+    """Hugging Face's static cache writes with index_copy_ and attends over the whole cache under a mask:
+    the same logits, bit for bit, as the growing cache (the masked keys add exact zeros)."""
+    T = pytest.importorskip("transformers")
+    cfg = T.LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, intermediate_size=64)
+    with carbon.enabled(seed=0):
+        model = T.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(3, 100, (2, 5), generator=torch.Generator().manual_seed(0))
+    runs = []
+    for cache in ("static", None):
+        with carbon.enabled(seed=1):
+            out = model.generate(ids, max_new_tokens=5, do_sample=True, cache_implementation=cache, pad_token_id=0,
+                                 output_logits=True, return_dict_in_generate=True)
+        runs.append((out.sequences, [as_bits(l) for l in out.logits]))
+    assert torch.equal(runs[0][0], runs[1][0])
+    for a, b in zip(runs[0][1], runs[1][1]):
+        assert torch.equal(a, b)

@@ -191,7 +191,7 @@ def test_pow_of_a_cpu_scalar_base_to_integer_exponents_is_carbons_pow():
 
 
 @pytest.mark.parametrize("kind", ["grouped heads", "one shared head", "learned mask"])
-def test_attention_outside_the_fused_op_is_thread_and_batch_invariant(kind, restore_num_threads):
+def test_attention_with_shared_heads_or_a_learned_mask_is_thread_and_batch_invariant(kind, restore_num_threads):
     q = _randn(4, 4, 6, 8, seed=14)
     kv_heads = {"grouped heads": 2, "one shared head": 1, "learned mask": 4}[kind]
     k, v = _randn(4, kv_heads, 6, 8, seed=15), _randn(4, kv_heads, 6, 8, seed=16)
@@ -207,6 +207,11 @@ def test_attention_outside_the_fused_op_is_thread_and_batch_invariant(kind, rest
             first = F.scaled_dot_product_attention(q[:1], k[:1], v[:1], attn_mask=mask, enable_gqa=kind == "grouped heads")
         results.append([as_bits(out)] + [as_bits(t.grad) for t in leaves])
         assert torch.equal(as_bits(first), as_bits(out[:1])), "batch invariance"
+        if mask is None:  # shared heads are the heads copied out (repeat_kv): the same attention, the same bits
+            with carbon.enabled():
+                copied = F.scaled_dot_product_attention(q, k.repeat_interleave(4 // kv_heads, 1),
+                                                        v.repeat_interleave(4 // kv_heads, 1))
+            assert torch.equal(as_bits(copied), as_bits(out)), "repeat_kv"
     assert all(torch.equal(a, b) for a, b in zip(*results))
 
 
