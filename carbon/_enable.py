@@ -274,6 +274,24 @@ def _dropout(input, p=0.5, training=True, inplace=False):
     return carbon.dropout(input, p, training, inplace)
 
 
+def _recurrent(func: Callable) -> Callable:
+    """torch.lstm / gru / rnn_tanh / rnn_relu on a padded (not packed) input: the input made time-major and
+    contiguous first. torch projects every step's input with at::linear, which takes addmm (bias inside the
+    one rounding) for a contiguous time-major input but matmul + add for the transposed batch-first one of
+    more than one sequence, so a sequence alone and in a batch got different bits."""
+    def route(*args, **kwargs):
+        if len(args) < 9 or kwargs or type(args[2]) is not list or not isinstance(args[0], torch.Tensor):
+            return None  # a packed sequence (2-d data: already one addmm), or an unexpected call
+        x, batch_first = args[0], args[8]
+        if x.dim() != 3:
+            return None
+        time_major = (x.transpose(0, 1) if batch_first else x).contiguous()
+        out = func(time_major, *args[1:8], False)
+        first = out[0].transpose(0, 1) if batch_first else out[0]
+        return (first,) + tuple(out[1:])
+    return route
+
+
 _FUNCTIONS: Dict[Callable, Callable] = {
     F.linear: _linear,
     F.cross_entropy: _cross_entropy,
@@ -283,6 +301,7 @@ _FUNCTIONS: Dict[Callable, Callable] = {
     torch._C._nn.scaled_dot_product_attention: _sdpa,
     F.dropout: _dropout,
     F.rms_norm: _rms_norm,
+    **{f: _recurrent(f) for f in (torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu)},
 }
 
 

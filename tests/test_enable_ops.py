@@ -307,8 +307,8 @@ def test_exponential_draws_are_minus_log_of_one_minus_carbons_uniforms():
 
 
 def test_lstm_and_gru_run_on_routed_ops_with_the_same_bits_at_one_and_two_threads(restore_num_threads):
-    """(Not batch invariant between batch 1 and larger batches: torch's CPU LSTM projects a batch-1
-    input with addmm and a larger one with mm + add, two definitions; see docs/enable.md.)"""
+    """Thread and batch invariant, a sequence alone included: carbon.enable hands torch's RNN a contiguous
+    time-major input, which torch projects with addmm whatever the batch size (docs/enable.md)."""
     seq = _randn(3, 7, 6, seed=28)
     results = []
     for threads in (1, 2):
@@ -318,7 +318,9 @@ def test_lstm_and_gru_run_on_routed_ops_with_the_same_bits_at_one_and_two_thread
             out = lstm(seq)[0] + gru(seq)[0]
             out.sum().backward()
             pair = lstm(seq[1:3])[0] + gru(seq[1:3])[0]
+            alone = lstm(seq[2:3])[0] + gru(seq[2:3])[0]
         assert torch.equal(as_bits(pair), as_bits(out[1:3].detach())), "batches of 2 and 3"
+        assert torch.equal(as_bits(alone), as_bits(out[2:3].detach())), "a sequence alone"
         results.append([as_bits(out.detach())] + [as_bits(p.grad) for p in list(lstm.parameters()) + list(gru.parameters())])
     assert all(torch.equal(a, b) for a, b in zip(*results))
     assert torch.backends.mkldnn.enabled  # restored by disable()
