@@ -1824,6 +1824,38 @@ def _index_reduce(a: dict) -> Any:
                             "include_self": a.get("include_self", True)})
 
 
+def _bincount(a: dict) -> Any:
+    """bincount with floating-point weights: every bin RN(exact Σ of its weights) (carbon.index_add into
+    zeros); the length max(x) + 1 (at least minlength) is read on the host, as torch does. Without weights
+    (integer counts) torch's own."""
+    x, w, minlength = a["self"], a.get("weights"), a.get("minlength", 0)
+    if w is None or not w.is_floating_point():
+        return PASS
+    _need_carbon_dtype("bincount", w)
+    size = max(int(minlength), int(x.max()) + 1 if x.numel() else 0)
+    return carbon_ops.index_add(aten.zeros([size], dtype=w.dtype, device=w.device), 0, x.to(torch.int64), w.contiguous())
+
+
+def _histc(a: dict) -> Tensor:
+    """histc: bin ⌊(x − lo)·bins / (hi − lo)⌋ in binary64 (each operation rounded; x = hi in the last bin),
+    values outside [lo, hi] and NaN not counted; lo = hi = 0 takes the data's minimum and maximum (read on
+    the host, as torch does). Counts are exact."""
+    x, bins = a["self"], int(a.get("bins", 100))
+    lo, hi = float(a.get("min", 0)), float(a.get("max", 0))
+    _need_carbon_dtype("histc", x)
+    if lo == hi == 0 and x.numel():
+        finite = x[aten.logical_not(aten.isnan(x))]
+        lo, hi = (float(finite.min()), float(finite.max())) if finite.numel() else (0.0, 0.0)
+    if lo == hi:
+        lo, hi = lo - 1.0, hi + 1.0
+    v = x.reshape([-1]).double()
+    inside = aten.logical_and(aten.ge(v, lo), aten.le(v, hi))
+    k = aten.floor(aten.div(aten.mul(aten.sub(v, lo), float(bins)), hi - lo))
+    k = aten.clamp(aten.where(inside, k, 0.0), 0, bins - 1).to(torch.int64)
+    counts = aten.zeros([bins], dtype=torch.int64, device=x.device).index_add_(0, k, inside.to(torch.int64))
+    return counts.to(x.dtype)
+
+
 def _index_copy(a: dict) -> Tensor:
     """index_copy with a deterministic rule for duplicate indices: the last write wins (torch leaves it
     unspecified, and CUDA's winner varies). Each destination's writer is the largest position naming it
@@ -2680,7 +2712,7 @@ ROUTES: Dict[str, Callable] = {
     # indexed accumulation
     "index_add": _index_add, "scatter_add": _scatter_add, "index_put": _index_put, "_index_put_impl": _index_put,
     "embedding_dense_backward": _embedding_backward,
-    "index_copy": _index_copy, "embedding_renorm": _embedding_renorm, "scatter_reduce": _scatter_reduce,
+    "index_copy": _index_copy, "embedding_renorm": _embedding_renorm, "bincount": _bincount, "histc": _histc, "scatter_reduce": _scatter_reduce,
     "index_reduce": _index_reduce,
     "_embedding_bag": _embedding_bag, "_embedding_bag_forward_only": _embedding_bag,
     "_embedding_bag_backward": _embedding_bag_dense_backward,

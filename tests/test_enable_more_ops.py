@@ -1062,3 +1062,23 @@ def test_generation_with_a_static_kv_cache_gives_the_dynamic_caches_bits():
     assert torch.equal(runs[0][0], runs[1][0])
     for a, b in zip(runs[0][1], runs[1][1]):
         assert torch.equal(a, b)
+
+
+def test_histc_counts_by_the_binary64_bin_rule_and_bincount_sums_weights_exactly():
+    x = torch.cat([_randn(500, seed=120), torch.tensor([-1.0, 1.0, 0.2, math.nan, 5.0])])
+    with carbon.enabled():
+        h = torch.histc(x, 8, -1.0, 1.0)
+        auto = torch.histc(x[~torch.isnan(x)], 6)
+    want = [0] * 8
+    for v in _values(x):
+        if v == v and -1.0 <= v <= 1.0:
+            want[min(max(math.floor((v - -1.0) * 8 / 2.0), 0), 7)] += 1
+    assert h.tolist() == [float(c) for c in want]
+    assert auto.sum().item() == 504  # data range: every finite value counted
+    idx = torch.tensor([3, 0, 3, 3, 1])
+    w = _randn(5, seed=121) * torch.tensor([1e6, 1.0, 1e-6, -1e6, 1.0])
+    with carbon.enabled():
+        b = torch.bincount(idx, w, minlength=6)
+    wv = _values(w)
+    want_b = [row_sum_bits([wv[k] for k, i in enumerate(idx.tolist()) if i == r] or [0.0], F32) for r in range(6)]
+    assert_bits_equal(b, bits_tensor(want_b, F32), "bincount")
