@@ -43,7 +43,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import carbon
 from carbon import _enable_allow, _enable_norms
-from carbon._enable_routes import PASS, ROUTES, NotCovered
+from carbon._enable_routes import COMPLEX_ROUTES, FOREIGN_ROUTES, PASS, ROUTES, NotCovered
 
 __all__ = ["enable", "disable", "enabled", "is_enabled", "NotExactError"]
 
@@ -141,8 +141,10 @@ class _DispatchMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func.namespace != "aten":
-            return func(*args, **kwargs)  # carbon's own ops, profiler markers, collectives
+            return self._other_namespace(func, args, kwargs)
         base = _base_name(func)
+        if _enable_allow.has_complex(args, kwargs):
+            return self._complex(func, base, args, kwargs)
         handler = ROUTES.get(base)
         if handler is not None:
             try:
@@ -152,6 +154,35 @@ class _DispatchMode(TorchDispatchMode):
                 self.session.not_covered(func, why)
                 return func(*args, **kwargs)
         why = _enable_allow.why_not_exact(func, base, args, kwargs)
+        if why is not None:
+            self.session.not_covered(func, why)
+        return func(*args, **kwargs)
+
+    def _other_namespace(self, func, args, kwargs):
+        """carbon's own ops, profiler markers and collectives pass; other libraries' kernels (torchvision's
+        roi_align, fused attention kernels, ...) are outside carbon's lists: refused (strict) or warned about,
+        unless carbon routes them."""
+        handler = FOREIGN_ROUTES.get(f"{func.namespace}.{_base_name(func)}")
+        if handler is not None:
+            try:
+                return self._run(func, _base_name(func), handler, args, kwargs)
+            except (NotCovered, KeyError) as e:
+                self.session.not_covered(func, str(e) if isinstance(e, NotCovered) else f"this overload ({func._overloadname})")
+                return func(*args, **kwargs)
+        if func.namespace not in _enable_allow.PASSING_NAMESPACES and _enable_allow.has_floats(args, kwargs):
+            self.session.not_covered(func, f"an op of the {func.namespace!r} library, which carbon does not cover")
+        return func(*args, **kwargs)
+
+    def _complex(self, func, base, args, kwargs):
+        """Complex arguments: carbon's complex routes, the exact complex ops as torch's, the rest refused."""
+        handler = COMPLEX_ROUTES.get(base)
+        if handler is not None:
+            try:
+                return self._run(func, base, handler, args, kwargs)
+            except (NotCovered, KeyError) as e:
+                self.session.not_covered(func, str(e) if isinstance(e, NotCovered) else f"this overload ({func._overloadname})")
+                return func(*args, **kwargs)
+        why = _enable_allow.why_not_complex(func, base, args, kwargs)
         if why is not None:
             self.session.not_covered(func, why)
         return func(*args, **kwargs)
@@ -204,12 +235,31 @@ def _linear(input, weight, bias=None):
 
 
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    # Grouped or broadcast key/value heads (GQA, Falcon's multi-query attention): torch's math decomposition
-    # runs instead, op by op, on routed ops (its matmuls, softmax and dropout).
-    shared_heads = key.shape[:-2] != query.shape[:-2] or value.shape[:-2] != query.shape[:-2]
-    if enable_gqa or shared_heads or query.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+    # Grouped or broadcast key/value heads (GQA, Falcon's multi-query attention) are copied out to one per
+    # query head first (repeat_interleave, as torch's enable_gqa and Hugging Face's repeat_kv define them;
+    # their gradient is an exact sum over each group), so every way of writing the same attention —
+    # enable_gqa, repeat_kv, a mask or none — is carbon's one attention and gives the same bits.
+    if query.dtype not in (torch.float32, torch.bfloat16, torch.float16) or query.dim() < 3:
+        return None
+    key, value = _heads_like(query, key, enable_gqa), _heads_like(query, value, enable_gqa)
+    if key is None or value is None:
         return None
     return carbon.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+
+
+def _heads_like(query, kv, enable_gqa):
+    """kv with query's batch and head dimensions (None when they are not GQA-compatible or broadcastable)."""
+    lead = list(query.shape[:-2])
+    if enable_gqa and kv.dim() == query.dim() and kv.shape[-3] != query.shape[-3]:
+        if query.shape[-3] % kv.shape[-3]:
+            return None
+        kv = kv.repeat_interleave(query.shape[-3] // kv.shape[-3], -3)
+    if list(kv.shape[:-2]) != lead:
+        try:
+            kv = kv.expand(lead + list(kv.shape[-2:]))
+        except RuntimeError:
+            return None
+    return kv
 
 
 def _rms_norm(input, normalized_shape, weight=None, eps=None):
@@ -224,6 +274,24 @@ def _dropout(input, p=0.5, training=True, inplace=False):
     return carbon.dropout(input, p, training, inplace)
 
 
+def _recurrent(func: Callable) -> Callable:
+    """torch.lstm / gru / rnn_tanh / rnn_relu on a padded (not packed) input: the input made time-major and
+    contiguous first. torch projects every step's input with at::linear, which takes addmm (bias inside the
+    one rounding) for a contiguous time-major input but matmul + add for the transposed batch-first one of
+    more than one sequence, so a sequence alone and in a batch got different bits."""
+    def route(*args, **kwargs):
+        if len(args) < 9 or kwargs or type(args[2]) is not list or not isinstance(args[0], torch.Tensor):
+            return None  # a packed sequence (2-d data: already one addmm), or an unexpected call
+        x, batch_first = args[0], args[8]
+        if x.dim() != 3:
+            return None
+        time_major = (x.transpose(0, 1) if batch_first else x).contiguous()
+        out = func(time_major, *args[1:8], False)
+        first = out[0].transpose(0, 1) if batch_first else out[0]
+        return (first,) + tuple(out[1:])
+    return route
+
+
 _FUNCTIONS: Dict[Callable, Callable] = {
     F.linear: _linear,
     F.cross_entropy: _cross_entropy,
@@ -233,6 +301,7 @@ _FUNCTIONS: Dict[Callable, Callable] = {
     torch._C._nn.scaled_dot_product_attention: _sdpa,
     F.dropout: _dropout,
     F.rms_norm: _rms_norm,
+    **{f: _recurrent(f) for f in (torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu)},
 }
 
 

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["ALLOWED", "PER_TENSOR", "why_not_exact"]
+__all__ = ["ALLOWED", "COMPLEX_EXACT", "PASSING_NAMESPACES", "PER_TENSOR", "has_complex", "has_floats", "why_not_complex", "why_not_exact"]
 
 # Ops with one correctly rounded IEEE operation per element, or none. A
 # Python/CPU scalar in mul is rounded to the tensor's compute type first, the
@@ -26,6 +26,8 @@ PER_TENSOR = frozenset({
     "_prelu_kernel", "_prelu_kernel_backward",
     "leaky_relu_backward", "sign", "sgn", "signbit", "floor", "ceil", "trunc", "round", "fmod", "copysign",
     "nan_to_num", "zero", "fill", "copy", "clone", "where", "masked_fill",
+    # x − trunc(x) is exact (its bits are a subset of x's)
+    "frac",
 })
 
 ALLOWED = PER_TENSOR | frozenset({
@@ -34,7 +36,7 @@ ALLOWED = PER_TENSOR | frozenset({
     "_local_scalar_dense", "_copy_from", "_copy_from_and_resize", "resize", "resize_as", "set",
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "ones",
     "ones_like", "full", "full_like", "new_zeros", "new_ones", "new_full", "scalar_tensor", "eye", "tril", "triu",
-    "_efficientzerotensor", "_pin_memory", "is_pinned",
+    "_efficientzerotensor", "_pin_memory", "is_pinned", "complex", "view_as_complex", "view_as_real",
     # data movement and indexing
     "cat", "stack", "index", "_unsafe_index", "index_select", "gather", "scatter", "select_scatter",
     "slice_scatter", "diagonal_scatter", "as_strided_scatter", "masked_scatter", "masked_select", "embedding",
@@ -52,7 +54,9 @@ ALLOWED = PER_TENSOR | frozenset({
     "any", "all", "equal", "is_nonzero", "is_same_size", "_is_all_true", "_is_any_true",
     # reductions without rounding (max pooling: the window's maximum and its index; the backward is routed)
     "amax", "amin", "max", "min", "argmax", "argmin", "aminmax", "count_nonzero", "max_pool2d_with_indices",
-    "max_pool3d_with_indices", "max_pool2d", "max_pool1d", "adaptive_max_pool2d",
+    "max_pool3d_with_indices", "max_pool2d", "max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d",
+    # selections: every value is one of the input's (indices among equal values: see docs/enable.md)
+    "median", "nanmedian", "kthvalue", "mode", "cummax", "cummin", "searchsorted", "bucketize", "im2col",
     # bookkeeping
     "_assert_async", "_functional_assert_async", "_assert_scalar", "sym_size", "sym_stride", "sym_numel",
     "sym_storage_offset", "record_stream", "_foreach_zero", "_foreach_copy", "_foreach_neg", "_foreach_abs",
@@ -63,6 +67,56 @@ ALLOWED = PER_TENSOR | frozenset({
     # mixed precision: g * inv_scale (one rounding) and a non-finite check; scale * factor
     "_amp_foreach_non_finite_check_and_unscale", "_amp_update_scale", "_nested_tensor_from_mask_left_aligned", "detach", "alias",
 })
+
+
+# Op namespaces other than aten that pass unchanged: carbon's own ops, profiler markers and collectives
+# (a floating-point all-reduce adds in the backend's order: DDP under carbon.enable should use
+# carbon.allreduce_hook, docs/distributed.md). Ops of any other library are refused unless routed.
+PASSING_NAMESPACES = frozenset({"carbon", "profiler", "c10d", "_c10d_functional", "_c10d_functional_autograd",
+                                "_dtensor"})
+
+# Complex tensors: the ops above are exact for real tensors, but a complex product, quotient or modulus is
+# several rounded operations, which torch fuses differently on each device. With a complex argument only
+# these run as torch's own: copies, views and data movement, and the componentwise operations whose every
+# component is one correctly rounded operation (add / sub with a real alpha, neg, conj). carbon.enable
+# routes complex `mul` and `sum` itself (_enable_routes.COMPLEX_ROUTES); everything else is refused.
+COMPLEX_EXACT = frozenset({
+    "_to_copy", "to", "clone", "copy", "contiguous", "_unsafe_view", "view", "reshape", "lift_fresh",
+    "lift_fresh_copy", "detach", "alias", "_local_scalar_dense", "_copy_from", "_copy_from_and_resize", "resize",
+    "resize_as", "set", "as_strided", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
+    "zeros", "zeros_like", "new_zeros", "ones_like", "full_like", "fill", "zero", "_efficientzerotensor",
+    "cat", "stack", "index", "_unsafe_index", "index_select", "gather", "scatter", "select_scatter",
+    "slice_scatter", "masked_fill", "where", "flip", "roll", "repeat", "tile", "constant_pad_nd", "expand_copy",
+    "permute_copy", "t_copy", "transpose_copy", "view_copy", "unbind_copy", "split_with_sizes_copy", "narrow_copy",
+    "select_backward", "slice_backward", "transpose", "t", "squeeze", "unsqueeze", "swapaxes", "swapdims",
+    "view_as_real", "view_as_complex", "real", "imag", "complex", "conj", "_conj", "conj_physical",
+    "resolve_conj", "resolve_neg", "_neg_view", "neg", "add", "sub", "rsub", "eq", "ne", "isnan", "isinf",
+    "isfinite", "_has_compatible_shallow_copy_type", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
+})
+
+
+def has_complex(args: tuple, kwargs: dict) -> bool:
+    """Whether an argument is a complex tensor, or the op is asked for a complex result."""
+    if any(t.is_complex() for t in _tensors(list(args) + list(kwargs.values()))):
+        return True
+    dtype = kwargs.get("dtype")
+    return isinstance(dtype, torch.dtype) and dtype.is_complex
+
+
+def has_floats(args: tuple, kwargs: dict) -> bool:
+    """Whether a floating-point or complex tensor is among the arguments (an op without one, such as a
+    library's version query or an integer kernel, computes nothing that rounds)."""
+    return any(t.is_floating_point() or t.is_complex() for t in _tensors(list(args) + list(kwargs.values())))
+
+
+def why_not_complex(func: Any, base: str, args: tuple, kwargs: dict) -> Optional[str]:
+    """None when an op with complex arguments is exact by construction (see COMPLEX_EXACT), else why not."""
+    if base in COMPLEX_EXACT or _is_view(func):
+        alpha = kwargs.get("alpha", args[2] if base in ("add", "sub", "rsub") and len(args) > 2 else 1)
+        if isinstance(alpha, complex) or (isinstance(alpha, torch.Tensor) and alpha.is_complex()):
+            return "a complex alpha (a complex product)"
+        return None
+    return "complex arithmetic: carbon covers complex copies, views, add, sub, neg, conj, mul and sum"
 
 
 def _is_view(func: Any) -> bool:

@@ -30,7 +30,7 @@ from carbon._conv import _columns as conv_columns
 from carbon._conv import (conv_backward, conv_forward, conv_transpose_backward, conv_transpose_forward,
                           conv_transpose_size)
 
-__all__ = ["ROUTES", "PASS", "NotCovered"]
+__all__ = ["COMPLEX_ROUTES", "FOREIGN_ROUTES", "ROUTES", "PASS", "NotCovered"]
 
 aten = torch.ops.aten
 carbon_ops = torch.ops.carbon
@@ -219,6 +219,168 @@ def _reduce_loss(loss: Tensor, reduction: int) -> Tensor:
     if reduction == 0:
         return loss
     return carbon_ops.sum(loss, None, False, None) if reduction == 2 else carbon_ops.mean(loss, None, False, None)
+
+
+def _soft_margin_loss(a: dict) -> Tensor:
+    """RN(SOFTPLUS(−RN(x·y))) (carbon's softplus: log(1 + e^z) without overflow), then mean / sum exact."""
+    x, y = a["self"], a["target"]
+    _need_carbon_dtype("soft_margin_loss", x, y)
+    return _reduce_loss(carbon_ops.softplus(aten.neg(aten.mul(x, y))), a.get("reduction", 1))
+
+
+def _soft_margin_loss_backward(a: dict) -> Tensor:
+    """RN(RN(−y·SIGMOID(−RN(x·y)))·g'), g' = RN(g / numel) for mean, else g."""
+    g, x, y, reduction = a["grad_output"], a["self"], a["target"], a["reduction"]
+    if reduction == 1:
+        g = true_divide(g, float(x.numel()))
+    return aten.mul(aten.neg(aten.mul(y, carbon_ops.sigmoid(aten.neg(aten.mul(x, y))))), g)
+
+
+def _linalg_cross(a: dict) -> Tensor:
+    """The cross product, each component RN(RN(a·b) − RN(c·d)) (torch's CUDA kernel may fuse it into an fma)."""
+    x, y, dim = a["self"], a["other"], a.get("dim", -1)
+    _need_carbon_dtype("linalg_cross", x, y)
+    shape = torch.broadcast_shapes(x.shape, y.shape)
+    x, y = x.expand(shape), y.expand(shape)
+    if shape[dim] != 3:
+        raise RuntimeError(f"linalg.cross: inputs dimension {dim} must have length 3. Got {shape[dim]}")
+    xs, ys = [x.select(dim, k) for k in range(3)], [y.select(dim, k) for k in range(3)]
+    parts = [aten.sub(aten.mul(xs[(k + 1) % 3], ys[(k + 2) % 3]), aten.mul(xs[(k + 2) % 3], ys[(k + 1) % 3]))
+             for k in range(3)]
+    return aten.stack(parts, dim)
+
+
+def _sinc(a: dict) -> Tensor:
+    """sin(πx)/(πx): t = RN(RN32(π)·x), RN(SIN(t) / t), 1 at x = 0 (torch's formula, with carbon's sin)."""
+    x = a["self"]
+    _need_carbon_dtype("sinc", x)
+    t = aten.mul(x, float(torch.tensor(math.pi, dtype=torch.float32)))
+    return aten.where(aten.eq(x, 0), 1.0, true_divide(carbon_ops.sin(t), t)).to(x.dtype)
+
+
+def _lse(*terms: Tensor) -> Tensor:
+    """log Σ e^v over a few tensors: m = max, RN(LOG(RN32(exact Σ EXP(RN(v − m)))) + m), −∞ when every term is −∞
+    (m read as 0 there)."""
+    m = terms[0]
+    for t in terms[1:]:
+        m = aten.maximum(m, t)
+    m0 = aten.where(aten.eq(m, -math.inf), 0.0, m)
+    e = aten.stack([carbon_ops.exp(aten.sub(t, m0)) for t in terms], -1)
+    return aten.add(carbon_ops.log(carbon_ops.sum(e, [-1], False, None)), m0)
+
+
+def _shift(x: Tensor, k: int) -> Tensor:
+    """x moved k positions along the last dimension (right for k > 0, left for k < 0), −∞ filling."""
+    fill = aten.full(list(x.shape[:-1]) + [abs(k)], -math.inf, dtype=x.dtype, device=x.device)
+    return aten.cat([fill, x[..., :-k]], -1) if k > 0 else aten.cat([x[..., -k:], fill], -1)
+
+
+class _CtcLattice:
+    """The CTC alignment lattice of a batch: extended labels l' = (blank, l₁, blank, …, l_S, blank) per sequence,
+    the log-probabilities of l' at every step, and where a step may skip a blank."""
+
+    def __init__(self, log_probs: Tensor, targets: Tensor, input_lengths: Any, target_lengths: Any, blank: int) -> None:
+        if log_probs.dtype != torch.float32:
+            raise NotCovered(f"ctc_loss in {log_probs.dtype}: carbon computes it in float32")
+        lengths = [int(v) for v in (input_lengths.tolist() if isinstance(input_lengths, Tensor) else input_lengths)]
+        tl = [int(v) for v in (target_lengths.tolist() if isinstance(target_lengths, Tensor) else target_lengths)]
+        t_max, n, _ = log_probs.shape
+        s_max = max(tl + [0])
+        dev = log_probs.device
+        if targets.dim() == 1:  # concatenated targets
+            offsets = [sum(tl[:i]) for i in range(n)]
+            idx = [[offsets[i] + min(j, max(tl[i] - 1, 0)) for j in range(s_max)] for i in range(n)]
+            padded = aten.index_select(targets, 0, torch.tensor(idx, dtype=torch.int64).reshape(-1).to(targets.device))
+            padded = padded.reshape([n, s_max])
+        else:
+            padded = targets[:, :s_max]
+        width = 2 * s_max + 1
+        ext = aten.full([n, width], blank, dtype=torch.int64, device=dev)
+        if s_max:
+            ext[:, 1::2] = padded.to(device=dev, dtype=torch.int64)
+        pos = torch.arange(width, device=dev)
+        self.valid = aten.lt(pos.unsqueeze(0), torch.tensor([2 * v + 1 for v in tl], device=dev).unsqueeze(1))
+        self.skip = aten.logical_and(aten.logical_and(aten.ge(pos, 2).unsqueeze(0), aten.ne(ext, blank)),
+                                     aten.ne(ext, aten.cat([aten.full([n, 2], -1, dtype=torch.int64, device=dev),
+                                                            ext[:, :-2]], 1)))
+        self.ext, self.lengths, self.target_lengths, self.t_max = ext, lengths, tl, t_max
+        self.lp = aten.gather(log_probs, 2, ext.unsqueeze(0).expand([t_max, n, width]))  # [T, N, S']
+        self.minus_inf = aten.full([n, width], -math.inf, dtype=torch.float32, device=dev)
+
+    def last_two(self) -> tuple:
+        """Positions 2S and 2S − 1 (the latter −∞ for an empty target) as masks over the lattice."""
+        dev = self.ext.device
+        pos = torch.arange(self.ext.shape[1], device=dev).unsqueeze(0)
+        end = torch.tensor([2 * v for v in self.target_lengths], device=dev).unsqueeze(1)
+        return aten.eq(pos, end), aten.logical_and(aten.eq(pos, end - 1), aten.gt(end, 0))
+
+    def step_is(self, t: int) -> Tensor:
+        """Sequences whose last step is t."""
+        return torch.tensor([t == v - 1 for v in self.lengths], device=self.ext.device).unsqueeze(1)
+
+
+def _ctc_loss(a: dict) -> tuple:
+    """nn.CTCLoss's forward: log α by the usual recursion in log space, every log-sum-exp RN(LOG(RN32(exact Σ
+    EXP(RN(v − m)))) + m) (_lse) and every sum with a log-probability rounded; loss = −LSE(α[T−1, 2S],
+    α[T−1, 2S − 1]) at each sequence's own length. Returns (loss, log α
+    as [N, T, 2S + 1]) like torch; the routed backward reads log α."""
+    lp = a["log_probs"]
+    lat = _CtcLattice(lp, a["targets"], a["input_lengths"], a["target_lengths"], a.get("blank", 0))
+    first = aten.logical_or(aten.eq(torch.arange(lat.ext.shape[1], device=lp.device), 0).unsqueeze(0),
+                            aten.logical_and(aten.eq(torch.arange(lat.ext.shape[1], device=lp.device), 1).unsqueeze(0),
+                                             aten.gt(torch.tensor(lat.target_lengths, device=lp.device), 0).unsqueeze(1)))
+    alpha = aten.where(aten.logical_and(first, lat.valid), lat.lp[0], lat.minus_inf)
+    alphas, final = [alpha], aten.where(lat.step_is(0), alpha, lat.minus_inf)
+    for t in range(1, lat.t_max):
+        prev = alphas[-1]
+        skip = aten.where(lat.skip, _shift(prev, 2), -math.inf)
+        alpha = aten.where(lat.valid, aten.add(_lse(prev, _shift(prev, 1), skip), lat.lp[t]), -math.inf)
+        alphas.append(alpha)
+        final = aten.where(lat.step_is(t), alpha, final)
+    end, before = lat.last_two()
+    loss = aten.neg(_lse(aten.amax(aten.where(end, final, -math.inf), [1]),
+                         aten.amax(aten.where(before, final, -math.inf), [1])))
+    return loss, aten.stack(alphas, 1)  # zero_infinity: F.ctc_loss zeroes an infinite loss itself
+
+
+def _ctc_loss_backward(a: dict) -> Tensor:
+    """The gradient torch's kernels compute, on the same log-space quantities: log β by the mirrored recursion,
+    v = RN(log α + log β), per step and class c lcab = LSE of v over the positions labelled c (grouped maximum,
+    then carbon.scatter_add of the EXPs: exact), grad = RN(RN(EXP(lp) − EXP(RN(RN(lcab + loss) − lp)))·g),
+    0 beyond each sequence's length (and where the loss is infinite with zero_infinity)."""
+    g, lp, loss, log_alpha = a["grad"], a["log_probs"], a["neg_log_likelihood"], a["log_alpha"]
+    lat = _CtcLattice(lp, a["targets"], a["input_lengths"], a["target_lengths"], a.get("blank", 0))
+    end, before = lat.last_two()
+    betas = [None] * lat.t_max
+    beta = lat.minus_inf
+    for t in reversed(range(lat.t_max)):
+        start = aten.where(aten.logical_or(end, before), lat.lp[t], -math.inf)
+        skip = aten.where(_shift(lat.skip.double(), -2).bool(), _shift(beta, -2), -math.inf)
+        rec = aten.add(_lse(beta, _shift(beta, -1), skip), lat.lp[t])
+        beta = aten.where(lat.step_is(t), start, rec)  # each sequence starts at its own last step
+        beta = aten.where(lat.valid, beta, -math.inf)
+        beta = aten.where(_beyond(lat, t), -math.inf, beta)
+        betas[t] = beta
+    v = aten.add(aten.movedim(log_alpha, 1, 0), aten.stack(betas, 0))  # [T, N, S']
+    t_max, n, c = lp.shape
+    index = lat.ext.unsqueeze(0).expand([t_max, n, lat.ext.shape[1]])
+    m = aten.scatter_reduce(aten.full([t_max, n, c], -math.inf, dtype=torch.float32, device=lp.device), 2, index, v,
+                            "amax", include_self=True)
+    m0 = aten.where(aten.eq(m, -math.inf), 0.0, m)
+    e = carbon_ops.exp(aten.sub(v, aten.gather(m0, 2, index)))
+    sums = carbon_ops.scatter_add(aten.zeros([t_max, n, c], dtype=torch.float32, device=lp.device), 2, index.contiguous(), e.contiguous())
+    lcab = aten.add(carbon_ops.log(sums), m0)
+    res = aten.sub(carbon_ops.exp(lp), carbon_ops.exp(aten.sub(aten.add(lcab, loss.reshape([1, n, 1])), lp)))
+    grad = aten.mul(res, g.reshape([1, n, 1]))
+    live = torch.tensor([[t < v for v in lat.lengths] for t in range(t_max)], device=lp.device).unsqueeze(-1)
+    if a.get("zero_infinity", False):
+        live = aten.logical_and(live, aten.logical_not(aten.isinf(loss)).reshape([1, n, 1]))
+    return aten.where(live, grad, 0.0)
+
+
+def _beyond(lat: "_CtcLattice", t: int) -> Tensor:
+    """Sequences that end before step t: no β there."""
+    return torch.tensor([t > v - 1 for v in lat.lengths], device=lat.ext.device).unsqueeze(1)
 
 
 def _bce_with_logits(a: dict) -> Tensor:
@@ -483,6 +645,17 @@ _addmm = _biased_product("addmm", "mat1", "mat2", carbon_ops.mm, carbon_ops.addm
 _baddbmm = _biased_product("baddbmm", "batch1", "batch2", carbon_ops.bmm, carbon_ops.baddbmm)
 
 
+def _batch_as_depth(x: Tensor, y: Tensor) -> tuple:
+    """Σ_b x_b @ y_b as one product: x [B, N, K] → [N, B·K], y [B, K, M] → [B·K, M]."""
+    return aten.movedim(x, 0, 1).reshape([x.shape[1], -1]), y.reshape([-1, y.shape[2]])
+
+
+_addbmm = _biased_product("addbmm", "batch1", "batch2",
+                          lambda x, y: carbon_ops.mm(*_batch_as_depth(x, y)),
+                          lambda bias, x, y: carbon_ops.addmm(bias.expand([x.shape[1], y.shape[2]]).contiguous(),
+                                                              *_batch_as_depth(x, y)))
+
+
 def _mv(a: dict) -> Tensor:
     m, v = a["self"], a["vec"]
     if not _float_mm("mv", m, v):
@@ -495,6 +668,11 @@ def _dot(a: dict) -> Tensor:
     if not _float_mm("dot", x, y):
         return PASS
     return carbon_ops.mm(x.unsqueeze(0), y.unsqueeze(1)).reshape(())
+
+
+def _vdot(a: dict) -> Tensor:
+    """vdot of real tensors is dot (spectral-norm parametrization's power iteration)."""
+    return _dot({"self": a["self"], "tensor": a["other"]})
 
 
 def _conv_args(name: str, a: dict, *tensors: Optional[Tensor]) -> tuple:
@@ -626,8 +804,16 @@ def _vector_norm(a: dict) -> Tensor:
     if ord_ == math.inf:
         r = aten.amax(aten.abs(x), dim if dim is not None else [], keepdim)
         return r
+    if ord_ == -math.inf:
+        return aten.amin(aten.abs(x), dim if dim is not None else [], keepdim)
+    if ord_ == 1:  # RN(exact Σ|x|)
+        dims = None if dim is None or len(dim) == 0 else list(dim)
+        return carbon_ops.sum(aten.abs(x).contiguous(), dims, keepdim, None)
+    if ord_ == 0:  # the number of nonzero entries (exact below 2²⁴)
+        dims = list(range(x.dim())) if dim is None or len(dim) == 0 else list(dim)
+        return aten.sum(aten.ne(x, 0), dims, keepdim).to(x.dtype)
     if ord_ != 2:
-        raise NotCovered(f"linalg_vector_norm with ord={ord_}: carbon computes the 2-norm and the inf-norm exactly")
+        raise NotCovered(f"linalg_vector_norm with ord={ord_}: carbon computes ord 0, 1, 2 and ±inf exactly")
     if dim is not None and len(dim) > 0 and x.dim() > 0:
         return _norm_over_dims(x, list(dim), keepdim)
     if x.numel() == 0:
@@ -662,6 +848,115 @@ def _norm(a: dict) -> Tensor:
     dim = a.get("dim")
     return _vector_norm({"self": a["self"], "ord": 2 if p is None else p, "dim": list(dim) if dim is not None else None,
                          "keepdim": a.get("keepdim", False), "dtype": a.get("dtype")})
+
+
+def _square_split(x: Tensor) -> tuple:
+    """x² as float32 hi + lo, exactly (x² is exact in binary64; lo is exact while x² ≥ 2⁻¹⁰¹, i.e. |x| ≥ 2⁻⁵⁰·⁵,
+    or x = 0, and hi finite while |x| < 2⁶⁴)."""
+    sq = aten.mul(x.double(), x.double())
+    hi = sq.to(torch.float32)
+    return hi, aten.sub(sq, hi.double()).to(torch.float32)
+
+
+def _cdist_pairs(x1: Tensor, x2: Tensor) -> tuple:
+    """x1 [..., N, K], x2 [..., M, K] with broadcast batch dimensions, flattened to [B, N, K], [B, M, K]."""
+    batch = list(torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2]))
+    a = x1.expand(batch + list(x1.shape[-2:])).reshape([-1] + list(x1.shape[-2:]))
+    b = x2.expand(batch + list(x2.shape[-2:])).reshape([-1] + list(x2.shape[-2:]))
+    return a, b, batch
+
+
+def _euclidean_distances(x1: Tensor, x2: Tensor) -> Tensor:
+    """d[i, j] = RN(√RN(exact Σₖ (x1ᵢₖ − x2ⱼₖ)²)) with the differences exact, from ONE carbon.bmm per batch:
+    (x1 − x2)² = x1² − 2·x1·x2 + x2², so the rows [−2·x1 | hi(x1²) | lo(x1²) | 1 | 1] times the columns
+    [x2 | 1 | 1 | hi(x2²) | lo(x2²)] give the exact sum inside one correctly rounded product (see
+    _square_split for the range)."""
+    _need_carbon_dtype("cdist", x1, x2)
+    out_dtype = torch.result_type(x1, x2)
+    a, b, batch = _cdist_pairs(x1.to(torch.float32), x2.to(torch.float32))
+    a_hi, a_lo = _square_split(a)
+    b_hi, b_lo = _square_split(b)
+    ones_a, ones_b = aten.ones_like(a), aten.ones_like(b)
+    left = aten.cat([aten.mul(a, -2.0), a_hi, a_lo, ones_a, ones_a], -1)
+    right = aten.cat([b, ones_b, ones_b, b_hi, b_lo], -1)
+    total = carbon_ops.bmm(left.contiguous(), aten.transpose(right, 1, 2).contiguous(), out_dtype)
+    return sqrt_rn(total).reshape(batch + [x1.shape[-2], x2.shape[-2]])
+
+
+def _euclidean_dist(a: dict) -> Tensor:
+    return _euclidean_distances(a["x1"], a["x2"])
+
+
+def _cdist_forward(a: dict) -> Tensor:
+    """torch.cdist. p = 2: the exact Euclidean distance above; p = 1: RN(exact Σₖ |x1ᵢₖ − x2ⱼₖ|) (each
+    difference split exactly into RN(x1 − x2) + its rounding error); p = ∞: max |RN(x1 − x2)| (= RN of the
+    exact maximum); p = 0: the number of differing coordinates. Other p raise."""
+    x1, x2, p = a["x1"], a["x2"], float(a["p"])
+    if p == 2.0:
+        return _euclidean_distances(x1, x2)
+    _need_carbon_dtype("cdist", x1, x2)
+    out_dtype = torch.result_type(x1, x2)
+    a1, b1, batch = _cdist_pairs(x1, x2)
+    diff_hi = aten.sub(a1.unsqueeze(2).to(torch.float32), b1.unsqueeze(1).to(torch.float32))  # [B, N, M, K]
+    if p == math.inf:
+        r = aten.amax(aten.abs(diff_hi), [-1]) if diff_hi.shape[-1] else aten.zeros(diff_hi.shape[:-1], device=x1.device)
+    elif p == 0.0:
+        r = aten.sum(aten.ne(diff_hi, 0), [-1]).to(torch.float32)
+    elif p == 1.0:
+        exact = aten.sub(a1.unsqueeze(2).double(), b1.unsqueeze(1).double())  # exact: two float32 values
+        lo = aten.sub(exact, diff_hi.double()).to(torch.float32)  # exact: the rounding error of one subtraction
+        sign = aten.sign(diff_hi)  # the exact difference's sign (|lo| ≤ ½ ulp(hi); hi = 0 only if lo = 0)
+        terms = aten.cat([aten.mul(diff_hi, sign), aten.mul(lo, sign)], -1)
+        r = carbon_ops.sum(terms.contiguous(), [-1], False, torch.float32)
+    else:
+        raise NotCovered(f"cdist with p = {p}: carbon computes p = 0, 1, 2 and ∞ exactly")
+    return r.to(out_dtype).reshape(batch + [x1.shape[-2], x2.shape[-2]])
+
+
+def _cdist_backward(a: dict) -> Tensor:
+    """The gradient for x1. p = 2: torch's _euclidean_dist_backward on routed ops, r = RN(g / d) (0 where
+    d = 0), RN(RN(x1·RN(Σⱼ r)) − RN(Σⱼ r·x2)) (both sums exact); p = 1: RN(exact Σⱼ g·sign(x1 − x2));
+    p = ∞: RN(exact Σⱼ of g·sign(x1 − x2) at the coordinates where |x1 − x2| = d); p = 0: zeros."""
+    g, x1, x2, p, d = a["grad_output"], a["x1"], a["x2"], float(a["p"]), a["cdist"]
+    _need_carbon_dtype("cdist backward", g, x1, x2)
+    if p == 0.0:
+        return aten.zeros_like(x1)
+    if p == 2.0:
+        ratio = aten.masked_fill(true_divide(g, d), aten.eq(d, 0), 0.0)
+        sums = carbon_ops.sum(ratio.contiguous(), [-1], True, None)
+        a1, b1, batch = _cdist_pairs(x1, x2)
+        mixed = carbon_ops.bmm(ratio.reshape([-1] + list(ratio.shape[-2:])).contiguous(), b1.contiguous(), None)
+        return aten.sub(aten.mul(x1, sums), mixed.reshape(x1.shape))
+    if p not in (1.0, math.inf):
+        raise NotCovered(f"cdist backward with p = {p}")
+    a1, b1, batch = _cdist_pairs(x1, x2)
+    diff = aten.sub(a1.unsqueeze(2).to(torch.float32), b1.unsqueeze(1).to(torch.float32))  # [B, N, M, K]
+    gs = g.reshape([-1] + list(g.shape[-2:])).unsqueeze(-1).to(torch.float32)
+    terms = aten.mul(gs, aten.sign(diff))
+    if p == math.inf:
+        at_max = aten.eq(aten.abs(diff), d.reshape([-1] + list(d.shape[-2:])).unsqueeze(-1).to(torch.float32))
+        terms = aten.where(at_max, terms, 0.0)
+    r = carbon_ops.sum(aten.transpose(terms, 2, 3).contiguous(), [-1], False, x1.dtype)  # over j
+    return r.reshape(x1.shape)
+
+
+def _pdist_forward(a: dict) -> Tensor:
+    """torch.pdist: the cdist route's distances of the pairs i < j, row-major."""
+    x, p = a["self"], a.get("p", 2.0)
+    n = x.shape[0]
+    full = _cdist_forward({"x1": x, "x2": x, "p": p})
+    i, j = torch.triu_indices(n, n, 1, device=x.device)
+    return full[i, j]
+
+
+def _pdist_backward(a: dict) -> Tensor:
+    """The cdist route's gradient with the pair gradients placed symmetrically: g at (i, j) and (j, i)."""
+    g, x, p, d = a["grad_output"], a["self"], a["p"], a["pdist"]
+    n = x.shape[0]
+    i, j = torch.triu_indices(n, n, 1, device=x.device)
+    grads = aten.zeros([n, n], dtype=g.dtype, device=g.device).index_put_((i, j), g).index_put_((j, i), g)
+    dists = aten.zeros([n, n], dtype=d.dtype, device=d.device).index_put_((i, j), d).index_put_((j, i), d)
+    return _cdist_backward({"grad_output": grads, "x1": x, "x2": x, "p": p, "cdist": dists})
 
 
 def _weight_norm_slices(t: Tensor, dim: int) -> Tensor:
@@ -1002,73 +1297,185 @@ def _glu_backward(a: dict) -> Tensor:
 
 # ---- pooling and upsampling -----------------------------------------------------------------------------------------
 
-def _pool_pair(v: Any, default: Optional[List[int]] = None) -> List[int]:
+def _pool_pair(v: Any, default: Optional[List[int]] = None, d: int = 2) -> List[int]:
     v = list(v) if isinstance(v, (list, tuple)) else [v]
     if not v:
         return list(default or [])
-    return v * 2 if len(v) == 1 else v
+    return v * d if len(v) == 1 else v
 
 
-def _avg_pool2d_args(a: dict) -> tuple:
-    kernel = _pool_pair(a["kernel_size"])
-    stride = _pool_pair(a.get("stride", []), kernel)
-    padding = _pool_pair(a.get("padding", 0))
-    if a.get("ceil_mode", False) or a.get("divisor_override") is not None:
-        raise NotCovered("avg_pool2d with ceil_mode or divisor_override")
-    if not a.get("count_include_pad", True) and any(padding):
-        raise NotCovered("avg_pool2d with padding and count_include_pad=False")
+def _avg_pool_args(a: dict, d: int) -> tuple:
+    kernel = _pool_pair(a["kernel_size"], d=d)
+    stride = _pool_pair(a.get("stride", []), kernel, d=d)
+    padding = _pool_pair(a.get("padding", 0), d=d)
+    if a.get("divisor_override") is not None:
+        raise NotCovered(f"avg_pool{d}d with divisor_override")
     return kernel, stride, padding
 
 
-def _avg_pool2d(a: dict) -> Tensor:
-    """Each output RN(exact Σ window / (kh·kw)), padding counted as +0 (count_include_pad): carbon.mean
-    over each window, copied into columns as for a convolution."""
-    x = a["self"]
-    _need_carbon_dtype("avg_pool2d", x)
-    kernel, stride, padding = _avg_pool2d_args(a)
-    batched = x if x.dim() == 4 else x.unsqueeze(0)
-    n, c = batched.shape[:2]
-    cols, out = conv_columns(batched, kernel, stride, [1, 1], padding, 1)  # [1, C*K, N*P]
-    means = carbon_ops.mean(cols.reshape([c, kernel[0] * kernel[1], n] + out), [1], False, None)  # [C, N, P...]
-    y = aten.movedim(means, 0, 1).contiguous()
-    return y if x.dim() == 4 else y.squeeze(0)
+def _uniform_windows(a: dict, d: int) -> bool:
+    """Every window divides by the full window size (no ceil_mode, and padding counted or absent): the
+    fast path of columns and one carbon.mean."""
+    return not a.get("ceil_mode", False) and (a.get("count_include_pad", True) or not any(_avg_pool_args(a, d)[2]))
 
 
-def _avg_pool2d_backward(a: dict) -> Tensor:
-    """RN(exact Σ over the windows containing the position of RN(g / (kh·kw))): each window's share
-    (one IEEE division), then one exact sum per input position (a transposed convolution with unit
-    weights)."""
-    g, x = a["grad_output"], a["self"]
-    kernel, stride, padding = _avg_pool2d_args(a)
-    gb, xb = (g, x) if x.dim() == 4 else (g.unsqueeze(0), x.unsqueeze(0))
-    c = xb.shape[1]
-    share = true_divide(gb, float(kernel[0] * kernel[1]))
-    ones = aten.ones([c, 1] + kernel, dtype=gb.dtype, device=gb.device)
-    out = conv_transpose_forward(share, ones, None, stride, padding,
-                                 [xb.shape[2 + i] - conv_transpose_size(share, ones, stride, padding, [0, 0], [1, 1])[i]
-                                  for i in range(2)], [1, 1], c)
-    return out if x.dim() == 4 else out.squeeze(0)
+def _pool_windows(in_sizes: List[int], kernel: List[int], stride: List[int], padding: List[int], ceil_mode: bool,
+                  count_pad: bool) -> tuple:
+    """torch's average-pooling windows along each dimension: (output size, per output index the valid input
+    range [lo, hi) and the count it contributes to the divisor)."""
+    per_dim = []
+    for size, k, s, p in zip(in_sizes, kernel, stride, padding):
+        span = size + 2 * p - k
+        out = (-(-span // s) if ceil_mode else span // s) + 1
+        if ceil_mode and (out - 1) * s >= size + p:
+            out -= 1
+        windows = []
+        for o in range(out):
+            start = o * s - p
+            end = min(start + k, size + p)
+            counted = end - start  # padding inside [−p, size + p) counts with count_include_pad
+            lo, hi = max(start, 0), min(end, size)
+            windows.append((lo, hi, counted if count_pad else hi - lo))
+        per_dim.append(windows)
+    return [len(w) for w in per_dim], per_dim
+
+
+def _window_classes(in_sizes: List[int], per_dim: List[list]) -> Dict[int, list]:
+    """Windows grouped by divisor: {divisor: [(output position, flat input indices of the window)]}."""
+    classes: Dict[int, list] = {}
+    cells: List[tuple] = [((), [0], 1)]  # (output index, flat offsets so far, divisor so far)
+    for dim, windows in enumerate(per_dim):
+        stride_flat = math.prod(in_sizes[dim + 1:])
+        cells = [(at + (o,), [f + i * stride_flat for f in flats for i in range(lo, hi)], div * count)
+                 for at, flats, div in cells for o, (lo, hi, count) in enumerate(windows)]
+    outs = [len(w) for w in per_dim]
+    for at, flats, div in cells:
+        pos = 0
+        for i, o in zip(at, outs):
+            pos = pos * o + i
+        classes.setdefault(div, []).append((pos, flats))
+    return classes
+
+
+def _avg_pool_by_class(x: Tensor, d: int, a: dict) -> Tensor:
+    """ceil_mode / count_include_pad=False: each output RN(exact Σ of its valid window / torch's divisor),
+    as carbon.mean over rows of `divisor` entries (the window's values, then +0 for the counted padding),
+    one call per divisor (they differ only at the borders)."""
+    kernel, stride, padding = _avg_pool_args(a, d)
+    lead, in_sizes = list(x.shape[:-d]), list(x.shape[-d:])
+    outs, per_dim = _pool_windows(in_sizes, kernel, stride, padding, a.get("ceil_mode", False),
+                                  a.get("count_include_pad", True))
+    plane = math.prod(in_sizes)
+    flat = aten.cat([x.reshape([-1, plane]), aten.zeros([math.prod(lead), 1], dtype=x.dtype, device=x.device)], 1)
+    result = aten.zeros([math.prod(lead), math.prod(outs)], dtype=x.dtype, device=x.device)
+    for div, members in _window_classes(in_sizes, per_dim).items():
+        rows = [flats + [plane] * (div - len(flats)) for _, flats in members]  # `plane`: the +0 column
+        idx = torch.tensor(rows, dtype=torch.int64).reshape(-1).to(x.device)
+        means = carbon_ops.mean(aten.index_select(flat, 1, idx).reshape([flat.shape[0], len(members), div]), [2],
+                                False, None)
+        pos = torch.tensor([p for p, _ in members], dtype=torch.int64).to(x.device)
+        result = aten.index_copy(result, 1, pos, means)
+    return result.reshape(lead + outs)
+
+
+def _avg_pool_backward_by_class(g: Tensor, x: Tensor, d: int, a: dict) -> Tensor:
+    """Each input position RN(exact Σ over the windows containing it of RN(g / divisor)) (carbon.index_add)."""
+    kernel, stride, padding = _avg_pool_args(a, d)
+    lead, in_sizes = list(x.shape[:-d]), list(x.shape[-d:])
+    _, per_dim = _pool_windows(in_sizes, kernel, stride, padding, a.get("ceil_mode", False),
+                               a.get("count_include_pad", True))
+    gflat = g.reshape([math.prod(lead), -1])
+    plane = math.prod(in_sizes)
+    dest, src_pos, divisors = [], [], []
+    for div, members in _window_classes(in_sizes, per_dim).items():
+        for pos, flats in members:
+            dest += flats
+            src_pos += [pos] * len(flats)
+            divisors += [div] * len(flats)
+    shares = true_divide(aten.index_select(gflat, 1, torch.tensor(src_pos, dtype=torch.int64).to(g.device)),
+                         torch.tensor(divisors, dtype=torch.float64).to(device=g.device, dtype=g.dtype))
+    out = carbon_ops.index_add(aten.zeros([plane, gflat.shape[0]], dtype=g.dtype, device=g.device), 0,
+                               torch.tensor(dest, dtype=torch.int64).to(g.device), aten.t(shares).contiguous())
+    return aten.t(out).reshape(x.shape).contiguous()
+
+
+def _avg_pool(d: int) -> Callable[[dict], Tensor]:
+    def handler(a: dict) -> Tensor:
+        """Each output RN(exact Σ window / window size), padding counted as +0 (count_include_pad):
+        carbon.mean over each window, copied into columns as for a convolution."""
+        x = a["self"]
+        _need_carbon_dtype(f"avg_pool{d}d", x)
+        if not _uniform_windows(a, d):
+            return _avg_pool_by_class(x, d, a)
+        kernel, stride, padding = _avg_pool_args(a, d)
+        batched = x if x.dim() == d + 2 else x.unsqueeze(0)
+        n, c = batched.shape[:2]
+        cols, out = conv_columns(batched, kernel, stride, [1] * d, padding, 1)  # [1, C*K, N*P]
+        means = carbon_ops.mean(cols.reshape([c, math.prod(kernel), n] + out), [1], False, None)  # [C, N, P...]
+        y = aten.movedim(means, 0, 1).contiguous()
+        return y if x.dim() == d + 2 else y.squeeze(0)
+    return handler
+
+
+def _avg_pool_backward(d: int) -> Callable[[dict], Tensor]:
+    def handler(a: dict) -> Tensor:
+        """RN(exact Σ over the windows containing the position of RN(g / window size)): each window's share
+        (one IEEE division), then one exact sum per input position (a transposed convolution with unit
+        weights)."""
+        g, x = a["grad_output"], a["self"]
+        if not _uniform_windows(a, d):
+            return _avg_pool_backward_by_class(g, x, d, a)
+        kernel, stride, padding = _avg_pool_args(a, d)
+        gb, xb = (g, x) if x.dim() == d + 2 else (g.unsqueeze(0), x.unsqueeze(0))
+        c = xb.shape[1]
+        share = true_divide(gb, float(math.prod(kernel)))
+        ones = aten.ones([c, 1] + kernel, dtype=gb.dtype, device=gb.device)
+        natural = conv_transpose_size(share, ones, stride, padding, [0] * d, [1] * d)
+        out = conv_transpose_forward(share, ones, None, stride, padding,
+                                     [xb.shape[2 + i] - natural[i] for i in range(d)], [1] * d, c)
+        return out if x.dim() == d + 2 else out.squeeze(0)
+    return handler
 
 
 def _interpolation_matrix(size_in: int, size_out: int, align_corners: bool, scale: Optional[float],
-                          device: torch.device) -> Tensor:
-    """[size_out, size_in] float32 weights of linear interpolation along one dimension, torch's rule in
-    binary64: scale = (in − 1)/(out − 1) with align_corners, else 1/scale_factor if given, else in/out;
-    src = scale·dst (align_corners) or max(scale·(dst + 0.5) − 0.5, 0); i0 = ⌊src⌋, i1 = min(i0 + 1, in − 1),
-    λ1 = src − i0, λ0 = 1 − λ1; each entry RN32 of its binary64 weight (λ0 + λ1 where i0 = i1)."""
+                          device: torch.device, cubic: bool = False) -> Tensor:
+    """[size_out, size_in] float32 weights of linear (or cubic) interpolation along one dimension, torch's
+    rule in binary64: scale = (in − 1)/(out − 1) with align_corners, else 1/scale_factor if given, else
+    in/out; src = scale·dst (align_corners) or scale·(dst + 0.5) − 0.5, clamped at 0 for linear. Linear:
+    i0 = ⌊src⌋, i1 = min(i0 + 1, in − 1), λ1 = src − i0, λ0 = 1 − λ1. Cubic (torch's A = −0.75 kernel):
+    t = src − ⌊src⌋, weights c₁(t + 1), c₀(t), c₀(1 − t), c₁(2 − t) at ⌊src⌋ − 1 … ⌊src⌋ + 2, indices clamped
+    to [0, in − 1], with c₀(x) = ((A + 2)x − (A + 3))x² + 1 and c₁(x) = ((Ax − 5A)x + 8A)x − 4A. Weights
+    landing on one index are added in binary64; each entry is then rounded once to float32."""
     if align_corners:
         step = (size_in - 1) / (size_out - 1) if size_out > 1 else 0.0
     else:
         step = 1.0 / scale if scale is not None and scale > 0 else size_in / size_out
     rows = [[0.0] * size_in for _ in range(size_out)]
     for dst in range(size_out):
-        src = step * dst if align_corners else max(step * (dst + 0.5) - 0.5, 0.0)
+        src = step * dst if align_corners else step * (dst + 0.5) - 0.5
+        if cubic:
+            base = int(math.floor(src))
+            t = src - base
+            for k, w in enumerate(_cubic_weights(t)):
+                rows[dst][min(max(base - 1 + k, 0), size_in - 1)] += w
+            continue
+        src = max(src, 0.0)
         i0 = min(int(math.floor(src)), size_in - 1)
         i1 = min(i0 + 1, size_in - 1)
         lam1 = src - i0
         rows[dst][i0] += 1.0 - lam1
         rows[dst][i1] += lam1
     return torch.tensor(rows, dtype=torch.float64).to(device=device, dtype=torch.float32)
+
+
+def _cubic_weights(t: float, A: float = -0.75) -> List[float]:
+    """torch's get_cubic_upsample_coefficients (Keys' kernel, A = −0.75), in binary64."""
+    def near(x: float) -> float:
+        return ((A + 2) * x - (A + 3)) * x * x + 1
+
+    def far(x: float) -> float:
+        return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A
+    return [far(t + 1.0), near(t), near(1.0 - t), far(2.0 - t)]
 
 
 def _linear_upsample_args(a: dict, spatial: int, in_sizes: List[int]) -> tuple:
@@ -1091,10 +1498,11 @@ def _along(t: Tensor, dim: int, matrix: Tensor, out_dtype: torch.dtype) -> Tenso
     return aten.movedim(out.reshape(lead + [matrix.shape[0]]), -1, dim)
 
 
-def _upsample_linear(spatial: int) -> Callable[[dict], Tensor]:
-    """linear / bilinear / trilinear upsampling as separable exact products: along each spatial dimension
-    from the last, RN(exact Σ of interpolation weight · value) (two terms; carbon.mm with the float32
-    interpolation matrix); float32 between the passes, the input's dtype after the last."""
+def _upsample_linear(spatial: int, cubic: bool = False) -> Callable[[dict], Tensor]:
+    """linear / bilinear / trilinear (and bicubic) upsampling as separable exact products: along each
+    spatial dimension from the last, RN(exact Σ of interpolation weight · value) (two or four terms;
+    carbon.mm with the float32 interpolation matrix); float32 between the passes, the input's dtype after
+    the last."""
     def handler(a: dict) -> Tensor:
         x = a["input"] if "input" in a else a["self"]
         _need_carbon_dtype("upsample", x)
@@ -1103,13 +1511,13 @@ def _upsample_linear(spatial: int) -> Callable[[dict], Tensor]:
         t = x
         for k in reversed(range(spatial)):
             dim = x.dim() - spatial + k
-            matrix = _interpolation_matrix(in_sizes[k], out_sizes[k], align, factors[k], x.device)
+            matrix = _interpolation_matrix(in_sizes[k], out_sizes[k], align, factors[k], x.device, cubic)
             t = _along(t, dim, matrix, x.dtype if k == 0 else torch.float32)
         return t.contiguous()
     return handler
 
 
-def _upsample_linear_backward(spatial: int) -> Callable[[dict], Tensor]:
+def _upsample_linear_backward(spatial: int, cubic: bool = False) -> Callable[[dict], Tensor]:
     """The transposed products: along each spatial dimension from the last, RN(exact Σ_j weight[j, k] · g_j)."""
     def handler(a: dict) -> Tensor:
         g = a["grad_output"]
@@ -1118,7 +1526,7 @@ def _upsample_linear_backward(spatial: int) -> Callable[[dict], Tensor]:
         t = g
         for k in reversed(range(spatial)):
             dim = g.dim() - spatial + k
-            matrix = _interpolation_matrix(in_sizes[k], out_sizes[k], align, factors[k], g.device)
+            matrix = _interpolation_matrix(in_sizes[k], out_sizes[k], align, factors[k], g.device, cubic)
             t = _along(t, dim, aten.t(matrix), g.dtype if k == 0 else torch.float32)
         return t.contiguous()
     return handler
@@ -1195,39 +1603,57 @@ def _pool_regions(size: int, out: int) -> List[tuple]:
     return [((i * size) // out, -((-(i + 1) * size) // out)) for i in range(out)]
 
 
-def _adaptive_avg_pool2d(a: dict) -> Tensor:
-    """Each output the exact mean of its region, rounded once (carbon.mean)."""
-    x = a["self"]
-    _need_carbon_dtype("_adaptive_avg_pool2d", x)
-    oh, ow = list(a["output_size"])
-    h, w = x.shape[-2:]
-    if h % oh == 0 and w % ow == 0:  # a regular tiling: one call
-        tiles = x.reshape(list(x.shape[:-2]) + [oh, h // oh, ow, w // ow])
-        return carbon_ops.mean(tiles, [-3, -1], False, None)
-    rows = []
-    for h0, h1 in _pool_regions(h, oh):
-        rows.append(aten.stack([carbon_ops.mean(x[..., h0:h1, w0:w1].contiguous(), [-2, -1], False, None)
-                                for w0, w1 in _pool_regions(w, ow)], -1))
-    return aten.stack(rows, -2)
+def _adaptive_avg_pool(d: int) -> Callable[[dict], Tensor]:
+    def handler(a: dict) -> Tensor:
+        """Each output the exact mean of its region, rounded once (carbon.mean)."""
+        x = a["self"]
+        _need_carbon_dtype(f"_adaptive_avg_pool{d}d", x)
+        outs, sizes = list(a["output_size"]), list(x.shape[-d:])
+        lead = list(x.shape[:-d])
+        if all(s % o == 0 for s, o in zip(sizes, outs)):  # a regular tiling: one call
+            tiles = x.reshape(lead + [v for s, o in zip(sizes, outs) for v in (o, s // o)])
+            return carbon_ops.mean(tiles, [-1 - 2 * i for i in range(d)], False, None)
+        cells = []
+        for region in _product_of_regions(sizes, outs):
+            window = x[(Ellipsis,) + tuple(slice(lo, hi) for lo, hi in region)].contiguous()
+            cells.append(carbon_ops.mean(window, list(range(-d, 0)), False, None))
+        return aten.stack(cells, -1).reshape(lead + outs)
+    return handler
 
 
-def _adaptive_avg_pool2d_backward(a: dict) -> Tensor:
-    """RN(g / |region|) to every position of the region (one IEEE division); where regions overlap
-    (sizes not divisible), the shares are added region by region in row-major order, each addition
-    rounded."""
-    g, x = a["grad_output"], a["self"]
-    oh, ow = g.shape[-2:]
-    h, w = x.shape[-2:]
-    if h % oh == 0 and w % ow == 0:
-        share = true_divide(g, float((h // oh) * (w // ow)))
-        return share.reshape(list(g.shape[:-2]) + [oh, 1, ow, 1]).expand(
-            list(g.shape[:-2]) + [oh, h // oh, ow, w // ow]).reshape(x.shape).contiguous()
-    out = aten.zeros_like(x, memory_format=torch.contiguous_format)
-    for i, (h0, h1) in enumerate(_pool_regions(h, oh)):
-        for j, (w0, w1) in enumerate(_pool_regions(w, ow)):
-            share = true_divide(g[..., i:i + 1, j:j + 1], float((h1 - h0) * (w1 - w0)))
-            out[..., h0:h1, w0:w1] = aten.add(out[..., h0:h1, w0:w1], share)
-    return out
+def _product_of_regions(sizes: List[int], outs: List[int]) -> List[tuple]:
+    """Every output cell's region (one (lo, hi) per dimension), row-major."""
+    cells: List[tuple] = [()]
+    for s, o in zip(sizes, outs):
+        cells = [c + (r,) for c in cells for r in _pool_regions(s, o)]
+    return cells
+
+
+def _adaptive_avg_pool_backward(d: int) -> Callable[[dict], Tensor]:
+    def handler(a: dict) -> Tensor:
+        """RN(g / |region|) to every position of the region (one IEEE division); where regions overlap
+        (sizes not divisible), the shares are added region by region in row-major order, each addition
+        rounded."""
+        g, x = a["grad_output"], a["self"]
+        outs, sizes = list(g.shape[-d:]), list(x.shape[-d:])
+        lead = list(g.shape[:-d])
+        if all(s % o == 0 for s, o in zip(sizes, outs)):
+            share = true_divide(g, float(math.prod(s // o for s, o in zip(sizes, outs))))
+            spread = share.reshape(lead + [v for o in outs for v in (o, 1)])
+            return spread.expand(lead + [v for s, o in zip(sizes, outs) for v in (o, s // o)]).reshape(x.shape).contiguous()
+        out = aten.zeros_like(x, memory_format=torch.contiguous_format)
+        for cell, region in enumerate(_product_of_regions(sizes, outs)):
+            at = []
+            for o in reversed(outs):  # the cell's index along each dimension
+                at.append(cell % o)
+                cell //= o
+            at.reverse()
+            where = (Ellipsis,) + tuple(slice(lo, hi) for lo, hi in region)
+            size = math.prod(hi - lo for lo, hi in region)
+            share = true_divide(g[(Ellipsis,) + tuple(slice(i, i + 1) for i in at)], float(size))
+            out[where] = aten.add(out[where], share)
+        return out
+    return handler
 
 
 def _index_put(a: dict) -> Any:
@@ -1269,8 +1695,706 @@ def _index_put(a: dict) -> Any:
     return aten.movedim(out, list(range(k)), list(range(first, first + k))).contiguous()
 
 
+def _bag_of_each_index(indices: Tensor, offsets: Tensor, include_last_offset: bool) -> tuple:
+    """(bag of every index, number of bags), computed on the device (no host sync): bag b holds the
+    indices [offsets[b], offsets[b + 1]), the last one up to the end (or to the last offset with
+    include_last_offset)."""
+    starts = offsets[:-1] if include_last_offset else offsets
+    positions = aten.arange(indices.numel(), device=indices.device, dtype=offsets.dtype)
+    bags = aten.sub(aten.searchsorted(starts.contiguous(), positions, right=True), 1)
+    return bags.to(torch.int64), starts.numel()
+
+
+def _quotient_by_count(x: Tensor, counts: Tensor) -> Tensor:
+    """RN(x / n) per row, n the row's count (≥ 1, < 2²⁴): the binary64 quotient rounded once more, which is
+    the correctly rounded one (a quotient of two ≤ 24-bit numbers taken to 53 ≥ 2·24 + 1 bits)."""
+    return aten.div(x.double(), aten.clamp_min(counts, 1).unsqueeze(1).double()).to(x.dtype)
+
+
+def _embedding_bag(a: dict) -> tuple:
+    """nn.EmbeddingBag / F.embedding_bag. sum: each bag RN(exact Σ of its rows) (with per_sample_weights,
+    float32 only, the exact Σ of the exact products, each split into float32 hi + lo as for the norm route,
+    exact unless a product is below 2⁻¹⁰¹ in magnitude); mean: RN(RN(exact Σ) / n) with n the bag's rows
+    other than padding_idx; max: the elementwise maximum (torch's kernel: a selection). Empty bags give +0.
+    Returns (out, bag of every index, bag sizes, argmax rows), which the routed backward reads."""
+    w, idx, offsets, mode = a["weight"], a["indices"], a["offsets"], a.get("mode", 0)
+    psw, padding_idx = a.get("per_sample_weights"), a.get("padding_idx", -1)
+    last = a.get("include_last_offset", False)
+    _need_carbon_dtype("embedding_bag", w, psw)
+    if mode == 2:
+        out, _, _, max_rows = aten._embedding_bag(w, idx, offsets, False, 2, False, None, last, padding_idx)
+    idx = idx.reshape([-1])
+    bags, n_bags = _bag_of_each_index(idx, offsets, last)
+    keep = aten.ne(idx, padding_idx) if padding_idx is not None and padding_idx >= 0 else aten.ones_like(idx, dtype=torch.bool)
+    sizes = aten.zeros([n_bags], dtype=torch.int64, device=w.device).index_add_(0, bags, keep.to(torch.int64))
+    if mode == 2:
+        return out, bags, sizes, max_rows
+    rows = aten.where(keep.unsqueeze(1), aten.index_select(w, 0, idx), 0.0)
+    zeros = aten.zeros([n_bags, w.shape[1]], dtype=w.dtype, device=w.device)
+    if psw is not None:
+        if mode != 0:
+            raise NotImplementedError("embedding_bag: per_sample_weights are only supported for mode='sum'")
+        if w.dtype != torch.float32:
+            raise NotCovered(f"embedding_bag with per_sample_weights in {w.dtype}")
+        prod = aten.mul(rows.double(), psw.reshape([-1, 1]).double())  # exact: at most 2 × 24 bits
+        hi = prod.to(torch.float32)
+        lo = aten.sub(prod, hi.double()).to(torch.float32)
+        out = carbon_ops.index_add(zeros, 0, aten.cat([bags, bags]), aten.cat([hi, lo]))
+    else:
+        out = carbon_ops.index_add(zeros, 0, bags, rows.contiguous())
+    if mode == 1:
+        out = _quotient_by_count(out, sizes)
+    return out, bags, sizes, aten.zeros_like(sizes)
+
+
+def _embedding_bag_dense_backward(a: dict) -> Tensor:
+    """Every weight row RN(exact Σ of its contributions): sum g[bag] (RN(g·psw) with per-sample weights),
+    mean RN(g[bag] / n), max g[b, j] to the row that held bag b's maximum in column j; padding_idx gets none."""
+    g, idx, bags, sizes = a["grad"], a["indices"].reshape([-1]), a["offset2bag"], a["bag_size"]
+    mode, psw, padding_idx, n = a["mode"], a.get("per_sample_weights"), a.get("padding_idx", -1), a["num_weights"]
+    _need_carbon_dtype("embedding_bag backward", g)
+    if a.get("scale_grad_by_freq", False) or a.get("sparse", False):
+        raise NotCovered("embedding_bag with scale_grad_by_freq or sparse gradients")
+    if bags.numel() != idx.numel():  # torch's own forward may leave it empty
+        if a.get("offsets") is None:
+            raise NotCovered("embedding_bag backward without the bag of every index")
+        bags, _ = _bag_of_each_index(idx, a["offsets"], a["offsets"].numel() == g.shape[0] + 1)
+    zeros = aten.zeros([n, g.shape[1]], dtype=g.dtype, device=g.device)
+    if mode == 2:
+        rows = a["maximum_indices"]
+        used = aten.logical_and(aten.ge(rows, 0), aten.gt(sizes, 0).unsqueeze(1))  # empty bags: no maximum
+        return carbon_ops.scatter_add(zeros, 0, aten.where(used, rows, 0).contiguous(),
+                                      aten.where(used, g, 0.0).contiguous())
+    contrib = aten.index_select(g, 0, bags)
+    if mode == 1:
+        contrib = _quotient_by_count(contrib, aten.index_select(sizes, 0, bags))
+    if psw is not None:
+        contrib = aten.mul(contrib, psw.reshape([-1, 1]).to(g.dtype))
+    if padding_idx is not None and padding_idx >= 0:
+        contrib = aten.where(aten.ne(idx, padding_idx).unsqueeze(1), contrib, 0.0)
+    return carbon_ops.index_add(zeros, 0, idx, contrib.contiguous())
+
+
+def _embedding_bag_per_sample_weights_backward(a: dict) -> Tensor:
+    """Each index's RN(exact Σⱼ g[bag, j]·w[index, j]) (`carbon.bmm` of one row by one column); 0 for
+    padding_idx."""
+    g, w, idx, bags = a["grad"], a["weight"], a["indices"].reshape([-1]), a["offset2bag"]
+    if bags.numel() != idx.numel():
+        bags, _ = _bag_of_each_index(idx, a["offsets"], a["offsets"].numel() == g.shape[0] + 1)
+    rows = aten.index_select(w, 0, idx).unsqueeze(2)  # [M, D, 1]
+    grads = aten.index_select(g, 0, bags).unsqueeze(1)  # [M, 1, D]
+    out = carbon_ops.bmm(grads.contiguous(), rows.contiguous(), None).reshape([-1])
+    padding_idx = a.get("padding_idx", -1)
+    if padding_idx is not None and padding_idx >= 0:
+        out = aten.where(aten.ne(idx, padding_idx), out, 0.0)
+    return out
+
+
+def _scatter_reduce(a: dict) -> Any:
+    """scatter_reduce (graph networks' sum / mean / max aggregation). sum: every destination RN(exact Σ of its
+    sources, plus self with include_self) (carbon.scatter_add), untouched destinations keep self; mean:
+    RN(RN(that exact sum) / n), n the number of terms; amax / amin select (torch's own); prod raises (its
+    value depends on the order of the products). Integer tensors run as torch's."""
+    x, dim, index, src, reduce = a["self"], a["dim"], a["index"], a["src"], a["reduce"]
+    include_self = a.get("include_self", True)
+    if not x.is_floating_point() or reduce in ("amax", "amin"):
+        return PASS
+    _need_carbon_dtype("scatter_reduce", x, src)
+    if reduce not in ("sum", "mean"):
+        raise NotCovered(f"scatter_reduce with reduce={reduce!r} (the product's rounding depends on its order)")
+    index = index.contiguous()
+    src = src[tuple(slice(0, n) for n in index.shape)].contiguous()  # torch reads src only where index is
+    base = x if include_self else aten.zeros_like(x)
+    total = carbon_ops.scatter_add(base.contiguous(), dim, index, src)
+    counts = aten.scatter_add(aten.zeros_like(x, dtype=torch.int64), dim, index, aten.ones_like(index))
+    touched = aten.gt(counts, 0)
+    if reduce == "mean":
+        n = aten.add(counts, 1) if include_self else counts
+        total = aten.div(total.double(), aten.clamp_min(n, 1).double()).to(x.dtype)  # the binary64 quotient rounds correctly
+    return aten.where(touched, total, x)
+
+
+def _index_reduce(a: dict) -> Any:
+    """index_reduce as scatter_reduce with the index spread along `dim` (mean / amax / amin; prod raises)."""
+    x, dim, index, src = a["self"], a["dim"], a["index"], a["source"]
+    d = dim % max(x.dim(), 1)
+    shape = [src.shape[k] if k == d else 1 for k in range(src.dim())]
+    spread = index.reshape(shape).expand(src.shape)
+    return _scatter_reduce({"self": x, "dim": d, "index": spread, "src": src, "reduce": a["reduce"],
+                            "include_self": a.get("include_self", True)})
+
+
+def _bincount(a: dict) -> Any:
+    """bincount with floating-point weights: every bin RN(exact Σ of its weights) (carbon.index_add into
+    zeros); the length max(x) + 1 (at least minlength) is read on the host, as torch does. Without weights
+    (integer counts) torch's own."""
+    x, w, minlength = a["self"], a.get("weights"), a.get("minlength", 0)
+    if w is None or not w.is_floating_point():
+        return PASS
+    _need_carbon_dtype("bincount", w)
+    size = max(int(minlength), int(x.max()) + 1 if x.numel() else 0)
+    return carbon_ops.index_add(aten.zeros([size], dtype=w.dtype, device=w.device), 0, x.to(torch.int64), w.contiguous())
+
+
+def _histc(a: dict) -> Tensor:
+    """histc: bin ⌊(x − lo)·bins / (hi − lo)⌋ in binary64 (each operation rounded; x = hi in the last bin),
+    values outside [lo, hi] and NaN not counted; lo = hi = 0 takes the data's minimum and maximum (read on
+    the host, as torch does). Counts are exact."""
+    x, bins = a["self"], int(a.get("bins", 100))
+    lo, hi = float(a.get("min", 0)), float(a.get("max", 0))
+    _need_carbon_dtype("histc", x)
+    if lo == hi == 0 and x.numel():
+        finite = x[aten.logical_not(aten.isnan(x))]
+        lo, hi = (float(finite.min()), float(finite.max())) if finite.numel() else (0.0, 0.0)
+    if lo == hi:
+        lo, hi = lo - 1.0, hi + 1.0
+    v = x.reshape([-1]).double()
+    inside = aten.logical_and(aten.ge(v, lo), aten.le(v, hi))
+    k = aten.floor(aten.div(aten.mul(aten.sub(v, lo), float(bins)), hi - lo))
+    k = aten.clamp(aten.where(inside, k, 0.0), 0, bins - 1).to(torch.int64)
+    counts = aten.zeros([bins], dtype=torch.int64, device=x.device).index_add_(0, k, inside.to(torch.int64))
+    return counts.to(x.dtype)
+
+
+def _index_copy(a: dict) -> Tensor:
+    """index_copy with a deterministic rule for duplicate indices: the last write wins (torch leaves it
+    unspecified, and CUDA's winner varies). Each destination's writer is the largest position naming it
+    (scatter_reduce amax, exact); destinations nobody names keep their values. A copy: no rounding."""
+    x, dim, index, src = a["self"], a["dim"], a["index"], a["source"]
+    if x.dim() == 0:
+        return src.clone().reshape(x.shape) if index.numel() else x.clone()
+    d = dim % x.dim()
+    index = index.reshape([-1])
+    positions = aten.arange(index.numel(), device=index.device, dtype=torch.int64)
+    writer = aten.scatter_reduce(aten.full([x.shape[d]], -1, dtype=torch.int64, device=x.device), 0,
+                                 index.to(torch.int64), positions, "amax", include_self=True)
+    rows = aten.index_select(src.reshape(src.shape if src.dim() else [1]), d, aten.clamp_min(writer, 0))
+    shape = [x.shape[d] if k == d else 1 for k in range(x.dim())]
+    return aten.where(aten.ge(writer, 0).reshape(shape), rows, x)
+
+
+def _embedding_renorm(a: dict) -> Tensor:
+    """nn.Embedding(max_norm=…): every referenced row whose p-norm (p = 2: RN(√RN(exact Σ x²)); 1: RN(exact
+    Σ|x|); ∞: max|x|) exceeds max_norm becomes RN(row·RN32(max_norm / (norm + 10⁻⁷))), the quotient and sum in
+    binary64 (torch's CPU rule). Rows referenced twice get the same value twice."""
+    w, idx, max_norm, p = a["self"], a["indices"].reshape([-1]), float(a["max_norm"]), float(a["norm_type"])
+    _need_carbon_dtype("embedding_renorm_", w)
+    rows = aten.index_select(w, 0, idx)
+    if p == 2.0:
+        norms = _norm_over_dims(rows, [1], False)
+    elif p == 1.0:
+        norms = carbon_ops.sum(aten.abs(rows).contiguous(), [1], False, None)
+    elif p == math.inf:
+        norms = aten.amax(aten.abs(rows), [1])
+    else:
+        raise NotCovered(f"embedding max_norm with norm_type {p}")
+    scale = aten.div(max_norm, aten.add(norms.double(), 1e-7)).to(w.dtype)
+    renormed = aten.where(aten.gt(norms.double(), max_norm).unsqueeze(1), aten.mul(rows, scale.unsqueeze(1)), rows)
+    return aten.index_copy(w, 0, idx, renormed)
+
+
 def _embedding_backward(a: dict) -> Tensor:
     return carbon_ops.embedding_backward(a["grad_output"], a["indices"], a["num_weights"], a["padding_idx"])
+
+
+def _col2im(a: dict) -> Tensor:
+    """F.fold (and F.unfold's backward): every output position RN(exact Σ of the column entries that land on
+    it) (+0 where none does), one carbon.index_add over all positions; entries landing in the padding are
+    dropped. The index arithmetic depends only on the shapes, so it is done on the CPU (no host sync)."""
+    cols = a["self"]
+    _need_carbon_dtype("col2im", cols)
+    h, w = [int(v) for v in a["output_size"]]
+    (kh, kw), (dh, dw) = _pool_pair(a["kernel_size"]), _pool_pair(a["dilation"])
+    (ph, pw), (sh, sw) = _pool_pair(a["padding"]), _pool_pair(a["stride"])
+    batched = cols if cols.dim() == 3 else cols.unsqueeze(0)
+    n, ck, length = batched.shape
+    if ck % (kh * kw):
+        raise RuntimeError(f"col2im: expected size of input's dimension 1 to be divisible by the product of "
+                           f"kernel_size, but got input.size(1)={ck} and kernel_size=({kh}, {kw})")
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    if oh * ow != length:
+        raise RuntimeError(f"col2im: given output_size=({h}, {w}) and the other arguments, expected "
+                           f"{oh * ow} blocks in input's dimension 2, but got {length}")
+    c = ck // (kh * kw)
+    ki, kj, li, lj = torch.meshgrid(torch.arange(kh), torch.arange(kw), torch.arange(oh), torch.arange(ow),
+                                    indexing="ij")
+    y, x = li * sh - ph + ki * dh, lj * sw - pw + kj * dw  # [kh, kw, oh, ow]
+    inside = ((y >= 0) & (y < h) & (x >= 0) & (x < w)).reshape(-1)
+    dest = (torch.arange(c).reshape(c, 1) * (h * w) + (y * w + x).reshape(1, -1))[:, inside].reshape(-1)
+    src = (torch.arange(c).reshape(c, 1) * (kh * kw * length) + torch.nonzero(inside).reshape(1, -1)).reshape(-1)
+    values = aten.index_select(batched.reshape(n, -1), 1, src.to(cols.device))  # [N, M]
+    out = carbon_ops.index_add(aten.zeros([c * h * w, n], dtype=cols.dtype, device=cols.device), 0,
+                               dest.to(cols.device), aten.t(values).contiguous())
+    out = aten.t(out).reshape(n, c, h, w).contiguous()
+    return out if cols.dim() == 3 else out.squeeze(0)
+
+
+def _remainder(a: dict) -> Any:
+    """Python's modulo, torch's formula with each step one exact or correctly rounded operation:
+    m = FMOD(x, y) (exact), then m + y where m ≠ 0 and m, y have opposite signs (one rounding), in float32
+    for bfloat16 / float16 (torch's compute type; a Python number rounded to it) and rounded once at the end."""
+    x, y = a["self"], a["other"]
+    if not _any_float(x, y):
+        return PASS
+    ref = x if isinstance(x, Tensor) else y
+    _need_carbon_dtype("remainder", *[v for v in (x, y) if isinstance(v, Tensor)])
+    out_dtype = torch.result_type(x, y)
+    compute = _opmath(torch.empty((), dtype=out_dtype))
+    xs = x.to(compute) if isinstance(x, Tensor) else torch.full([], x, dtype=compute, device=ref.device)
+    ys = y.to(compute) if isinstance(y, Tensor) else torch.full([], y, dtype=compute, device=ref.device)
+    m = aten.fmod(xs, ys)
+    fix = aten.logical_and(aten.ne(m, 0), aten.ne(aten.lt(m, 0), aten.lt(ys, 0)))
+    return aten.where(fix, aten.add(m, ys), m).to(out_dtype)
+
+
+def _logaddexp(a: dict) -> Tensor:
+    """torch's formula, each step one rounding or a carbon function: x where x = y = ±∞, else
+    RN(max(x, y) + LOG1P(EXP(−|RN(x − y)|))), in float32 for bfloat16 / float16, rounded once at the end."""
+    x, y = a["self"], a["other"]
+    _need_carbon_dtype("logaddexp", x, y)
+    out_dtype = torch.result_type(x, y)
+    compute = _opmath(torch.empty((), dtype=out_dtype))
+    xs, ys = x.to(compute), y.to(compute)
+    tail = carbon_ops.log1p(carbon_ops.exp(aten.neg(aten.abs(aten.sub(xs, ys)))))
+    r = aten.add(aten.maximum(xs, ys), tail)
+    both_inf = aten.logical_and(aten.isinf(xs), aten.eq(xs, ys))
+    return aten.where(both_inf, xs, r).to(out_dtype)
+
+
+def _dist(a: dict) -> Tensor:
+    """torch.dist(x, y, p): the vector-norm route (p = 2 or ∞) of RN(x − y) (one rounding per element)."""
+    p = a.get("p", 2)
+    return _vector_norm({"self": aten.sub(a["self"], a["other"]), "ord": 2 if p is None else p, "dim": None,
+                         "keepdim": False, "dtype": None})
+
+
+# ---- spatial transformers: affine_grid and grid_sample ----------------------------------------------------------
+
+def _base_line(n: int, align_corners: bool, like: Tensor) -> Tensor:
+    """torch's linspace_from_neg_one, with the routed operations its backward decomposes into."""
+    if n <= 1:
+        return aten.zeros([1], dtype=like.dtype, device=like.device)
+    r = _linspace({"start": -1.0, "end": 1.0, "steps": n, "dtype": like.dtype, "device": like.device})
+    return r if align_corners else true_divide(aten.mul(r, n - 1), float(n))
+
+
+def _affine_grid(a: dict) -> Tensor:
+    """affine_grid: torch's base grid [x, y, 1] (linspace as routed) times θᵀ, each grid entry RN(exact Σ)
+    (one carbon.bmm)."""
+    theta, size, align = a["theta"], list(a["size"]), a["align_corners"]
+    _need_carbon_dtype("affine_grid", theta)
+    if len(size) != 4:
+        raise NotCovered("affine_grid for volumes (5-d sizes)")
+    n, _, h, w = size
+    base = aten.empty([n, h, w, 3], dtype=theta.dtype, device=theta.device)
+    base.select(-1, 0).copy_(_base_line(w, align, theta))
+    base.select(-1, 1).copy_(_base_line(h, align, theta).unsqueeze(-1))
+    base.select(-1, 2).fill_(1)
+    grid = carbon_ops.bmm(base.reshape([n, h * w, 3]), aten.transpose(theta, 1, 2).contiguous(), None)
+    return grid.reshape([n, h, w, 2])
+
+
+class _Sampling:
+    """Where grid_sample reads: per output point the source coordinate in binary64 (torch's unnormalization,
+    each binary64 operation rounded; border padding clamps it to [0, size − 1]), its corners and weights."""
+
+    def __init__(self, grid: Tensor, h: int, w: int, padding_mode: int, align: bool) -> None:
+        g = grid.double()
+        self.bad = aten.logical_not(aten.isfinite(g).all(-1))  # a non-finite coordinate: NaN out
+        g = aten.where(self.bad.unsqueeze(-1), 0.0, g)
+        self.ix, self.iy = self._unnormalize(g[..., 0], w, align), self._unnormalize(g[..., 1], h, align)
+        self.clip_x = self.clip_y = None
+        if padding_mode == 1:  # border
+            self.clip_x = aten.logical_and(aten.gt(self.ix, 0), aten.lt(self.ix, w - 1))
+            self.clip_y = aten.logical_and(aten.gt(self.iy, 0), aten.lt(self.iy, h - 1))
+            self.ix, self.iy = aten.clamp(self.ix, 0, w - 1), aten.clamp(self.iy, 0, h - 1)
+        self.h, self.w = h, w
+        self.mult_x = (w - 1) / 2 if align else w / 2
+        self.mult_y = (h - 1) / 2 if align else h / 2
+
+    @staticmethod
+    def _unnormalize(c: Tensor, size: int, align: bool) -> Tensor:
+        if align:
+            return aten.mul(aten.div(aten.add(c, 1.0), 2.0), float(size - 1))
+        return aten.div(aten.sub(aten.mul(aten.add(c, 1.0), float(size)), 1.0), 2.0)
+
+    def corner(self, y: Tensor, x: Tensor) -> tuple:
+        """(flat index y·W + x clamped into the image, inside mask) of integer-valued binary64 coordinates."""
+        inside = aten.logical_and(aten.logical_and(aten.ge(x, 0), aten.le(x, self.w - 1)),
+                                  aten.logical_and(aten.ge(y, 0), aten.le(y, self.h - 1)))
+        xi = aten.clamp(x, 0, self.w - 1).to(torch.int64)
+        yi = aten.clamp(y, 0, self.h - 1).to(torch.int64)
+        return aten.add(aten.mul(yi, self.w), xi), inside
+
+
+def _gather_corner(planes: Tensor, flat: Tensor, inside: Tensor) -> Tensor:
+    """planes [N, C, H·W] (float32), flat / inside [N, P] → [N, C, P], +0 outside the image."""
+    n, c, _ = planes.shape
+    v = aten.gather(planes, 2, flat.unsqueeze(1).expand([n, c, flat.shape[1]]))
+    return aten.where(inside.unsqueeze(1), v, 0.0)
+
+
+def _bilinear_parts(s: _Sampling) -> tuple:
+    x0, y0 = aten.floor(s.ix), aten.floor(s.iy)
+    x1, y1 = aten.add(x0, 1.0), aten.add(y0, 1.0)
+    wx = (aten.sub(x1, s.ix), aten.sub(s.ix, x0))  # exact in binary64
+    wy = (aten.sub(y1, s.iy), aten.sub(s.iy, y0))
+    corners = [s.corner(y0, x0), s.corner(y0, x1), s.corner(y1, x0), s.corner(y1, x1)]  # nw, ne, sw, se
+    weights = [aten.mul(wx[0], wy[0]), aten.mul(wx[1], wy[0]), aten.mul(wx[0], wy[1]), aten.mul(wx[1], wy[1])]
+    return corners, [w.to(torch.float32) for w in weights], wx, wy
+
+
+def _grid_sample_args(a: dict) -> tuple:
+    x, grid = a["input"], a["grid"]
+    mode, padding, align = a.get("interpolation_mode", 0), a.get("padding_mode", 0), a.get("align_corners", True)
+    _need_carbon_dtype("grid_sample", x, grid)
+    if x.dim() != 4:
+        raise NotCovered("grid_sample of volumes")
+    if mode not in (0, 1) or padding not in (0, 1):
+        raise NotCovered("grid_sample with bicubic interpolation or reflection padding")
+    return x, grid, mode, padding, align
+
+
+def _grid_sample(a: dict) -> Tensor:
+    """grid_sample, bilinear or nearest, zeros or border padding (docs/enable.md): in float32, rounded to the
+    input's dtype at the end. Bilinear: weights RN32 of the binary64 products of the corner distances, then
+    RN(RN(RN(RN(w·v)nw + RN(w·v)ne) + RN(w·v)sw) + RN(w·v)se), corners outside the image +0. Nearest: the
+    value at the coordinate rounded half to even (a copy). A non-finite coordinate gives NaN."""
+    x, grid, mode, padding, align = _grid_sample_args(a)
+    n, c, h, w = x.shape
+    ho, wo = grid.shape[1:3]
+    s = _Sampling(grid.reshape([n, ho * wo, 2]), h, w, padding, align)
+    planes = x.reshape([n, c, h * w]).to(torch.float32)
+    if mode == 1:
+        flat, inside = s.corner(aten.round(s.iy), aten.round(s.ix))
+        out = _gather_corner(planes, flat, inside)
+    else:
+        corners, weights, _, _ = _bilinear_parts(s)
+        out = None
+        for (flat, inside), wt in zip(corners, weights):
+            term = aten.mul(_gather_corner(planes, flat, inside), wt.unsqueeze(1))
+            out = term if out is None else aten.add(out, term)
+    out = aten.where(s.bad.unsqueeze(1), math.nan, out)
+    return out.reshape([n, c, ho, wo]).to(x.dtype)
+
+
+def _split_products(a: Tensor, b: Tensor) -> Tensor:
+    """The exact products a·b of float32 tensors as float32 hi and lo stacked on a new last dimension (exact
+    unless a product is below 2⁻¹⁰¹ in magnitude), for exact sums with carbon.sum."""
+    p = aten.mul(a.double(), b.double())
+    hi = p.to(torch.float32)
+    return aten.stack([hi, aten.sub(p, hi.double()).to(torch.float32)], -1)
+
+
+def _grid_sample_backward(a: dict) -> tuple:
+    """Input gradient: every position RN(exact Σ of RN(g·w) over the samples reading it) (carbon.index_add).
+    Grid gradient (bilinear): per channel t = RN(RN(wy₀·RN(v_ne − v_nw)) + RN(wy₁·RN(v_se − v_sw))) for x
+    (RN(RN(wx₀·RN(v_sw − v_nw)) + RN(wx₁·RN(v_se − v_ne))) for y), weights RN32 of the binary64 distances, then
+    RN(RN(exact Σ_c g·t)·m) with m = RN32((size − 1)/2) or RN32(size/2), times 0 where border padding clamped
+    the coordinate; nearest: 0. Non-finite coordinates: NaN grid gradient, no input gradient."""
+    g = a["grad_output"]
+    x, grid, mode, padding, align = _grid_sample_args(a)
+    mask = a.get("output_mask", [True, True])
+    n, c, h, w = x.shape
+    ho, wo = grid.shape[1:3]
+    s = _Sampling(grid.reshape([n, ho * wo, 2]), h, w, padding, align)
+    gp = g.reshape([n, c, ho * wo]).to(torch.float32)
+    ok = aten.logical_not(s.bad).unsqueeze(1)
+    if mode == 1:
+        flat, inside = s.corner(aten.round(s.iy), aten.round(s.ix))
+        corners, weights = [(flat, inside)], [None]
+    else:
+        corners, weights, wx, wy = _bilinear_parts(s)
+    grad_input = None
+    if mask[0]:
+        dest, contrib = [], []
+        base = aten.mul(aten.arange(n, device=x.device), h * w).unsqueeze(1)
+        for (flat, inside), wt in zip(corners, weights):
+            share = gp if wt is None else aten.mul(gp, wt.unsqueeze(1))
+            share = aten.where(aten.logical_and(inside.unsqueeze(1), ok), share, 0.0)
+            dest.append(aten.add(flat, base).reshape([-1]))
+            contrib.append(aten.movedim(share, 1, 2).reshape([-1, c]))
+        total = carbon_ops.index_add(aten.zeros([n * h * w, c], dtype=torch.float32, device=x.device), 0,
+                                     aten.cat(dest), aten.cat(contrib))
+        grad_input = aten.movedim(total.reshape([n, h * w, c]), 2, 1).reshape(x.shape).to(x.dtype)
+    grad_grid = None
+    if mask[1]:
+        if mode == 1:
+            grad_grid = aten.zeros_like(grid)
+        else:
+            planes = x.reshape([n, c, h * w]).to(torch.float32)
+            v = [_gather_corner(planes, flat, inside) for flat, inside in corners]
+            wx32 = [t.to(torch.float32).unsqueeze(1) for t in wx]
+            wy32 = [t.to(torch.float32).unsqueeze(1) for t in wy]
+            tx = aten.add(aten.mul(wy32[0], aten.sub(v[1], v[0])), aten.mul(wy32[1], aten.sub(v[3], v[2])))
+            ty = aten.add(aten.mul(wx32[0], aten.sub(v[2], v[0])), aten.mul(wx32[1], aten.sub(v[3], v[1])))
+            parts = []
+            for t, m, clip in ((tx, s.mult_x, s.clip_x), (ty, s.mult_y, s.clip_y)):
+                dot = carbon_ops.sum(_split_products(gp, t).contiguous(), [1, 3], False, torch.float32)  # [N, P]
+                r = aten.mul(dot, float(torch.tensor(m, dtype=torch.float32)))
+                if clip is not None:
+                    r = aten.where(clip, r, 0.0)
+                parts.append(aten.where(s.bad, math.nan, r))
+            grad_grid = aten.stack(parts, -1).reshape(grid.shape).to(grid.dtype)
+    return grad_input, grad_grid
+
+
+def _cudnn_grid_sampler(a: dict) -> Tensor:
+    return _grid_sample({"input": a["self"], "grid": a["grid"], "interpolation_mode": 0, "padding_mode": 0,
+                         "align_corners": True})
+
+
+def _cudnn_grid_sampler_backward(a: dict) -> tuple:
+    return _grid_sample_backward({"grad_output": a["grad_output"], "input": a["self"], "grid": a["grid"],
+                                  "interpolation_mode": 0, "padding_mode": 0, "align_corners": True})
+
+
+# ---- complex numbers (rotary embeddings written with torch.polar) -----------------------------------------------
+
+def _components(t: Any) -> tuple:
+    """(real, imaginary) float tensors of a complex tensor; a real tensor or number has no imaginary part."""
+    if isinstance(t, Tensor) and t.is_complex():
+        t = t.resolve_conj().resolve_neg()  # a conjugated view: its parts, negated exactly
+        return aten.real(t), aten.imag(t)
+    return t, None
+
+
+def _complex_mul(a: dict) -> Tensor:
+    """(a + bi)(c + di) = RN(RN(a·c) − RN(b·d)) + RN(RN(a·d) + RN(b·c))·i, each product and the sum rounded
+    (torch fuses them into fmas on some devices, not on others); by a real factor r: RN(a·r) + RN(b·r)·i."""
+    x, y = a["self"], a["other"]
+    if not (isinstance(x, Tensor) and x.is_complex()):
+        x, y = y, x
+    if isinstance(y, complex) or (isinstance(y, Tensor) and y.is_complex()):
+        if not isinstance(y, Tensor):
+            y = torch.full([], y, dtype=x.dtype, device=x.device)
+        _need_complex64("mul", x, y)
+        (xr, xi), (yr, yi) = _components(x), _components(y)
+        real = aten.sub(aten.mul(xr, yr), aten.mul(xi, yi))
+        imag = aten.add(aten.mul(xr, yi), aten.mul(xi, yr))
+        return aten.complex(real, imag)
+    _need_complex64("mul", x)
+    if isinstance(y, Tensor) and y.is_floating_point() and y.dtype not in _CARBON_DTYPES:
+        raise NotCovered(f"complex mul by a {y.dtype} tensor")
+    xr, xi = _components(x)
+    return aten.complex(aten.mul(xr, y), aten.mul(xi, y)).to(torch.result_type(x, y))
+
+
+def _need_complex64(op: str, *tensors: Tensor) -> None:
+    for t in tensors:
+        if t.is_complex() and t.dtype != torch.complex64:
+            raise NotCovered(f"{op} in {t.dtype}: carbon computes complex64 (float32 parts)")
+
+
+def _complex_sum(a: dict) -> Tensor:
+    """Each part summed exactly and rounded once (carbon.sum over the float32 parts)."""
+    x, dim, keepdim = a["self"], a.get("dim"), a.get("keepdim", False)
+    _need_complex64("sum", x)
+    if a.get("dtype") not in (None, x.dtype):
+        raise NotCovered("complex sum with a dtype argument")
+    parts = aten.view_as_real(x.resolve_conj())
+    dims = list(range(x.dim())) if dim is None or len(dim) == 0 else [d % x.dim() for d in dim]
+    total = carbon_ops.sum(parts.contiguous(), dims, keepdim, None) if dims else parts
+    return aten.view_as_complex(total.contiguous())
+
+
+def _polar(a: dict) -> Tensor:
+    """abs·e^{i·angle}: RN(abs·COS(angle)) + RN(abs·SIN(angle))·i with carbon's cos and sin."""
+    r, theta = a["abs"], a["angle"]
+    _need_carbon_dtype("polar", r, theta)
+    if r.dtype != torch.float32 or theta.dtype != torch.float32:
+        raise NotCovered("polar of non-float32 tensors")
+    return aten.complex(aten.mul(r, carbon_ops.cos(theta)), aten.mul(r, carbon_ops.sin(theta)))
+
+
+COMPLEX_ROUTES: Dict[str, Callable[[dict], Any]] = {"mul": _complex_mul, "sum": _complex_sum}
+
+def _nms(a: dict) -> Tensor:
+    """torchvision.ops.nms with torchvision's CPU rule, every step spelled out in float32 so that no device
+    contracts it into fmas: boxes by decreasing score (stable: ties by index), area = RN(RN(x₂ − x₁)·RN(y₂ − y₁)),
+    intersection RN(max(RN(min x₂ − max x₁), 0)·max(RN(min y₂ − max y₁), 0)), IoU = RN(inter / RN(RN(areaᵢ +
+    areaⱼ) − inter)) compared with the threshold in binary64; greedily, a kept box suppresses every later box
+    whose IoU with it exceeds the threshold. The suppression matrix is read on the host (as torchvision's CUDA
+    kernel does)."""
+    boxes, scores, threshold = a["dets"], a["scores"], float(a["iou_threshold"])
+    if boxes.numel() == 0:
+        return aten.empty([0], dtype=torch.int64, device=boxes.device)
+    b = boxes.to(torch.float32)
+    order = aten.sort.stable(scores, stable=True, dim=0, descending=True)[1]
+    b = aten.index_select(b, 0, order)
+    x1, y1, x2, y2 = b[:, 0], b[:, 1], b[:, 2], b[:, 3]
+    area = aten.mul(aten.sub(x2, x1), aten.sub(y2, y1))
+    w = aten.clamp_min(aten.sub(aten.minimum(x2.unsqueeze(1), x2.unsqueeze(0)), aten.maximum(x1.unsqueeze(1), x1.unsqueeze(0))), 0)
+    h = aten.clamp_min(aten.sub(aten.minimum(y2.unsqueeze(1), y2.unsqueeze(0)), aten.maximum(y1.unsqueeze(1), y1.unsqueeze(0))), 0)
+    inter = aten.mul(w, h)
+    union = aten.sub(aten.add(area.unsqueeze(1), area.unsqueeze(0)), inter)
+    over = aten.gt(aten.div(inter, union).double(), threshold).cpu()
+    keep, suppressed = [], torch.zeros(over.shape[0], dtype=torch.bool)
+    for i in range(over.shape[0]):
+        if not bool(suppressed[i]):
+            keep.append(i)
+            suppressed[i + 1:] |= over[i, i + 1:]
+    return aten.index_select(order, 0, torch.tensor(keep, dtype=torch.int64, device=boxes.device))
+
+
+class _RoiSamples:
+    """torchvision's RoIAlign sampling points, in binary64 (torchvision computes them in the input's type):
+    per roi k, bin (ph, pw) and sample (iy, ix): y = start_h + ph·bin_h + (iy + ½)·bin_h / grid_h (x likewise),
+    start = box·scale − (½ if aligned), bin = size / pooled with size = end − start (at least 1 unless
+    aligned); a sample with y < −1, y > H, x < −1 or x > W reads nothing (weight 0, still counted); otherwise
+    y = max(y, 0), y_low = ⌊y⌋, y_high = y_low + 1 (both H − 1 at the last row, where y = H − 1). Weights
+    RN32 of the binary64 products of hy = 1 − ly, ly = y − y_low and the same for x."""
+
+    def __init__(self, rois: Tensor, scale: float, pooled: tuple, grid: tuple, aligned: bool, h: int, w: int) -> None:
+        r = rois.double()
+        self.width = w
+        offset = 0.5 if aligned else 0.0
+        start = [aten.sub(aten.mul(r[:, 2], scale), offset), aten.sub(aten.mul(r[:, 1], scale), offset)]
+        end = [aten.sub(aten.mul(r[:, 4], scale), offset), aten.sub(aten.mul(r[:, 3], scale), offset)]
+        self.axes = []
+        for d, (size_px, n_bins, n_grid) in enumerate(zip((h, w), pooled, grid)):
+            length = aten.sub(end[d], start[d])
+            if not aligned:
+                length = aten.clamp_min(length, 1.0)
+            bin_size = aten.div(length, float(n_bins))
+            p = torch.arange(n_bins, dtype=torch.float64, device=r.device).reshape(1, n_bins, 1)
+            i = torch.arange(n_grid, dtype=torch.float64, device=r.device).reshape(1, 1, n_grid) + 0.5
+            b = bin_size.reshape(-1, 1, 1)
+            c = aten.add(aten.add(start[d].reshape(-1, 1, 1), aten.mul(p, b)), aten.div(aten.mul(i, b), float(n_grid)))
+            outside = aten.logical_or(aten.lt(c, -1.0), aten.gt(c, float(size_px)))
+            c = aten.clamp_min(c, 0.0)
+            low = aten.floor(c)
+            last = aten.ge(low, size_px - 1)
+            low = aten.where(last, float(size_px - 1), low)
+            c = aten.where(last, low, c)
+            high = aten.where(last, low, aten.add(low, 1.0))
+            frac = aten.sub(c, low)
+            self.axes.append((low.to(torch.int64), high.to(torch.int64), aten.rsub(frac, 1.0), frac, outside))
+
+    def corners(self) -> list:
+        """[(flat position [K, PH, GH, PW, GW], float32 weight)] for the four corners, torchvision's order."""
+        (yl, yh, hy, ly, yo), (xl, xh, hx, lx, xo) = self.axes
+        outside = aten.logical_or(yo.unsqueeze(-1).unsqueeze(-1), xo.unsqueeze(1).unsqueeze(1))
+        out = []
+        for ya, wy in ((yl, hy), (yh, ly)):
+            for xa, wx in ((xl, hx), (xh, lx)):
+                pos = aten.add(aten.mul(ya, self.width).unsqueeze(-1).unsqueeze(-1), xa.unsqueeze(1).unsqueeze(1))
+                wt = aten.mul(wy.unsqueeze(-1).unsqueeze(-1), wx.unsqueeze(1).unsqueeze(1)).to(torch.float32)
+                out.append((pos, aten.where(outside, 0.0, wt)))
+        return out
+
+
+def _roi_groups(a: dict, rois: Tensor, pooled: tuple) -> list:
+    """[(rois of the group as an index tensor, or None for all, (grid_h, grid_w))]: one group with a fixed
+    sampling_ratio; with adaptive sampling each box's grid is ⌈length / pooled⌉ per dimension (the binary64
+    lengths of _RoiSamples), boxes grouped by grid. Adaptive sampling reads the boxes on the host, so it is
+    covered for CPU boxes only (on CUDA it would synchronize)."""
+    ratio = a["sampling_ratio"]
+    if ratio > 0:
+        return [(None, (ratio, ratio))]
+    if rois.device.type != "cpu":
+        raise NotCovered("roi_align with adaptive sampling (sampling_ratio <= 0) on CUDA: the grid depends on "
+                         "the boxes, which would have to be read on the host")
+    r = rois.double()
+    scale, offset = float(a["spatial_scale"]), 0.5 if a["aligned"] else 0.0
+    grids = []
+    for lo, hi, n in ((2, 4, pooled[0]), (1, 3, pooled[1])):
+        length = (r[:, hi] * scale - offset) - (r[:, lo] * scale - offset)
+        if not a["aligned"]:
+            length = length.clamp_min(1.0)
+        grids.append(torch.ceil(length / n).to(torch.int64).tolist())
+    groups: Dict[tuple, list] = {}
+    for k, grid in enumerate(zip(*grids)):
+        groups.setdefault(grid, []).append(k)
+    return [(torch.tensor(ks, dtype=torch.int64), grid) for grid, ks in groups.items()]
+
+
+def _roi_align(a: dict) -> Tensor:
+    """torchvision.ops.roi_align: per sample RN(RN(RN(RN(w₁·v₁) + RN(w₂·v₂)) + RN(w₃·v₃)) + RN(w₄·v₄)) in float32
+    (_RoiSamples), each bin RN(exact Σ of its samples / their number) (carbon.mean), +0 for a box whose grid
+    is empty; rounded to the input's dtype at the end."""
+    x, rois = a["input"], a["rois"]
+    _need_carbon_dtype("roi_align", x, rois)
+    ph, pw = a["pooled_height"], a["pooled_width"]
+    n, c, h, w = x.shape
+    k = rois.shape[0]
+    groups = _roi_groups(a, rois, (ph, pw))
+    if k == 0:
+        return aten.zeros([0, c, ph, pw], dtype=x.dtype, device=x.device)
+    out = aten.zeros([k, c, ph, pw], dtype=torch.float32, device=x.device)
+    for members, (gh, gw) in groups:
+        if gh * gw == 0:
+            continue
+        sub = rois if members is None else aten.index_select(rois, 0, members.to(rois.device))
+        part = _roi_align_fixed(x, sub, float(a["spatial_scale"]), (ph, pw), (gh, gw), a["aligned"])
+        if members is None:
+            return part.to(x.dtype)
+        out = aten.index_copy(out, 0, members.to(x.device), part)
+    return out.to(x.dtype)
+
+
+def _roi_align_fixed(x: Tensor, rois: Tensor, scale: float, pooled: tuple, grid: tuple, aligned: bool) -> Tensor:
+    n, c, h, w = x.shape
+    (ph, pw), (gh, gw), k = pooled, grid, rois.shape[0]
+    corners = _RoiSamples(rois, scale, pooled, grid, aligned, h, w).corners()
+    images = rois[:, 0].to(torch.int64)
+    outs = []
+    for c0, c1 in _channel_chunks(c, k * ph * gh * pw * gw):  # every output on its own: chunks keep memory small
+        planes = aten.index_select(x[:, c0:c1].reshape([n, c1 - c0, h * w]).to(torch.float32), 0, images)
+        acc = None
+        for pos, wt in corners:
+            v = aten.gather(planes, 2, pos.reshape([k, 1, -1]).expand([k, c1 - c0, pos[0].numel()]))
+            term = aten.mul(v, wt.reshape([k, 1, -1]))
+            acc = term if acc is None else aten.add(acc, term)
+        samples = aten.permute(acc.reshape([k, c1 - c0, ph, gh, pw, gw]), [0, 1, 2, 4, 3, 5]).contiguous()
+        outs.append(carbon_ops.mean(samples, [4, 5], False, None))
+    return aten.cat(outs, 1)
+
+
+def _channel_chunks(c: int, per_channel: int) -> list:
+    step = max(1, (1 << 23) // max(per_channel, 1))
+    return [(c0, min(c0 + step, c)) for c0 in range(0, c, step)]
+
+
+def _roi_align_backward(a: dict) -> Tensor:
+    """Every input position RN(exact Σ over the samples reading it of RN(RN(g·w) / count)) (torchvision's order
+    of the two operations), over all boxes at once (carbon.index_add)."""
+    g, rois = a["grad"], a["rois"]
+    ph, pw = a["pooled_height"], a["pooled_width"]
+    n, c, h, w = a["batch_size"], a["channels"], a["height"], a["width"]
+    k = rois.shape[0]
+    groups = [(m, grid) for m, grid in _roi_groups(a, rois, (ph, pw)) if grid[0] * grid[1] > 0]
+    if k == 0 or not groups:
+        return aten.zeros([n, c, h, w], dtype=g.dtype, device=g.device)
+    pieces = []  # (grad rows, grid, corners) per group
+    dest = []
+    for members, (gh, gw) in groups:
+        sub = rois if members is None else aten.index_select(rois, 0, members.to(rois.device))
+        gsub = g if members is None else aten.index_select(g, 0, members.to(g.device))
+        corners = _RoiSamples(sub, float(a["spatial_scale"]), (ph, pw), (gh, gw), a["aligned"], h, w).corners()
+        base = aten.mul(sub[:, 0].to(torch.int64), h * w).reshape([-1, 1, 1, 1, 1])
+        dest += [aten.add(pos, base).reshape([-1]) for pos, _ in corners]
+        pieces.append((gsub, (gh, gw), corners))
+    dest_all = aten.cat(dest)
+    parts = []
+    for c0, c1 in _channel_chunks(c, dest_all.numel()):  # channels are independent sums
+        contrib = []
+        for gsub, (gh, gw), corners in pieces:
+            kk = gsub.shape[0]
+            gb = gsub[:, c0:c1].to(torch.float32).reshape([kk, c1 - c0, ph, 1, pw, 1]).expand(
+                [kk, c1 - c0, ph, gh, pw, gw])
+            contrib += [aten.movedim(true_divide(aten.mul(gb, wt.unsqueeze(1)), float(gh * gw)), 1, -1)
+                        .reshape([-1, c1 - c0]) for _, wt in corners]
+        parts.append(carbon_ops.index_add(aten.zeros([n * h * w, c1 - c0], dtype=torch.float32, device=g.device), 0,
+                                          dest_all, aten.cat(contrib)))
+    total = aten.cat(parts, 1)
+    return aten.movedim(total.reshape([n, h * w, c]), 2, 1).reshape([n, c, h, w]).to(g.dtype)
+
+
+FOREIGN_ROUTES: Dict[str, Callable[[dict], Any]] = {"torchvision.nms": _nms, "torchvision.roi_align": _roi_align,
+                                                    "torchvision._roi_align_backward": _roi_align_backward}
+"""Ops of other libraries that carbon routes, by "namespace.name"."""
 
 
 # ---- randomness -------------------------------------------------------------------------------------------------
@@ -1390,6 +2514,60 @@ def _exponential_(a: dict) -> Tensor:
     return true_divide(e, float(lambd)).to(x.dtype)
 
 
+def _like(a: dict, values: Callable[[List[int], torch.dtype, torch.device], Tensor],
+          default_dtype: Optional[torch.dtype] = None) -> Tensor:
+    """A ``*_like`` factory: the draws of the plain factory for self's shape (element i = the i-th element in
+    row-major order, whatever self's strides), placed in a tensor laid out as torch's ``*_like`` would be."""
+    x = a["self"]
+    dtype = a.get("dtype") or default_dtype or x.dtype
+    device = torch.device(a.get("device") or x.device)
+    out = aten.empty_like(x, dtype=dtype, device=device, memory_format=a.get("memory_format") or torch.preserve_format)
+    return out.copy_(values(list(x.shape), dtype, device))
+
+
+def _rand_like(a: dict) -> Tensor:
+    def values(size, dtype, device):
+        _need_random_dtype("rand_like", dtype)
+        return _uniform_values(size, 0.0, 1.0, dtype, device)
+    return _like(a, values)
+
+
+def _randn_like(a: dict) -> Tensor:
+    def values(size, dtype, device):
+        _need_random_dtype("randn_like", dtype)
+        return _normal_values(size, 0.0, 1.0, dtype, device)
+    return _like(a, values)
+
+
+def _randint_like(a: dict) -> Tensor:
+    high = a["high"]
+    if isinstance(high, Tensor):
+        if high.device.type != "cpu":
+            raise NotCovered("randint_like with a device tensor as the bound (reading it would synchronize)")
+        high = int(high.item())
+    return _like(a, lambda size, dtype, device: _integers(size, a.get("low", 0), high, dtype, device))
+
+
+def _log_normal_(a: dict) -> Tensor:
+    """RN(EXP(n)) with n carbon's normal draw of the given mean and std (float32), one draw per element."""
+    x = a["self"]
+    _need_random_dtype("log_normal_", x.dtype)
+    n = _normal_values(list(x.shape), a.get("mean", 1.0), a.get("std", 2.0), torch.float32, x.device)
+    return carbon_ops.exp(n).to(x.dtype)
+
+
+def _geometric_(a: dict) -> Tensor:
+    """max(1, CEIL(RN32(LOG(RN(1 − u)) / LOG1P(RN32(−p))))) from one uniform draw u (k·2⁻²⁴) per element:
+    torch's inversion formula on carbon's uniforms, log and log1p (1 − u is exact)."""
+    x, p = a["self"], float(a["p"])
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"geometric_ expects p in (0, 1), got p = {p}")
+    u = _uniform_values(list(x.shape), 0.0, 1.0, torch.float32, x.device)
+    log_q = carbon_ops.log1p(torch.full([], -p, dtype=torch.float32, device=x.device))
+    k = aten.ceil(aten.div(carbon_ops.log(aten.rsub(u, 1.0)), log_q))
+    return aten.clamp_min(k, 1.0).to(x.dtype)
+
+
 def _random_(a: dict) -> Tensor:
     x = a["self"]
     low, high = a.get("from", 0), a.get("to")
@@ -1414,6 +2592,35 @@ def _bernoulli(a: dict) -> Tensor:
     if probs.dtype not in _CARBON_DTYPES:
         probs = probs.to(torch.float32)
     return carbon_ops.bernoulli.state(probs, state, None if p is None else float(p)).to(x.dtype)
+
+
+def _rrelu(a: dict) -> Any:
+    """RReLU. Training: one uniform draw r in [lower, upper) per element (carbon.uniform); x ≤ 0 gives RN(x·r)
+    and noise r, else x and noise 1 (noise is written in place, as torch does). Evaluation: leaky ReLU with
+    slope RN((lower + upper) / 2)."""
+    x, noise, lower, upper = a["self"], a["noise"], float(a.get("lower", 0.125)), float(a.get("upper", 1 / 3))
+    _need_random_dtype("rrelu", x.dtype)
+    if not a.get("training", False):
+        return aten.where(aten.gt(x, 0), x, aten.mul(x, (lower + upper) / 2))
+    r = _uniform_values(list(x.shape), lower, upper, x.dtype, x.device)
+    negative = aten.le(x, 0)
+    noise.copy_(aten.where(negative, r, 1.0))
+    return aten.where(negative, aten.mul(x, r), x)
+
+
+def _rrelu_functional(a: dict) -> tuple:
+    noise = aten.clone(a["noise"])
+    out = _rrelu({**a, "noise": noise})
+    return out, noise
+
+
+def _rrelu_backward(a: dict) -> Tensor:
+    """RN(g·noise) in training (upper − lower > 10⁻⁶), else the leaky-ReLU gradient with the mean slope."""
+    g, x, noise = a["grad_output"], a["self"], a["noise"]
+    lower, upper = float(a["lower"]), float(a["upper"])
+    if a["training"] and upper - lower > 1e-6:
+        return aten.mul(g, noise)
+    return aten.where(aten.gt(x, 0), g, aten.mul(g, (lower + upper) / 2))
 
 
 def _native_dropout(a: dict):
@@ -1465,10 +2672,11 @@ def _foreach(base: str) -> Callable[[dict], List[Tensor]]:
 # name -> handler. Keys are aten overload-packet names without a trailing "_".
 ROUTES: Dict[str, Callable] = {
     # matmul
-    "mm": _mm, "bmm": _bmm, "addmm": _addmm, "baddbmm": _baddbmm, "mv": _mv, "dot": _dot,
+    "mm": _mm, "bmm": _bmm, "addmm": _addmm, "baddbmm": _baddbmm, "mv": _mv, "dot": _dot, "vdot": _vdot, "addbmm": _addbmm,
     "convolution": _convolution, "convolution_backward": _convolution_backward,
     # reductions
-    "sum": _sum, "mean": _mean, "linalg_vector_norm": _vector_norm, "norm": _norm,
+    "sum": _sum, "mean": _mean, "linalg_vector_norm": _vector_norm, "norm": _norm, "_euclidean_dist": _euclidean_dist,
+    "_cdist_forward": _cdist_forward, "_cdist_backward": _cdist_backward,
     "_weight_norm_interface": _weight_norm, "_weight_norm_interface_backward": _weight_norm_backward, "_foreach_norm": _foreach_norm,
     # normalization, softmax, losses
     "native_layer_norm": _layer_norm, "native_layer_norm_backward": _layer_norm_backward,
@@ -1504,15 +2712,36 @@ ROUTES: Dict[str, Callable] = {
     # indexed accumulation
     "index_add": _index_add, "scatter_add": _scatter_add, "index_put": _index_put, "_index_put_impl": _index_put,
     "embedding_dense_backward": _embedding_backward,
+    "index_copy": _index_copy, "embedding_renorm": _embedding_renorm, "bincount": _bincount, "histc": _histc, "scatter_reduce": _scatter_reduce,
+    "index_reduce": _index_reduce,
+    "_embedding_bag": _embedding_bag, "_embedding_bag_forward_only": _embedding_bag,
+    "_embedding_bag_backward": _embedding_bag_dense_backward,
+    "_embedding_bag_dense_backward": _embedding_bag_dense_backward,
+    "_embedding_bag_per_sample_weights_backward": _embedding_bag_per_sample_weights_backward,
     "max_pool2d_with_indices_backward": _max_pool_backward(2),
     "max_pool3d_with_indices_backward": _max_pool_backward(3),
-    "_adaptive_avg_pool2d": _adaptive_avg_pool2d, "_adaptive_avg_pool2d_backward": _adaptive_avg_pool2d_backward,
-    "avg_pool2d": _avg_pool2d, "avg_pool2d_backward": _avg_pool2d_backward,
+    "adaptive_max_pool2d_backward": _max_pool_backward(2), "adaptive_max_pool3d_backward": _max_pool_backward(3),
+    **{f"_adaptive_avg_pool{d}d": _adaptive_avg_pool(d) for d in (2, 3)},
+    **{f"_adaptive_avg_pool{d}d_backward": _adaptive_avg_pool_backward(d) for d in (2, 3)},
+    **{f"avg_pool{d}d": _avg_pool(d) for d in (2, 3)},
+    **{f"avg_pool{d}d_backward": _avg_pool_backward(d) for d in (2, 3)},
     **{f"upsample_nearest{d}d_backward": _upsample_nearest_backward for d in (1, 2, 3)},
     "upsample_linear1d": _upsample_linear(1), "upsample_bilinear2d": _upsample_linear(2),
     "upsample_trilinear3d": _upsample_linear(3), "upsample_linear1d_backward": _upsample_linear_backward(1),
     "upsample_bilinear2d_backward": _upsample_linear_backward(2),
     "upsample_trilinear3d_backward": _upsample_linear_backward(3),
+    "upsample_bicubic2d": _upsample_linear(2, cubic=True),
+    "upsample_bicubic2d_backward": _upsample_linear_backward(2, cubic=True),
+    # folding, modulo, log-add-exp, distance
+    "_ctc_loss": _ctc_loss, "_ctc_loss_backward": _ctc_loss_backward,
+    "_pdist_forward": _pdist_forward, "_pdist_backward": _pdist_backward, "linalg_cross": _linalg_cross,
+    "soft_margin_loss": _soft_margin_loss, "soft_margin_loss_backward": _soft_margin_loss_backward, "sinc": _sinc,
+    "polar": _polar,
+    "affine_grid_generator": _affine_grid, "grid_sampler_2d": _grid_sample,
+    "_grid_sampler_2d_cpu_fallback": _grid_sample, "grid_sampler_2d_backward": _grid_sample_backward,
+    "_grid_sampler_2d_cpu_fallback_backward": _grid_sample_backward, "cudnn_grid_sampler": _cudnn_grid_sampler,
+    "cudnn_grid_sampler_backward": _cudnn_grid_sampler_backward,
+    "col2im": _col2im, "remainder": _remainder, "logaddexp": _logaddexp, "dist": _dist,
     # piecewise activations
     "hardsigmoid": _hardsigmoid, "hardsigmoid_backward": _hardsigmoid_backward, "hardswish": _hardswish,
     "hardswish_backward": _hardswish_backward, "mish": _mish, "mish_backward": _mish_backward, "glu": _glu,
@@ -1521,6 +2750,10 @@ ROUTES: Dict[str, Callable] = {
     "linspace": _linspace,
     "rand": _rand, "randn": _randn, "randint": _randint, "randperm": _randperm, "uniform": _uniform_,
     "normal": _normal_, "random": _random_, "exponential": _exponential_, "bernoulli": _bernoulli, "multinomial": _multinomial,
+    "rand_like": _rand_like, "randn_like": _randn_like, "randint_like": _randint_like, "log_normal": _log_normal_,
+    "geometric": _geometric_,
+    "rrelu_with_noise": _rrelu, "rrelu_with_noise_functional": _rrelu_functional,
+    "rrelu_with_noise_backward": _rrelu_backward,
     "native_dropout": _native_dropout, "native_dropout_backward": _native_dropout_backward,
     # foreach (torch.optim's multi-tensor paths, grad scaling)
     **{f"_foreach_{b}": _foreach(b) for b in ("add", "sub", "mul", "div", "addcmul", "addcdiv", "lerp", "sqrt", "pow",

@@ -4,7 +4,7 @@ CPU threads. Between them they use convolutions (1-d, 2-d, transposed-free
 stems, depthwise), batch / group / layer norm, pooling, bilinear upsampling,
 weight normalization, grouped and multi-query attention, learned attention
 biases (T5), ALiBi (BLOOM), rotary embeddings, advanced-index gradients and
-binary cross-entropy, and Mamba's selective scan (expm1, softplus, cumulative
+binary cross-entropy, a CTC head (wav2vec2), and Mamba's selective scan (expm1, softplus, cumulative
 sums). transformers is a test-only dependency."""
 
 from __future__ import annotations
@@ -62,6 +62,11 @@ MODELS = {
         conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
         num_conv_pos_embedding_groups=4, num_labels=2)),
         lambda m: m(input_values=torch.randn(2, 400), labels=_labels()).loss),
+    "wav2vec2_ctc": (lambda: T.Wav2Vec2ForCTC(T.Wav2Vec2Config(
+        vocab_size=12, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+        conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4, pad_token_id=0, ctc_loss_reduction="mean")),
+        lambda m: m(input_values=torch.randn(2, 400), labels=torch.tensor([[3, 4, 4, 5], [6, 7, -100, -100]])).loss),
     "clip": (lambda: T.CLIPModel(T.CLIPConfig(text_config=dict(vocab_size=100, **SMALL),
                                               vision_config=dict(image_size=32, patch_size=8, **SMALL),
                                               projection_dim=16)),

@@ -191,7 +191,7 @@ def test_pow_of_a_cpu_scalar_base_to_integer_exponents_is_carbons_pow():
 
 
 @pytest.mark.parametrize("kind", ["grouped heads", "one shared head", "learned mask"])
-def test_attention_outside_the_fused_op_is_thread_and_batch_invariant(kind, restore_num_threads):
+def test_attention_with_shared_heads_or_a_learned_mask_is_thread_and_batch_invariant(kind, restore_num_threads):
     q = _randn(4, 4, 6, 8, seed=14)
     kv_heads = {"grouped heads": 2, "one shared head": 1, "learned mask": 4}[kind]
     k, v = _randn(4, kv_heads, 6, 8, seed=15), _randn(4, kv_heads, 6, 8, seed=16)
@@ -207,6 +207,11 @@ def test_attention_outside_the_fused_op_is_thread_and_batch_invariant(kind, rest
             first = F.scaled_dot_product_attention(q[:1], k[:1], v[:1], attn_mask=mask, enable_gqa=kind == "grouped heads")
         results.append([as_bits(out)] + [as_bits(t.grad) for t in leaves])
         assert torch.equal(as_bits(first), as_bits(out[:1])), "batch invariance"
+        if mask is None:  # shared heads are the heads copied out (repeat_kv): the same attention, the same bits
+            with carbon.enabled():
+                copied = F.scaled_dot_product_attention(q, k.repeat_interleave(4 // kv_heads, 1),
+                                                        v.repeat_interleave(4 // kv_heads, 1))
+            assert torch.equal(as_bits(copied), as_bits(out)), "repeat_kv"
     assert all(torch.equal(a, b) for a, b in zip(*results))
 
 
@@ -302,8 +307,8 @@ def test_exponential_draws_are_minus_log_of_one_minus_carbons_uniforms():
 
 
 def test_lstm_and_gru_run_on_routed_ops_with_the_same_bits_at_one_and_two_threads(restore_num_threads):
-    """(Not batch invariant between batch 1 and larger batches: torch's CPU LSTM projects a batch-1
-    input with addmm and a larger one with mm + add, two definitions; see docs/enable.md.)"""
+    """Thread and batch invariant, a sequence alone included: carbon.enable hands torch's RNN a contiguous
+    time-major input, which torch projects with addmm whatever the batch size (docs/enable.md)."""
     seq = _randn(3, 7, 6, seed=28)
     results = []
     for threads in (1, 2):
@@ -313,7 +318,9 @@ def test_lstm_and_gru_run_on_routed_ops_with_the_same_bits_at_one_and_two_thread
             out = lstm(seq)[0] + gru(seq)[0]
             out.sum().backward()
             pair = lstm(seq[1:3])[0] + gru(seq[1:3])[0]
+            alone = lstm(seq[2:3])[0] + gru(seq[2:3])[0]
         assert torch.equal(as_bits(pair), as_bits(out[1:3].detach())), "batches of 2 and 3"
+        assert torch.equal(as_bits(alone), as_bits(out[2:3].detach())), "a sequence alone"
         results.append([as_bits(out.detach())] + [as_bits(p.grad) for p in list(lstm.parameters()) + list(gru.parameters())])
     assert all(torch.equal(a, b) for a, b in zip(*results))
     assert torch.backends.mkldnn.enabled  # restored by disable()
