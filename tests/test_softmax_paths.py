@@ -1,0 +1,64 @@
+"""The softmax family's two CPU implementations give the same bits: the AVX-512 kernels (table-driven
+exp, fused row sums, hardware roundings checked per row) against the portable ones, which
+CARBON_SOFTMAX_PORTABLE selects in a fresh process. On a CPU without AVX-512 both runs take the
+portable kernels and the test checks only that they are deterministic."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import carbon
+
+SCRIPT = r'''
+import sys, torch, carbon
+torch.manual_seed(0)
+def cases():
+    out = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for shape in ((7, 1), (5, 17), (3, 256), (4, 1000), (2, 50257)):
+            x = (torch.randn(*shape) * torch.logspace(-3, 2, shape[1])).to(dtype)
+            x[0, : max(1, shape[1] // 3)] = float("-inf")
+            if shape[1] > 2:
+                x[1, 1] = float("nan")
+                x[-1, 0] = 1e30 if dtype == torch.float32 else 1e4
+            out.append(x)
+    return out
+results = []
+for x in cases():
+    for fn in (carbon.softmax, carbon.log_softmax):
+        y = x.clone().requires_grad_()
+        out = fn(y, -1)
+        g = torch.linspace(-1, 1, out.numel()).reshape(out.shape).to(out.dtype)
+        out.backward(g)
+        results += [out.detach(), y.grad]
+    target = torch.arange(x.shape[0]) % x.shape[1]
+    for smoothing in (0.0, 0.1):
+        y = x.clone().requires_grad_()
+        loss = carbon.cross_entropy(y, target, "mean", -100, smoothing)
+        loss.backward()
+        results += [loss.detach(), y.grad]
+torch.save(results, sys.argv[1])
+'''
+
+
+def _run(path: Path, portable: bool) -> list:
+    env = dict(os.environ)
+    env.pop("CARBON_SOFTMAX_PORTABLE", None)
+    if portable:
+        env["CARBON_SOFTMAX_PORTABLE"] = "1"
+    subprocess.run([sys.executable, "-c", SCRIPT, str(path)], check=True, env=env, timeout=600)
+    return torch.load(path)
+
+
+def test_portable_and_avx512_softmax_kernels_give_the_same_bits(tmp_path):
+    fast = _run(tmp_path / "fast.pt", False)
+    portable = _run(tmp_path / "portable.pt", True)
+    assert len(fast) == len(portable) > 0
+    for k, (a, b) in enumerate(zip(fast, portable)):
+        bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[a.dtype]
+        assert torch.equal(a.view(bits), b.view(bits)), f"result {k}"
