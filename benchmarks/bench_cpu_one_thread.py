@@ -18,7 +18,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import torch
 
@@ -28,16 +27,14 @@ except ImportError:  # run from a checkout without an install
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import carbon
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import cpu_times  # noqa: E402
+
 F = torch.nn.functional
 
 
 def cpu_ms(fn, reps):
-    fn()
-    times = []
-    for _ in range(reps):
-        t = time.process_time()
-        fn()
-        times.append(time.process_time() - t)
+    times = cpu_times(fn, reps)
     return min(times) * 1e3, statistics.median(times) * 1e3
 
 
