@@ -688,16 +688,24 @@ CARBON_HD double expm1_core(double x) {
 CARBON_HD double expm1_grad_core(double x) { return exp_core(x); }
 
 // ---- log2, log10 -------------------------------------------------------------------
-// log_b(x) = log_core(x) * RN(1/ln b): log_core < 2^-50 (every positive double), the
-// constant and the product one rounding each: < 2^-50 + 2u < 2^-49.6. log_b(2^k) or
-// log10(10^k) is an integer, never a rounding midpoint (and log_b(x) is irrational for
-// every other float x), so nothing structural sits at a midpoint. Special values as log:
-// +-0 -> -inf, x < 0 -> NaN, +inf -> +inf, log_b(1) = +0.
+// log2(x) = log_core(x) * RN(1/ln 2): log_core < 2^-50 (every positive double), the
+// constant and the product one rounding each: < 2^-50 + 2u < 2^-49.6 (all 2^32 float32
+// inputs correctly rounded, docs/elementwise.md). log10(x) = log_core(x) / ln 10 with
+// 1/ln 10 as a double-double (hi + lo, error < 2^-107) and one fma: < 2^-50 + u. (With
+// the single constant, log10 of 3 float32 inputs landed on a rounding midpoint exactly,
+// e.g. x = 9.88485542e-33, 2^-52 from it.) log2(2^k) and log10(10^k) are integers,
+// never rounding midpoints (and log_b(x) is irrational for every other float x), so
+// nothing structural sits at a midpoint. Special values as log: +-0 -> -inf, x < 0 ->
+// NaN, +inf -> +inf, log_b(1) = +0.
 // Derivatives: RN(1/ln b) / |x| (+inf at +-0, NaN below 0): < 2u.
 constexpr double kRnInvLn2 = 0x1.71547652b82fep+0;   // RN(1/ln 2)
 constexpr double kRnInvLn10 = 0x1.bcb7b1526e50ep-2;  // RN(1/ln 10)
 CARBON_HD double log2_core(double x) { return log_core(x) * kRnInvLn2; }
-CARBON_HD double log10_core(double x) { return log_core(x) * kRnInvLn10; }
+CARBON_HD double log10_core(double x) {
+  constexpr double kInvLn10Lo = 0x1.95355baaafad3p-57;  // 1/ln 10 - kRnInvLn10, rounded
+  const double y = log_core(x);
+  return fma(y, kRnInvLn10, y * kInvLn10Lo);
+}
 CARBON_HD double log2_grad_core(double x) { return x < 0.0 ? quiet_nan() : kRnInvLn2 / abs_value(x); }
 CARBON_HD double log10_grad_core(double x) { return x < 0.0 ? quiet_nan() : kRnInvLn10 / abs_value(x); }
 
