@@ -693,7 +693,8 @@ CARBON_HD double expm1_grad_core(double x) { return exp_core(x); }
 // inputs correctly rounded, docs/elementwise.md). log10(x) = log_core(x) / ln 10 with
 // 1/ln 10 as a double-double (hi + lo, error < 2^-107) and one fma: < 2^-50 + u. (With
 // the single constant, log10 of 3 float32 inputs landed on a rounding midpoint exactly,
-// e.g. x = 9.88485542e-33, 2^-52 from it.) log2(2^k) and log10(10^k) are integers,
+// e.g. x = 9.88485542e-33, 2^-52 from it; with the fma 1 input of 2^32 still does:
+// docs/elementwise.md.) log2(2^k) and log10(10^k) are integers,
 // never rounding midpoints (and log_b(x) is irrational for every other float x), so
 // nothing structural sits at a midpoint. Special values as log: +-0 -> -inf, x < 0 ->
 // NaN, +inf -> +inf, log_b(1) = +0.
