@@ -1,12 +1,12 @@
 """Carbon's elementwise math: exp, log, tanh, sigmoid, erf, gelu, silu, sin, cos, log1p,
-softplus, log_sigmoid, expm1.
+softplus, log_sigmoid, expm1, log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos.
 
 Each returns, elementwise and in the input's dtype (float32, bfloat16 or
 float16), ONE rounding (to nearest, ties to even) of an fp64 evaluation of
 the function whose relative error is below 2^-40: so the result is the
 correctly rounded value except within ~2^-16 ulp of a rounding midpoint, is
 always within 0.5 + 2^-16 ulp, and is bit-identical on every CPU and CUDA GPU
-(one shared implementation from IEEE +, -, *, /, fma; no libm). Gradients
+(one shared implementation from IEEE +, -, *, /, sqrt, fma; no libm). Gradients
 are RN(grad * f'(x)) with f' evaluated the same way. docs/contract.md §6 and
 docs/elementwise.md give the definitions and the measured accuracy.
 """
@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu", "sin", "cos", "log1p", "softplus", "log_sigmoid", "expm1"]
+__all__ = ["exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu", "sin", "cos", "log1p", "softplus", "log_sigmoid", "expm1",
+           "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos"]
 
 
 def exp(x: Tensor) -> Tensor:
@@ -82,6 +83,61 @@ def expm1(x: Tensor) -> Tensor:
     """e^x - 1, elementwise, accurate for small x (keeps the sign of zero; -1 at
     -inf)."""
     return torch.ops.carbon.expm1(x)
+
+
+def log2(x: Tensor) -> Tensor:
+    """Base-2 logarithm, elementwise. log2(+-0) = -inf, log2(x < 0) = NaN;
+    exact integers at powers of two."""
+    return torch.ops.carbon.log2(x)
+
+
+def log10(x: Tensor) -> Tensor:
+    """Base-10 logarithm, elementwise. log10(+-0) = -inf, log10(x < 0) = NaN."""
+    return torch.ops.carbon.log10(x)
+
+
+def exp2(x: Tensor) -> Tensor:
+    """2^x, elementwise (exact at integers). exp2(-inf) = 0, overflow gives
+    inf."""
+    return torch.ops.carbon.exp2(x)
+
+
+def erfc(x: Tensor) -> Tensor:
+    """Complementary error function 1 - erf(x), elementwise, without
+    cancellation for large x (accurate down to its underflow near x = 10)."""
+    return torch.ops.carbon.erfc(x)
+
+
+def sinh(x: Tensor) -> Tensor:
+    """Hyperbolic sine, elementwise (odd: keeps the sign of zero)."""
+    return torch.ops.carbon.sinh(x)
+
+
+def cosh(x: Tensor) -> Tensor:
+    """Hyperbolic cosine, elementwise (even; cosh(+-inf) = inf)."""
+    return torch.ops.carbon.cosh(x)
+
+
+def tan(x: Tensor) -> Tensor:
+    """Tangent, elementwise (odd; NaN at +-inf), with sin's exact argument
+    reduction: as accurate next to odd multiples of pi/2 and for x = 1e30 as
+    for x = 1."""
+    return torch.ops.carbon.tan(x)
+
+
+def atan(x: Tensor) -> Tensor:
+    """Arctangent, elementwise (odd; +-pi/2 at +-inf)."""
+    return torch.ops.carbon.atan(x)
+
+
+def asin(x: Tensor) -> Tensor:
+    """Arcsine, elementwise (odd; NaN for |x| > 1)."""
+    return torch.ops.carbon.asin(x)
+
+
+def acos(x: Tensor) -> Tensor:
+    """Arccosine, elementwise (acos(1) = 0, acos(-1) = pi; NaN for |x| > 1)."""
+    return torch.ops.carbon.acos(x)
 
 
 def softplus(x: Tensor) -> Tensor:

@@ -7,7 +7,8 @@
 #include "attention/attention.h"
 #include "attention/attention_cpu.h"
 #include "convert/round_to.h"
-// ---- elementwise math (exp, log, tanh, sigmoid, erf, gelu, silu, sin, cos, log1p, softplus, log_sigmoid, expm1) ----
+// ---- elementwise math (exp, log, tanh, sigmoid, erf, gelu, silu, sin, cos, log1p, softplus, log_sigmoid, expm1,
+// log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos) ----
 #include "elementwise/elementwise.h"
 #include "elementwise/pow.h"
 // ---- end elementwise math ----
@@ -69,6 +70,16 @@ TORCH_LIBRARY(carbon, m) {
   m.def("cos(Tensor x) -> Tensor");
   m.def("log1p(Tensor x) -> Tensor");
   m.def("expm1(Tensor x) -> Tensor");
+  m.def("log2(Tensor x) -> Tensor");
+  m.def("log10(Tensor x) -> Tensor");
+  m.def("exp2(Tensor x) -> Tensor");
+  m.def("erfc(Tensor x) -> Tensor");
+  m.def("sinh(Tensor x) -> Tensor");
+  m.def("cosh(Tensor x) -> Tensor");
+  m.def("tan(Tensor x) -> Tensor");
+  m.def("atan(Tensor x) -> Tensor");
+  m.def("asin(Tensor x) -> Tensor");
+  m.def("acos(Tensor x) -> Tensor");
   m.def("softplus(Tensor x) -> Tensor");
   m.def("log_sigmoid(Tensor x) -> Tensor");
   m.def("pow_tensor_scalar(Tensor x, float exponent) -> Tensor");
@@ -170,6 +181,16 @@ void bind_kernels(torch::Library& m) {
   m.impl("cos", &carbon::cos_op);
   m.impl("log1p", &carbon::log1p_op);
   m.impl("expm1", &carbon::expm1_op);
+  m.impl("log2", &carbon::log2_op);
+  m.impl("log10", &carbon::log10_op);
+  m.impl("exp2", &carbon::exp2_op);
+  m.impl("erfc", &carbon::erfc_op);
+  m.impl("sinh", &carbon::sinh_op);
+  m.impl("cosh", &carbon::cosh_op);
+  m.impl("tan", &carbon::tan_op);
+  m.impl("atan", &carbon::atan_op);
+  m.impl("asin", &carbon::asin_op);
+  m.impl("acos", &carbon::acos_op);
   m.impl("softplus", &carbon::softplus_op);
   m.impl("log_sigmoid", &carbon::log_sigmoid_op);
   m.impl("pow_tensor_scalar", &carbon::pow_tensor_scalar);

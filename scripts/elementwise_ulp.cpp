@@ -3,7 +3,7 @@
 // the same code as the kernels (csrc/elementwise/elementwise_math.h, then one
 // rounding with csrc/exact/float_format.h) and is compared with a reference
 // computed in x87 long double (64-bit significand) from glibc's long double
-// functions (expl, logl, tanhl, erfl, erfcl, ...), composed with care for
+// functions (expl, logl, tanhl, erfl, erfcl, tanl, atanl, ...), composed with care for
 // cancellation. Built and run by scripts/elementwise_ulp.py.
 //
 //   elementwise_ulp [--functions a,b,...] [--stride k]
@@ -69,7 +69,9 @@ const LD kA = 0.044715L;
 
 Ref reference(int id, float xf) {
   enum { EXP, LOG, TANH, SIG, ERF, GELU, GELUT, SILU, EXPG, LOGG, TANHG, SIGG, ERFG, GELUG, GELUTG, SILUG, SIN, COS, SING, COSG,
-         LOG1P, SOFTPLUS, LOGSIG, LOG1PG, SOFTPLUSG, LOGSIGG, EXPM1, EXPM1G };
+         LOG1P, SOFTPLUS, LOGSIG, LOG1PG, SOFTPLUSG, LOGSIGG, EXPM1, EXPM1G,
+         LOG2, LOG10, EXP2, ERFC, SINH, COSH, TAN, ATAN, ASIN, ACOS,
+         LOG2G, LOG10G, EXP2G, ERFCG, SINHG, COSHG, TANG, ATANG, ASING, ACOSG };
   const LD x = xf;
   if (id == EXP) return exact(expl(x));
   if (id == LOG) return exact(logl(x));
@@ -97,6 +99,32 @@ Ref reference(int id, float xf) {
   if (id == LOG1PG) return x < -1 ? Ref{NAN, 0} : exact(1 / (1 + x), 0x1p-63L);
   if (id == EXPM1) return exact(expm1l(x));
   if (id == EXPM1G) return exact(expl(x));
+  if (id == LOG2) return exact(log2l(x));
+  if (id == LOG10) return exact(log10l(x));
+  if (id == EXP2) return exact(exp2l(x));
+  if (id == ERFC) return exact(erfcl(x));
+  if (id == SINH || id == COSHG) return exact(sinhl(x));
+  if (id == COSH || id == SINHG) return exact(coshl(x));
+  // glibc's tanl reduces exactly like sinl / cosl
+  if (id == TAN) return std::isinf(xf) ? Ref{NAN, 0} : exact(tanl(x));
+  if (id == ATAN) return exact(atanl(x));
+  if (id == ASIN) return fabsl(x) > 1 ? Ref{NAN, 0} : exact(asinl(x));
+  if (id == ACOS) return fabsl(x) > 1 ? Ref{NAN, 0} : exact(acosl(x));
+  if (id == LOG2G || id == LOG10G) return x < 0 ? Ref{NAN, 0} : exact(1 / (fabsl(x) * logl(id == LOG2G ? 2.0L : 10.0L)));
+  if (id == EXP2G) return exact(exp2l(x) * logl(2.0L));
+  if (id == ERFCG) return exact(-2 / sqrtl(kPiL) * expl(-x * x));
+  if (id == TANG) {
+    if (std::isinf(xf)) return {NAN, 0};
+    const LD c = cosl(x);
+    return exact(1 / (c * c));
+  }
+  if (id == ATANG) return exact(1 / (1 + x * x));
+  // 1 - x^2 is exact in long double for a float x (|x| <= 1)
+  if (id == ASING || id == ACOSG) {
+    if (fabsl(x) > 1 || std::isinf(xf)) return {NAN, 0};
+    const LD v = 1 / sqrtl(1 - x * x);
+    return exact(id == ASING ? v : -v);
+  }
   if (id == SOFTPLUSG) return sigmoidL(x);
   if (id == LOGSIGG) return sigmoidL(-x);
   // gelu, gelu_tanh, silu for 0 < |x| < 2^-60: x/2 + c x^2 + ..., c > 0, where
@@ -184,15 +212,39 @@ double core(int id, double x) {
     case 24: return softplus_grad_core(x);
     case 25: return log_sigmoid_grad_core(x);
     case 26: return expm1_core(x);
-    default: return expm1_grad_core(x);
+    case 27: return expm1_grad_core(x);
+    case 28: return log2_core(x);
+    case 29: return log10_core(x);
+    case 30: return exp2_core(x);
+    case 31: return erfc_core(x);
+    case 32: return sinh_core(x);
+    case 33: return cosh_core(x);
+    case 34: return tan_core(x);
+    case 35: return atan_core(x);
+    case 36: return asin_core(x);
+    case 37: return acos_core(x);
+    case 38: return log2_grad_core(x);
+    case 39: return log10_grad_core(x);
+    case 40: return exp2_grad_core(x);
+    case 41: return erfc_grad_core(x);
+    case 42: return sinh_grad_core(x);
+    case 43: return cosh_grad_core(x);
+    case 44: return tan_grad_core(x);
+    case 45: return atan_grad_core(x);
+    case 46: return asin_grad_core(x);
+    default: return acos_grad_core(x);
   }
 }
 const char* kNames[] = {"exp",      "log",      "tanh",      "sigmoid",      "erf",      "gelu",      "gelu_tanh",      "silu",
                         "exp_grad", "log_grad", "tanh_grad", "sigmoid_grad", "erf_grad", "gelu_grad", "gelu_tanh_grad", "silu_grad",
                         "sin",      "cos",      "sin_grad",  "cos_grad",
                         "log1p",    "softplus", "log_sigmoid", "log1p_grad", "softplus_grad", "log_sigmoid_grad",
-                        "expm1",    "expm1_grad"};
-constexpr int kCount = 28;
+                        "expm1",    "expm1_grad",
+                        "log2",     "log10",    "exp2",      "erfc",         "sinh",     "cosh",      "tan",            "atan",
+                        "asin",     "acos",
+                        "log2_grad", "log10_grad", "exp2_grad", "erfc_grad", "sinh_grad", "cosh_grad", "tan_grad", "atan_grad",
+                        "asin_grad", "acos_grad"};
+constexpr int kCount = 48;
 
 float carbon_float(int id, float x) {
   constexpr FloatFormat f32 = Format<FormatId::kFloat32>::get();

@@ -9,7 +9,7 @@ kernels' code and is compared with a long double reference. Prints per
 function the max error in ulps, where it occurs, how many results are not
 the correctly rounded value, and how many the reference cannot decide.
 Functions: exp log tanh sigmoid erf gelu gelu_tanh silu sin cos log1p softplus
-log_sigmoid expm1 (default), and with --grads (or by name) their derivatives exp_grad ... cos_grad.
+log_sigmoid expm1 log2 log10 exp2 erfc sinh cosh tan atan asin acos (default), and with --grads (or by name) their derivatives exp_grad ... cos_grad.
 --sincos-reduction instead measures the smallest reduced argument of sin/cos.
 """
 
@@ -25,7 +25,7 @@ SOURCE = os.path.join(ROOT, "scripts", "elementwise_ulp.cpp")
 HEADERS = [os.path.join(ROOT, "csrc", "elementwise", "elementwise_math.h"),
            os.path.join(ROOT, "csrc", "exact", "float_format.h"), os.path.join(ROOT, "csrc", "exact", "portable.h")]
 FORWARD = ["exp", "log", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "silu", "sin", "cos", "log1p", "softplus",
-           "log_sigmoid", "expm1"]
+           "log_sigmoid", "expm1", "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos"]
 GRADS = [f + "_grad" for f in FORWARD]
 
 

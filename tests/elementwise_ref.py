@@ -24,7 +24,7 @@ mp.mp.prec = 256
 REL = Fraction(1, 2**41)  # tolerance around midpoints: 2^-41 relative (2^-17 float32 ulp)
 
 FORWARD = ("exp", "log", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "silu", "sin", "cos", "log1p", "softplus",
-           "log_sigmoid", "expm1")
+           "log_sigmoid", "expm1", "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos")
 A = mp.mpf("0.044715")
 C = mp.sqrt(2 / mp.pi)
 
@@ -83,6 +83,28 @@ def value(name: str, x: float):
         return -mp.log1p(mp.exp(-X))
     if name == "expm1":
         return mp.expm1(X)
+    if name in ("log2", "log10"):
+        if x < 0:
+            return math.nan
+        if x == 0:
+            return -math.inf
+        return mp.log(X) / mp.log(2 if name == "log2" else 10)
+    if name == "exp2":
+        return mp.power(2, X)
+    if name == "erfc":
+        return mp.erfc(X)
+    if name == "sinh":
+        return mp.sinh(X)
+    if name == "cosh":
+        return mp.cosh(X)
+    if name == "tan":
+        return mp.tan(X)  # reduced at a working precision grown by |x|, as sin
+    if name == "atan":
+        return mp.atan(X)
+    if name in ("asin", "acos"):
+        if abs(x) > 1:
+            return math.nan
+        return mp.asin(X) if name == "asin" else mp.acos(X)
     raise ValueError(name)
 
 
@@ -143,6 +165,38 @@ def derivative(name: str, x: float):
     if name == "expm1":
         v = mp.exp(X)
         return v, v
+    if name in ("log2", "log10"):
+        if x < 0:
+            return math.nan, 0
+        if x == 0:
+            return math.inf, 0
+        v = 1 / (X * mp.log(2 if name == "log2" else 10))
+        return v, abs(v)
+    if name == "exp2":
+        v = mp.power(2, X) * mp.log(2)
+        return v, v
+    if name == "erfc":
+        v = -2 / mp.sqrt(mp.pi) * mp.exp(-X * X)
+        return v, abs(v)
+    if name == "sinh":
+        v = mp.cosh(X)
+        return v, v
+    if name == "cosh":
+        v = mp.sinh(X)
+        return v, abs(v)
+    if name == "tan":
+        v = 1 / mp.cos(X) ** 2
+        return v, v
+    if name == "atan":
+        v = 1 / (1 + X * X)
+        return v, v
+    if name in ("asin", "acos"):
+        if abs(x) > 1:
+            return math.nan, 0
+        if abs(x) == 1:
+            return (math.inf if name == "asin" else -math.inf), 0
+        v = 1 / mp.sqrt(1 - X * X)
+        return (v if name == "asin" else -v), v
     raise ValueError(name)
 
 
@@ -152,12 +206,18 @@ _LIMITS = {
     "erf": (1.0, -1.0), "gelu": (math.inf, -0.0), "gelu_tanh": (math.inf, -0.0), "silu": (math.inf, -0.0),
     "sin": (math.nan, math.nan), "cos": (math.nan, math.nan), "log1p": (math.inf, math.nan),
     "softplus": (math.inf, 0.0), "log_sigmoid": (-0.0, -math.inf), "expm1": (math.inf, -1.0),
+    "log2": (math.inf, math.nan), "log10": (math.inf, math.nan), "exp2": (math.inf, 0.0), "erfc": (0.0, 2.0),
+    "sinh": (math.inf, -math.inf), "cosh": (math.inf, math.inf), "tan": (math.nan, math.nan),
+    "atan": (math.pi / 2, -math.pi / 2), "asin": (math.nan, math.nan), "acos": (math.nan, math.nan),
 }
 _GRAD_LIMITS = {
     "exp": (math.inf, 0.0), "log": (0.0, math.nan), "tanh": (0.0, 0.0), "sigmoid": (0.0, 0.0),
     "erf": (0.0, 0.0), "gelu": (1.0, 0.0), "gelu_tanh": (1.0, 0.0), "silu": (1.0, 0.0),
     "sin": (math.nan, math.nan), "cos": (math.nan, math.nan), "log1p": (0.0, math.nan),
     "softplus": (1.0, 0.0), "log_sigmoid": (0.0, 1.0), "expm1": (math.inf, 0.0),
+    "log2": (0.0, math.nan), "log10": (0.0, math.nan), "exp2": (math.inf, 0.0), "erfc": (-0.0, -0.0),
+    "sinh": (math.inf, math.inf), "cosh": (math.inf, -math.inf), "tan": (math.nan, math.nan),
+    "atan": (0.0, 0.0), "asin": (math.nan, math.nan), "acos": (math.nan, math.nan),
 }
 
 
@@ -195,7 +255,8 @@ def expected_bits(name: str, x: float, dtype: torch.dtype, rel: Fraction = REL) 
         return {fmt_of(dtype).nan_bits}
     if math.isinf(x):
         return {round_bits(_LIMITS[name][0 if x > 0 else 1], dtype)}
-    if x == 0 and name in ("tanh", "erf", "gelu", "gelu_tanh", "silu", "sin", "log1p", "expm1"):
+    if x == 0 and name in ("tanh", "erf", "gelu", "gelu_tanh", "silu", "sin", "log1p", "expm1", "sinh", "tan", "atan",
+                           "asin"):
         return {round_bits(x, dtype)}  # odd or x*(...): keeps the sign of zero
     v = value(name, x)
     if isinstance(v, float):

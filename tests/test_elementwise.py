@@ -183,9 +183,12 @@ def test_gradients(name, dtype):
     xs = [x for x in GRAD_POINTS if not (dtype == torch.float16 and abs(x) > 60000 and math.isfinite(x))]
     xs += [rng.gauss(0, 1) * 2.0 ** rng.randint(-6, 4) for _ in range(300)]
     gs = [rng.gauss(0, 1) * 2.0 ** rng.randint(-3, 3) for _ in xs]
-    if name == "log":
+    if name in ("log", "log2", "log10"):
         xs = [abs(x) for x in xs]  # plus the negative points above, for NaN
         xs[:4] = [-1.0, -0.0, 0.0, 2.0]
+    if name in ("asin", "acos"):
+        xs = [math.tanh(x) for x in xs]  # mostly inside the domain [-1, 1]
+        xs[:8] = [1.0, -1.0, 1.5, -3.0, math.inf, math.nan, 0.0, -0.0]
     check_grad(name, dtype, xs, gs)
 
 
@@ -223,3 +226,86 @@ def test_structural_midpoints_strict_gradient(name):
     bad = [(v, bits_to_float(g & 0xFFFFFFFF, torch.float32)) for v, g in zip(xs, as_bits(grad).tolist())
            if g & 0xFFFFFFFF not in grad_expected_bits(name, 1.0, v, torch.float32, rel=tiny, abs_slack=tiny)]
     assert not bad, f"d{name}: {len(bad)} of {len(xs)} not correctly rounded, e.g. {bad[:4]}"
+
+
+# ---------------------------------------------------------------- log2 ... acos: their own edges
+
+def _f32_bits(v: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", v))[0]
+
+
+def _with_neighbours(values, d=2):
+    out = set()
+    for v in values:
+        b = _f32_bits(v) & 0x7FFFFFFF
+        for k in range(-d, d + 1):
+            if 0 <= b + k <= 0x7F800000:
+                out.add(b + k)
+    return sorted(out | {b | 0x80000000 for b in out})
+
+
+EDGES = {
+    # powers of two (exact integers), powers of ten (log10: integers), around 1 and the largest / smallest
+    "log2": [2.0**e for e in range(-149, 128, 7)] + [1.0 + k * 2.0**-23 for k in range(1, 6)] + [3.0, 10.0, 1e-40],
+    "log10": [10.0**k for k in range(-10, 11)] + [1.0 + k * 2.0**-23 for k in range(1, 6)] + [2.0**-149, 3.4e38],
+    # integers (exact powers), half-integers, the overflow and underflow edges
+    "exp2": [float(k) for k in range(-152, 131, 3)] + [0.5, 1.5, 127.99999, 128.0, -126.0, -149.0, -149.5, -150.0, 2.0**-30],
+    # the series / erfcx branch at 0.5 and 2.125, the float32 underflow near 10.05, the clamp at 10.625
+    "erfc": [0.5, 2.125, 1.0, 3.0, 9.0, 10.0, 10.05, 10.0548, 10.06, 10.625, 11.0, 26.0, 27.0, 1e-10, 2.0**-149, 1e30],
+    # branches at 0.5 / 1.1, float32 overflow near 89.4159, tiny arguments
+    "sinh": [0.5, 1.1, 2.0, 20.0, 88.7, 89.4, 89.41598, 89.5, 1e-4, 2.0**-12, 2.0**-30, 2.0**-149],
+    # 1 + a^2/2 next to the float32 midpoint 1 + 2^-24 (a near 2^-11.5), branch at 0.5
+    "cosh": [2.0**-11.5, 2.0**-11, 2.0**-12, 0.5, 1.1, 20.0, 89.41598, 89.5, 2.0**-149, 1e-4],
+    # next to odd multiples of pi/2 (tan huge), to multiples of pi, large arguments, the reduction's branch at pi/4
+    "tan": [k * math.pi / 2 for k in range(1, 12)] + [0.7853981633974483, 16367173 * 2.0**72, 2.0**25, 1e20, 1e30,
+                                                     2.0**-149, 1e-4],
+    # the reduction's breakpoints k/8 and 1, the inversion, large arguments
+    "atan": [0.125, 0.375, 0.625, 0.875, 1.0, 1.125, 8.0, 1e10, 1e30, 3.4e38, 2.0**-149, 1e-4],
+    "asin": [1.0, 0.5, 0.999, 0.9999999, 1e-4, 2.0**-149, 2.0, 1e30],
+    "acos": [1.0, 0.5, 0.999, 0.9999999, 1e-4, 2.0**-149, 2.0, 1e30],
+}
+
+
+@pytest.mark.parametrize("name", sorted(EDGES))
+def test_edges_of_the_newer_functions(name):
+    check(name, torch.float32, _with_neighbours(EDGES[name]))
+    for dtype in (torch.bfloat16, torch.float16):
+        x = torch.tensor(EDGES[name], dtype=torch.float64).to(dtype)
+        f = fmt_of(dtype)
+        bits = sorted({int(b) & ((1 << f.total_bits) - 1) for b in x.view(f.bits_dtype).tolist()})
+        check(name, dtype, sorted(set(bits) | {b ^ f.sign_bit for b in bits}))
+
+
+@pytest.mark.parametrize("name", ["asin", "acos", "atan", "tan", "erfc"])
+def test_newer_functions_on_their_working_range(name):
+    # uniform values where the function is neither NaN nor saturated
+    rng = random.Random(len(name))
+    lo, hi = {"asin": (-1, 1), "acos": (-1, 1), "atan": (-20, 20), "tan": (-10, 10), "erfc": (-6, 10.1)}[name]
+    check(name, torch.float32, [_f32_bits(rng.uniform(lo, hi)) for _ in range(3000)])
+
+
+def test_newer_functions_known_values():
+    def u32(t):
+        return [b & 0xFFFFFFFF for b in as_bits(t).tolist()]
+
+    inf, nan = math.inf, math.nan
+    x = torch.tensor([0.0, -0.0, -inf, inf, 1.0, -1.0, 8.0, 1024.0, -2.0, nan])
+    assert u32(carbon.log2(x)) == [0xFF800000, 0xFF800000, 0x7FC00000, 0x7F800000, 0, 0x7FC00000, 0x40400000,
+                                   0x41200000, 0x7FC00000, 0x7FC00000]
+    assert carbon.log10(torch.tensor([1.0, 10.0, 1e10, 1e-10])).tolist()[:3] == [0.0, 1.0, 10.0]
+    assert carbon.exp2(torch.tensor([0.0, -0.0, 3.0, -149.0, -150.0, 128.0, -inf, inf])).tolist() == \
+        [1.0, 1.0, 8.0, 2.0**-149, 0.0, inf, 0.0, inf]
+    assert carbon.erfc(torch.tensor([0.0, -inf, inf, 11.0])).tolist() == [1.0, 2.0, 0.0, 0.0]
+    assert u32(carbon.sinh(torch.tensor([0.0, -0.0, -inf, inf]))) == [0, 0x80000000, 0xFF800000, 0x7F800000]
+    assert carbon.cosh(torch.tensor([0.0, -0.0, -inf, inf])).tolist() == [1.0, 1.0, inf, inf]
+    assert u32(carbon.tan(torch.tensor([0.0, -0.0, -inf, inf]))) == [0, 0x80000000, 0x7FC00000, 0x7FC00000]
+    half_pi, pi = _f32_bits(math.pi / 2), _f32_bits(math.pi)  # RN32 of the exact values
+    assert u32(carbon.atan(torch.tensor([0.0, -0.0, inf, -inf]))) == [0, 0x80000000, half_pi, half_pi | 0x80000000]
+    assert u32(carbon.asin(torch.tensor([0.0, -0.0, 1.0, -1.0, 1.0000001, -inf]))) == \
+        [0, 0x80000000, half_pi, half_pi | 0x80000000, 0x7FC00000, 0x7FC00000]
+    assert u32(carbon.acos(torch.tensor([1.0, -1.0, 0.0, 1.0000001, inf]))) == [0, pi, half_pi, 0x7FC00000, 0x7FC00000]
+    # derivatives at the domain edges: asin'(+-1) = +inf, acos'(+-1) = -inf, log2'(0) = +inf
+    for name, at, want in (("asin", 1.0, inf), ("acos", -1.0, -inf), ("log2", 0.0, inf), ("log10", -0.0, inf)):
+        t = torch.tensor([at], requires_grad=True)
+        (grad,) = torch.autograd.grad(getattr(carbon, name)(t), t, torch.ones(1))
+        assert grad.tolist() == [want], name

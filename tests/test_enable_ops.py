@@ -364,3 +364,77 @@ def test_elu_family_uses_carbons_expm1(kind):
     want_y[1] = 0x80000000
     assert_bits_equal(y, bits_tensor(want_y, F32), kind)
     assert_bits_equal(leaf.grad, bits_tensor(want_g, F32), f"{kind} gradient")
+
+
+# ---- log2 ... acos: the aten ops run carbon's functions; their backward is torch's formula of routed ops -----------
+
+NEWER_UNARY = ("log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos")
+
+
+def _domain(name: str, n: int = 200, seed: int = 40) -> torch.Tensor:
+    u = torch.rand(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    if name in ("asin", "acos"):
+        return (u * 2 - 1).to(F32)
+    if name in ("log2", "log10"):
+        return torch.pow(2.0, u * 60 - 30).to(F32)
+    return (u * 40 - 20).to(F32)
+
+
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", NEWER_UNARY)
+def test_newer_elementwise_aten_ops_run_carbons_functions(name, dtype):
+    specials = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, 1.0, -1.0, 2.0, -2.0, 1e-30])
+    x = torch.cat([_domain(name), specials]).to(dtype)
+    with carbon.enabled():
+        y = getattr(torch, name)(x)
+        z = x.clone()
+        getattr(z, name + "_")()
+    want = getattr(carbon, name)(x)  # carbon's own function (against mpmath in test_elementwise.py)
+    assert_bits_equal(y, as_bits(want), f"torch.{name}")
+    assert_bits_equal(z, as_bits(want), f"Tensor.{name}_")
+
+
+def _rsqrt32(v: Fraction) -> Fraction:
+    """The routed rsqrt: RN(1/RN(sqrt v)) (docs/enable.md), the root from mpmath at 256 bits."""
+    import mpmath as mp
+    from elementwise_ref import _fraction
+    with mp.workprec(256):
+        root = rn32(_fraction(mp.sqrt(mp.mpf(v.numerator) / v.denominator)))
+    return rn32(1 / root)
+
+
+def _torch_backward_formula(name: str, x: float, g: float, y: float, other: float) -> Fraction:
+    """torch's derivative formula for `name` (autograd's ops, each one float32 rounding), with `y` the
+    forward result and `other` carbon's cosh / sinh / exp where the formula calls one."""
+    X, G, Y = Fraction(x), Fraction(g), Fraction(y)
+    if name in ("log2", "log10"):
+        return rn32(G / rn32(X * rn32(0.6931471805599453 if name == "log2" else 2.302585092994046)))
+    if name == "exp2":
+        return rn32(rn32(G * Y) * rn32(0.6931471805599453))
+    if name == "erfc":  # -2/sqrt(pi) * exp(-x^2) * g
+        return rn32(rn32(Fraction(other) * rn32(-1.1283791670955126)) * G)
+    if name in ("sinh", "cosh"):
+        return rn32(G * Fraction(other))
+    if name == "tan":
+        return rn32(G * rn32(rn32(Y * Y) + 1))
+    if name == "atan":
+        return rn32(G / rn32(rn32(X * X) + 1))
+    root = _rsqrt32(rn32(rn32(-X * X) + 1))
+    product = rn32(root * G)
+    return product if name == "asin" else -product
+
+
+@pytest.mark.parametrize("name", NEWER_UNARY)
+def test_newer_elementwise_backward_runs_strict_as_torchs_formula(name):
+    x = _domain(name, 120, seed=41)
+    if name == "erfc":
+        x = x / 4  # where exp(-x^2) is not 0
+    g = _randn(x.numel(), seed=42)
+    leaf = x.clone().requires_grad_()
+    with carbon.enabled():  # strict: every op of the backward is routed or allowed
+        y = getattr(torch, name)(leaf)
+        y.backward(g)
+    other = {"sinh": carbon.cosh(x), "cosh": carbon.sinh(x), "erfc": carbon.exp(-(x * x))}.get(name, x)
+    want = [round_bits(_torch_backward_formula(name, xv, gv, yv, ov), F32)
+            for xv, gv, yv, ov in zip(_values(x), _values(g), _values(y), _values(other))]
+    assert_bits_equal(leaf.grad, bits_tensor(want, F32), f"{name} gradient")

@@ -70,6 +70,16 @@ const char* op_name(math::Fn fn) {
     case math::Fn::kSoftplus: return "softplus";
     case math::Fn::kLogSigmoid: return "log_sigmoid";
     case math::Fn::kExpm1: return "expm1";
+    case math::Fn::kLog2: return "log2";
+    case math::Fn::kLog10: return "log10";
+    case math::Fn::kExp2: return "exp2";
+    case math::Fn::kErfc: return "erfc";
+    case math::Fn::kSinh: return "sinh";
+    case math::Fn::kCosh: return "cosh";
+    case math::Fn::kTan: return "tan";
+    case math::Fn::kAtan: return "atan";
+    case math::Fn::kAsin: return "asin";
+    case math::Fn::kAcos: return "acos";
   }
   return "?";
 }
@@ -127,6 +137,16 @@ at::Tensor sin_op(const at::Tensor& x) { return run(math::Fn::kSin, x); }
 at::Tensor cos_op(const at::Tensor& x) { return run(math::Fn::kCos, x); }
 at::Tensor log1p_op(const at::Tensor& x) { return run(math::Fn::kLog1p, x); }
 at::Tensor expm1_op(const at::Tensor& x) { return run(math::Fn::kExpm1, x); }
+at::Tensor log2_op(const at::Tensor& x) { return run(math::Fn::kLog2, x); }
+at::Tensor log10_op(const at::Tensor& x) { return run(math::Fn::kLog10, x); }
+at::Tensor exp2_op(const at::Tensor& x) { return run(math::Fn::kExp2, x); }
+at::Tensor erfc_op(const at::Tensor& x) { return run(math::Fn::kErfc, x); }
+at::Tensor sinh_op(const at::Tensor& x) { return run(math::Fn::kSinh, x); }
+at::Tensor cosh_op(const at::Tensor& x) { return run(math::Fn::kCosh, x); }
+at::Tensor tan_op(const at::Tensor& x) { return run(math::Fn::kTan, x); }
+at::Tensor atan_op(const at::Tensor& x) { return run(math::Fn::kAtan, x); }
+at::Tensor asin_op(const at::Tensor& x) { return run(math::Fn::kAsin, x); }
+at::Tensor acos_op(const at::Tensor& x) { return run(math::Fn::kAcos, x); }
 at::Tensor softplus_op(const at::Tensor& x) { return run(math::Fn::kSoftplus, x); }
 at::Tensor log_sigmoid_op(const at::Tensor& x) { return run(math::Fn::kLogSigmoid, x); }
 
@@ -143,12 +163,17 @@ at::Tensor elementwise_backward(const at::Tensor& grad, const at::Tensor& x, c10
       {"gelu_tanh", math::Fn::kGeluTanh}, {"silu", math::Fn::kSilu}, {"sin", math::Fn::kSin},
       {"cos", math::Fn::kCos},         {"log1p", math::Fn::kLog1p}, {"softplus", math::Fn::kSoftplus},
       {"log_sigmoid", math::Fn::kLogSigmoid}, {"expm1", math::Fn::kExpm1},
+      {"log2", math::Fn::kLog2},       {"log10", math::Fn::kLog10}, {"exp2", math::Fn::kExp2},
+      {"erfc", math::Fn::kErfc},       {"sinh", math::Fn::kSinh},   {"cosh", math::Fn::kCosh},
+      {"tan", math::Fn::kTan},         {"atan", math::Fn::kAtan},   {"asin", math::Fn::kAsin},
+      {"acos", math::Fn::kAcos},
   };
   const math::Fn* found = nullptr;
   for (const auto& entry : kNames)
     if (fn_name == entry.first) found = &entry.second;
   TORCH_CHECK_VALUE(found != nullptr, "carbon.elementwise_backward: unknown function '", std::string(fn_name),
-                    "'; expected exp, log, tanh, sigmoid, erf, gelu, gelu_tanh, silu, sin, cos, log1p, softplus, log_sigmoid or expm1");
+                    "'; expected exp, log, tanh, sigmoid, erf, gelu, gelu_tanh, silu, sin, cos, log1p, softplus, log_sigmoid, expm1, "
+                    "log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin or acos");
   const char* op = "elementwise_backward";
   check_supported_dtype(op, "x", x);
   check_supported_dtype(op, "grad", grad);

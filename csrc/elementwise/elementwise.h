@@ -1,6 +1,7 @@
 // Host-side interface of the elementwise math ops: exp, log, tanh, sigmoid,
 // erf, gelu (erf form or tanh approximation), silu, sin, cos, log1p, softplus,
-// log_sigmoid, expm1 and their backward.
+// log_sigmoid, expm1, log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos
+// and their backward.
 // out = RN_F(f_core(x)) and grad_x = RN_F(g * f'_core(x)) in x's format F,
 // with the shared host/device cores of elementwise_math.h.
 #pragma once
@@ -26,10 +27,21 @@ at::Tensor sin_op(const at::Tensor& x);
 at::Tensor cos_op(const at::Tensor& x);
 at::Tensor log1p_op(const at::Tensor& x);
 at::Tensor expm1_op(const at::Tensor& x);
+at::Tensor log2_op(const at::Tensor& x);
+at::Tensor log10_op(const at::Tensor& x);
+at::Tensor exp2_op(const at::Tensor& x);
+at::Tensor erfc_op(const at::Tensor& x);
+at::Tensor sinh_op(const at::Tensor& x);
+at::Tensor cosh_op(const at::Tensor& x);
+at::Tensor tan_op(const at::Tensor& x);
+at::Tensor atan_op(const at::Tensor& x);
+at::Tensor asin_op(const at::Tensor& x);
+at::Tensor acos_op(const at::Tensor& x);
 at::Tensor softplus_op(const at::Tensor& x);
 at::Tensor log_sigmoid_op(const at::Tensor& x);
 // grad_x of function `fn` ("exp", "log", "tanh", "sigmoid", "erf", "gelu",
-// "gelu_tanh", "silu", "sin", "cos", "log1p", "softplus", "log_sigmoid", "expm1") at x for the incoming gradient `grad` (same shape and dtype).
+// "gelu_tanh", "silu", "sin", "cos", "log1p", "softplus", "log_sigmoid", "expm1",
+// "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos") at x for the incoming gradient `grad` (same shape and dtype).
 at::Tensor elementwise_backward(const at::Tensor& grad, const at::Tensor& x, c10::string_view fn);
 
 // Device kernels over contiguous tensors of one dtype and size. grad is
@@ -58,6 +70,16 @@ void with_fn(math::Fn f, Body&& body) {
     case Fn::kSoftplus: return body(std::integral_constant<Fn, Fn::kSoftplus>{});
     case Fn::kLogSigmoid: return body(std::integral_constant<Fn, Fn::kLogSigmoid>{});
     case Fn::kExpm1: return body(std::integral_constant<Fn, Fn::kExpm1>{});
+    case Fn::kLog2: return body(std::integral_constant<Fn, Fn::kLog2>{});
+    case Fn::kLog10: return body(std::integral_constant<Fn, Fn::kLog10>{});
+    case Fn::kExp2: return body(std::integral_constant<Fn, Fn::kExp2>{});
+    case Fn::kErfc: return body(std::integral_constant<Fn, Fn::kErfc>{});
+    case Fn::kSinh: return body(std::integral_constant<Fn, Fn::kSinh>{});
+    case Fn::kCosh: return body(std::integral_constant<Fn, Fn::kCosh>{});
+    case Fn::kTan: return body(std::integral_constant<Fn, Fn::kTan>{});
+    case Fn::kAtan: return body(std::integral_constant<Fn, Fn::kAtan>{});
+    case Fn::kAsin: return body(std::integral_constant<Fn, Fn::kAsin>{});
+    case Fn::kAcos: return body(std::integral_constant<Fn, Fn::kAcos>{});
   }
 }
 

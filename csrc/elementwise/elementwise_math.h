@@ -1,9 +1,10 @@
 // Carbon's elementwise math: exp, log, tanh, sigmoid, erf, gelu (erf form and
-// tanh approximation), silu and their derivatives, written once for the host
-// and the device from IEEE basic operations only (+, -, *, /, explicit fma,
-// integer bit manipulation). No libm / std:: math and no CUDA intrinsics, so
-// the CPU and every GPU perform the same operations on the same values and
-// return the same bits.
+// tanh approximation), silu, sin, cos, log1p, softplus, log_sigmoid, expm1,
+// log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos and their
+// derivatives, written once for the host and the device from IEEE basic
+// operations only (+, -, *, /, sqrt, explicit fma, integer bit manipulation).
+// No other libm / std:: math and no CUDA intrinsics, so the CPU and every GPU
+// perform the same operations on the same values and return the same bits.
 //
 // Each function f has a "core" `double f_core(double x)` evaluated in IEEE
 // binary64. For every argument x that is a value of float32 (hence of bf16
@@ -35,7 +36,7 @@
 // Notation in the error comments: u = 2^-53 (unit roundoff of binary64).
 #pragma once
 
-#include <cmath>  // fma only (correctly rounded by IEEE 754 on every platform)
+#include <cmath>  // fma and sqrt only (correctly rounded by IEEE 754 on every platform)
 
 #include "../exact/portable.h"
 
@@ -686,11 +687,201 @@ CARBON_HD double expm1_core(double x) {
 }
 CARBON_HD double expm1_grad_core(double x) { return exp_core(x); }
 
+// ---- log2, log10 -------------------------------------------------------------------
+// log2(x) = log_core(x) * RN(1/ln 2): log_core < 2^-50 (every positive double), the
+// constant and the product one rounding each: < 2^-50 + 2u < 2^-49.6 (all 2^32 float32
+// inputs correctly rounded, docs/elementwise.md). log10(x) = log_core(x) / ln 10 with
+// 1/ln 10 as a double-double (hi + lo, error < 2^-107) and one fma: < 2^-50 + u. (With
+// the single constant, log10 of 3 float32 inputs landed on a rounding midpoint exactly,
+// e.g. x = 9.88485542e-33, 2^-52 from it; with the fma 1 input of 2^32 still does:
+// docs/elementwise.md.) log2(2^k) and log10(10^k) are integers,
+// never rounding midpoints (and log_b(x) is irrational for every other float x), so
+// nothing structural sits at a midpoint. Special values as log: +-0 -> -inf, x < 0 ->
+// NaN, +inf -> +inf, log_b(1) = +0.
+// Derivatives: RN(1/ln b) / |x| (+inf at +-0, NaN below 0): < 2u.
+constexpr double kRnInvLn2 = 0x1.71547652b82fep+0;   // RN(1/ln 2)
+constexpr double kRnInvLn10 = 0x1.bcb7b1526e50ep-2;  // RN(1/ln 10)
+CARBON_HD double log2_core(double x) { return log_core(x) * kRnInvLn2; }
+CARBON_HD double log10_core(double x) {
+  constexpr double kInvLn10Lo = 0x1.95355baaafad3p-57;  // 1/ln 10 - kRnInvLn10, rounded
+  const double y = log_core(x);
+  return fma(y, kRnInvLn10, y * kInvLn10Lo);
+}
+CARBON_HD double log2_grad_core(double x) { return x < 0.0 ? quiet_nan() : kRnInvLn2 / abs_value(x); }
+CARBON_HD double log10_grad_core(double x) { return x < 0.0 ? quiet_nan() : kRnInvLn10 / abs_value(x); }
+
+// ---- exp2 ---------------------------------------------------------------------------
+// 2^x = 2^k 2^r with k = round(x) and r = x - k in [-1/2, 1/2], both exact (x + 1.5*2^52
+// rounds x to an integer for |x| < 2^51; the difference keeps x's low bits). 2^r =
+// exp_core(r * RN(ln 2)): the constant and the product round by u each, an absolute error
+// < 0.35 * 2.01u in the argument of e^: relative < 0.71u, plus exp_core's 2^-49.5:
+// < 2^-49.4. 2^k in two exact powers of two as in exp_core (one rounding, gradual
+// underflow, overflow). Integers x give 2^x exactly (r = 0, exp_core(0) = 1); 2^x of
+// any other float is irrational. x is clamped to [-1080, 1030], where 2^x is 0 / inf in
+// double already; NaN stays NaN.
+// Derivative: RN(ln 2) * 2^x: < 2^-49.3.
+constexpr double kRnLn2 = 0x1.62e42fefa39efp-1;  // RN(ln 2)
+CARBON_HD double exp2_core(double x) {
+  constexpr double kShifter = 0x1.8p52;
+  const bool nan = !(x == x);
+  const double xc = nan ? 0.0 : clamp(x, -1080.0, 1030.0);
+  const double kd = (xc + kShifter) - kShifter;
+  const double r = xc - kd;
+  const int k = static_cast<int>(kd);
+  const int k1 = k / 2;
+  const double result = (exp_core(r * kRnLn2) * pow2(k1)) * pow2(k - k1);
+  return nan ? x : result;
+}
+CARBON_HD double exp2_grad_core(double x) { return kRnLn2 * exp2_core(x); }
+
+// ---- erfc ---------------------------------------------------------------------------
+// erfc(x) = 1 - erf(x), without 1 - erf's cancellation for large x:
+//  * |x| < 0.5: 1 - erf_small(x) (< 2^-51): |erf x| <= 0.5205 and the result >= 0.4795,
+//    so the error grows by at most 1.09, plus the subtraction: < 2^-50.6;
+//  * x >= 0.5: erfc_large(x, x^2) (x^2 exact for a float x): < 2^-48.5;
+//  * x <= -0.5: 2 - erfc_large(|x|, x^2): erfc(|x|) <= 0.4795 against a result >= 1.52:
+//    < 2^-49.9.
+// Beyond x = 10.625 erfcx_large is held at its value there, so the result is off by
+// a factor < 1, but erfc(x) and the core are both below 2^-166 there: +0 in every
+// format. erfc(+inf) = +0, erfc(-inf) = 2, NaN stays NaN.
+// Derivative: -2/sqrt(pi) e^{-x^2} = -erf'(x): < 2^-49.
+CARBON_HD double erfc_core(double x) {
+  const double a = abs_value(x);
+  const double z = a * a;  // exact for float arguments (48 significant bits)
+  if (a < 0.5) return 1.0 - erf_small(x, z);
+  const double e = erfc_large(a, z);  // NaN: NaN
+  return sign_bit(x) ? 2.0 - e : e;
+}
+CARBON_HD double erfc_grad_core(double x) { return -erf_grad_core(x); }
+
+// ---- sinh, cosh ---------------------------------------------------------------------
+// sinh(a), a = |x| (odd: the sign of x is put back, sinh(-0) = -0):
+//  * a <= 1.1: (e + e/(1 + e))/2 with e = expm1_small(a) (< 2^-51; e^-a - 1 = -e/(1 + e)):
+//    e/(1 + e) has sensitivity <= 1 to e and two roundings, the sum of the two positive
+//    terms one more: < 2^-51 + 3u < 2^-50.2;
+//  * a > 1.1: (E - 1/E)/2 with E = exp_core(a) (< 2^-49.5): the difference cancels by
+//    at most coth(1.1) < 1.25: < 1.25 * 2^-49.5 + 2u < 2^-48.9.
+// Overflows to inf (for a > 709.78, where sinh is far beyond every format). NaN stays
+// NaN. Its derivative is cosh.
+CARBON_HD double sinh_core(double x) {
+  const double a = abs_value(x);
+  double s;
+  if (a <= 1.1) {
+    const double e = expm1_small(a);
+    s = 0.5 * (e + e / (1.0 + e));
+  } else {
+    const double E = exp_core(a);  // NaN: NaN
+    s = 0.5 * (E - 1.0 / E);
+  }
+  return with_sign_of(s, x);
+}
+
+// cosh(a), a = |x| (even):
+//  * a < 0.5: 1 + t with t = cosh a - 1 = e^2 / (2 (1 + e)), e = expm1_small(a): t has
+//    relative error < 2^-50 + 3u < 2^-49.4 and t < 0.128, so 1 + t is within 2^-52.3
+//    before its own rounding. 1 + t is formed by an exact two-sum and the rest passed as
+//    a correction (with_correction): near a = 0, cosh a = 1 + a^2/2 + ... comes within
+//    2^-49 (relative) of float32 midpoints 1 + (2k+1) 2^-24, closer than one double
+//    rounding could resolve; with the correction those round correctly too;
+//  * a >= 0.5: (E + 1/E)/2, E = exp_core(a): positive terms, < 2^-49.5 + 2u < 2^-49.2.
+// cosh(+-0) = 1, cosh(+-inf) = +inf, NaN stays NaN. Its derivative is sinh.
+CARBON_HD double cosh_core(double x) {
+  const double a = abs_value(x);
+  if (a < 0.5) {
+    const double e = expm1_small(a);
+    const double t = (e * e) / (2.0 * (1.0 + e));
+    const double s = 1.0 + t;
+    return with_correction(s, t - (s - 1.0));  // Fast2Sum: 1 >= t
+  }
+  const double E = exp_core(a);  // NaN: NaN
+  return 0.5 * (E + 1.0 / E);
+}
+CARBON_HD double sinh_grad_core(double x) { return cosh_core(x); }
+CARBON_HD double cosh_grad_core(double x) { return sinh_core(x); }
+
+// ---- tan ----------------------------------------------------------------------------
+// tan x for a float32 value x, from sin/cos's reduction |x| 2/pi = q + f, g = |f| <= 1/2
+// (above): tan(pi/2 (q + f)) = tan(pi/2 f) for q even, -cot(pi/2 f) for q odd, with
+// tan(pi/2 f) = sign(f) S/C, S = sin_half_pi(g), C = cos_half_pi(g). S < 2^-49, C
+// < 2^-48.6, the division u, and g's relative error (< 2^-51.9) moves tan(pi/2 g) and
+// cot(pi/2 g) by at most pi g / sin(pi g) <= pi/2 times it: < 2^-47.5 in all. Near an
+// odd multiple of pi/2 the reduction keeps g's relative accuracy (|f| >= 2^-29.86 over
+// all float32 x > pi/4), so tan stays accurate there, up to |tan x| < 2^30. Odd (tan(-0)
+// = -0); NaN for +-inf and NaN.
+// Derivative: 1/cos^2 x from cos_core (< 2^-48): < 2^-46.9.
+CARBON_HD double tan_core(double x) {
+  if (!is_finite(x)) return quiet_nan();
+  const QuarterTurns r = reduce_quarter_turns(abs_value(x));
+  const double s = sin_half_pi(r.g), c = cos_half_pi(r.g);
+  double t = (r.q & 1) != 0 ? -(c / s) : s / c;
+  if (r.f_negative) t = -t;
+  return sign_bit(x) ? -t : t;
+}
+CARBON_HD double tan_grad_core(double x) {
+  const double c = cos_core(x);
+  return 1.0 / (c * c);
+}
+
+// ---- atan, asin, acos ---------------------------------------------------------------
+// atan(a), a = |x| (odd). b = a for a <= 1, else b = RN(1/a) and atan a = pi/2 - atan b.
+// k = round(4b) in 0..4 and c = k/4, |b - c| <= 1/8: atan b = atan c + atan t with
+// t = (b - c)/(1 + bc), |t| <= 0.1251 (t = b for k = 0). b - c is exact (Sterbenz: b
+// in [c/2, 2c] for k >= 1), 1 + bc (fma) and the division round: t has relative error
+// < 2.01u. atan t = t + t z Q(z), z = t^2 <= 0.01566, Q the Taylor series to t^17/17:
+// truncation < z^9/19 < 2^-58 relative; t z Q is below t/190, so its rounding errors
+// count 1/190, and the final fma rounds: atan t has error < 3.05u |t| (with t's own,
+// sensitivity <= 1). atan c and pi/2 - atan c are double-doubles (hi + lo, error
+// < 2^-106); atan b = hi + (lo + atan t) rounds twice more. With |t| < 0.98 |atan b|
+// (worst at b = 1/8, k = 1) the total is < 5.1u; for b = RN(1/a) its rounding adds
+// < u/2 absolute and the result pi/2 - atan b >= pi/4 keeps it < 3u. In all < 5.1u
+// < 2^-50.6. atan(+-inf) = +-RN(pi/2), atan(+-0) = +-0, NaN stays NaN.
+// Derivative: 1/(1 + x^2) (fma: two roundings): < 2u.
+CARBON_HD double atan_core(double x) {
+  constexpr double kSeries[8] = {  // (-1)^n / (2n + 1), n = 8..1
+      0x1.e1e1e1e1e1e1ep-5,  -0x1.1111111111111p-4, 0x1.3b13b13b13b14p-4, -0x1.745d1745d1746p-4,
+      0x1.c71c71c71c71cp-4,  -0x1.2492492492492p-3, 0x1.999999999999ap-3, -0x1.5555555555555p-2,
+  };
+  constexpr double kAtanHi[5] = {0.0, 0x1.f5b75f92c80ddp-3, 0x1.dac670561bb4fp-2, 0x1.4978fa3269ee1p-1,
+                                 0x1.921fb54442d18p-1};  // atan(k/4)
+  constexpr double kAtanLo[5] = {0.0, 0x1.8ab6e3cf7afbdp-57, 0x1.a2b7f222f65e2p-56, 0x1.2419a87f2a458p-56,
+                                 0x1.1a62633145c07p-55};
+  constexpr double kCoHi[5] = {0x1.921fb54442d18p+0, 0x1.5368c951e9cfdp+0, 0x1.1b6e192ebbe44p+0,
+                               0x1.dac670561bb4fp-1, 0x1.921fb54442d18p-1};  // pi/2 - atan(k/4)
+  constexpr double kCoLo[5] = {0x1.1a62633145c07p-54, -0x1.96f47948a99f1p-54, 0x1.b1b466a88828ep-54,
+                               0x1.a2b7f222f65e2p-55, 0x1.1a62633145c07p-55};
+  if (!(x == x)) return x;
+  const double a = abs_value(x);
+  const bool invert = a > 1.0;
+  const double b = invert ? 1.0 / a : a;  // in [0, 1]
+  const int k = static_cast<int>(4.0 * b + 0.5);
+  const double c = 0.25 * static_cast<double>(k);
+  const double t = k == 0 ? b : (b - c) / fma(b, c, 1.0);
+  const double z = t * t;
+  const double p = fma(t * z, horner(kSeries, z), t);
+  const double r = invert ? kCoHi[k] + (kCoLo[k] - p) : kAtanHi[k] + (kAtanLo[k] + p);
+  return with_sign_of(r, x);
+}
+CARBON_HD double atan_grad_core(double x) { return 1.0 / fma(x, x, 1.0); }
+
+// asin x = atan(x / sqrt(1 - x^2)) for |x| <= 1: 1 - x^2 (fma, one rounding), the
+// square root (IEEE, correctly rounded) and the division give the argument a relative
+// error < 2.5u, which atan's sensitivity (y / ((1 + y^2) atan y) <= 1) passes on: with
+// atan's 5.1u, < 7.6u < 2^-50. asin(+-1) = atan(+-inf) = +-RN(pi/2); |x| > 1 (and
+// +-inf) give sqrt of a negative number: NaN. Odd (asin(-0) = -0).
+// acos x = 2 atan(sqrt((1 - x)/(1 + x))): two roundings in 1 -+ x, the division and the
+// square root: < 2.5u in the argument, < 7.6u < 2^-50 in all. acos(1) = +0, acos(-1) =
+// 2 atan(+inf) = RN(pi); |x| > 1 and +-inf: NaN.
+// Derivatives: +-1/sqrt(1 - x^2): < 2.5u; +inf at +-1, NaN beyond.
+CARBON_HD double asin_core(double x) { return atan_core(x / sqrt(fma(-x, x, 1.0))); }
+CARBON_HD double acos_core(double x) { return 2.0 * atan_core(sqrt((1.0 - x) / (1.0 + x))); }
+CARBON_HD double asin_grad_core(double x) { return 1.0 / sqrt(fma(-x, x, 1.0)); }
+CARBON_HD double acos_grad_core(double x) { return -1.0 / sqrt(fma(-x, x, 1.0)); }
+
 // ---- dispatch ------------------------------------------------------------------
 // The functions as compile-time tags, so kernels specialize per function.
 enum class Fn { kExp, kLog, kTanh, kSigmoid, kErf, kGelu, kGeluTanh, kSilu, kSin, kCos, kLog1p, kSoftplus, kLogSigmoid,
-                kExpm1 };
-constexpr int kNumFns = 14;
+                kExpm1, kLog2, kLog10, kExp2, kErfc, kSinh, kCosh, kTan, kAtan, kAsin, kAcos };
+constexpr int kNumFns = 24;
 
 template <Fn kFn>
 CARBON_HD double forward_core(double x) {
@@ -708,6 +899,16 @@ CARBON_HD double forward_core(double x) {
   if constexpr (kFn == Fn::kSoftplus) return softplus_core(x);
   if constexpr (kFn == Fn::kLogSigmoid) return log_sigmoid_core(x);
   if constexpr (kFn == Fn::kExpm1) return expm1_core(x);
+  if constexpr (kFn == Fn::kLog2) return log2_core(x);
+  if constexpr (kFn == Fn::kLog10) return log10_core(x);
+  if constexpr (kFn == Fn::kExp2) return exp2_core(x);
+  if constexpr (kFn == Fn::kErfc) return erfc_core(x);
+  if constexpr (kFn == Fn::kSinh) return sinh_core(x);
+  if constexpr (kFn == Fn::kCosh) return cosh_core(x);
+  if constexpr (kFn == Fn::kTan) return tan_core(x);
+  if constexpr (kFn == Fn::kAtan) return atan_core(x);
+  if constexpr (kFn == Fn::kAsin) return asin_core(x);
+  if constexpr (kFn == Fn::kAcos) return acos_core(x);
 }
 
 template <Fn kFn>
@@ -726,6 +927,16 @@ CARBON_HD double grad_core(double x) {
   if constexpr (kFn == Fn::kSoftplus) return softplus_grad_core(x);
   if constexpr (kFn == Fn::kLogSigmoid) return log_sigmoid_grad_core(x);
   if constexpr (kFn == Fn::kExpm1) return expm1_grad_core(x);
+  if constexpr (kFn == Fn::kLog2) return log2_grad_core(x);
+  if constexpr (kFn == Fn::kLog10) return log10_grad_core(x);
+  if constexpr (kFn == Fn::kExp2) return exp2_grad_core(x);
+  if constexpr (kFn == Fn::kErfc) return erfc_grad_core(x);
+  if constexpr (kFn == Fn::kSinh) return sinh_grad_core(x);
+  if constexpr (kFn == Fn::kCosh) return cosh_grad_core(x);
+  if constexpr (kFn == Fn::kTan) return tan_grad_core(x);
+  if constexpr (kFn == Fn::kAtan) return atan_grad_core(x);
+  if constexpr (kFn == Fn::kAsin) return asin_grad_core(x);
+  if constexpr (kFn == Fn::kAcos) return acos_grad_core(x);
 }
 
 
