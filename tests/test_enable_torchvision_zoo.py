@@ -1,7 +1,8 @@
 """Unmodified torchvision models (a real client, test-only dependency) train one step under strict
 carbon.enable with the same bits at one and two CPU threads: classification CNNs and a transformer, a
-segmentation head (bilinear upsampling, adaptive pooling) and RAFT optical flow (grid_sample, unfold-based
-convex upsampling, correlation by matmul)."""
+segmentation head (bilinear upsampling, adaptive pooling), Faster R-CNN (anchors, log2 level mapping,
+RoIAlign, NMS, sampled proposals) and RAFT optical flow (grid_sample, unfold-based convex upsampling,
+correlation by matmul)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ def _step(build, inputs, threads: int) -> list:
         model = build()
         model.train()
         out = model(*inputs)
-        if isinstance(out, dict):
-            out = out["out"]
+        if isinstance(out, dict):  # segmentation: {"out": ...}; detection in training: its losses
+            out = out["out"] if "out" in out else sum(out.values())
         if isinstance(out, list):  # RAFT: one flow per refinement step
             out = out[-1]
         (out.float() * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
@@ -40,6 +41,10 @@ CASES = {
                                              mlp_dim=64, num_classes=10), lambda: (_images(2, 3, 32, 32),)),
     "lraspp": (lambda: models.segmentation.lraspp_mobilenet_v3_large(num_classes=3, weights_backbone=None),
                lambda: (_images(1, 3, 64, 64),)),
+    "fasterrcnn": (lambda: models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(weights=None, weights_backbone=None,
+                                                                               num_classes=3),
+                   lambda: ([torch.rand(3, 128, 128, generator=torch.Generator().manual_seed(3))],
+                            [{"boxes": torch.tensor([[10.0, 10.0, 50.0, 60.0]]), "labels": torch.tensor([1])}])),
     "raft_small": (lambda: models.optical_flow.raft_small(),
                    lambda: (_images(1, 3, 128, 128, seed=1), _images(1, 3, 128, 128, seed=2), 2)),
 }
