@@ -1856,6 +1856,29 @@ def _histc(a: dict) -> Tensor:
     return counts.to(x.dtype)
 
 
+def _allclose(a: dict) -> bool:
+    """all(isclose): |x − y| ≤ atol + rtol·|y| as torch's separate kernels, each operation one rounding."""
+    return bool(aten.all(aten.isclose(a["self"], a["other"], a.get("rtol", 1e-5), a.get("atol", 1e-8),
+                                      a.get("equal_nan", False))))
+
+
+def _max_unpool(spatial: int) -> Callable[[dict], Tensor]:
+    def handler(a: dict) -> Tensor:
+        """max_unpool: every value copied to its index in a zero plane; where indices repeat (overlapping
+        pooling windows) the last write wins, as for index_copy (torch leaves it unspecified)."""
+        x, idx, size = a["self"], a["indices"], [int(v) for v in a["output_size"]][-spatial:]
+        lead = list(x.shape[:-spatial])
+        planes, area = math.prod(lead), math.prod(size)
+        flat_idx = idx.reshape([planes, -1]).to(torch.int64)
+        positions = aten.arange(flat_idx.shape[1], device=x.device, dtype=torch.int64).expand(flat_idx.shape)
+        writer = aten.scatter_reduce(aten.full([planes, area], -1, dtype=torch.int64, device=x.device), 1,
+                                     flat_idx, positions.contiguous(), "amax", include_self=True)
+        values = aten.gather(x.reshape([planes, -1]), 1, aten.clamp_min(writer, 0))
+        out = aten.where(aten.ge(writer, 0), values, aten.zeros([], dtype=x.dtype, device=x.device))
+        return out.reshape(lead + size)
+    return handler
+
+
 def _index_copy(a: dict) -> Tensor:
     """index_copy with a deterministic rule for duplicate indices: the last write wins (torch leaves it
     unspecified, and CUDA's winner varies). Each destination's writer is the largest position naming it
@@ -2716,7 +2739,8 @@ ROUTES: Dict[str, Callable] = {
     # indexed accumulation
     "index_add": _index_add, "scatter_add": _scatter_add, "index_put": _index_put, "_index_put_impl": _index_put,
     "embedding_dense_backward": _embedding_backward,
-    "index_copy": _index_copy, "embedding_renorm": _embedding_renorm, "bincount": _bincount, "histc": _histc, "scatter_reduce": _scatter_reduce,
+    "index_copy": _index_copy, "embedding_renorm": _embedding_renorm, "allclose": _allclose,
+    "max_unpool2d": _max_unpool(2), "max_unpool3d": _max_unpool(3), "bincount": _bincount, "histc": _histc, "scatter_reduce": _scatter_reduce,
     "index_reduce": _index_reduce,
     "_embedding_bag": _embedding_bag, "_embedding_bag_forward_only": _embedding_bag,
     "_embedding_bag_backward": _embedding_bag_dense_backward,

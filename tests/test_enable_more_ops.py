@@ -1082,3 +1082,30 @@ def test_histc_counts_by_the_binary64_bin_rule_and_bincount_sums_weights_exactly
     wv = _values(w)
     want_b = [row_sum_bits([wv[k] for k, i in enumerate(idx.tolist()) if i == r] or [0.0], F32) for r in range(6)]
     assert_bits_equal(b, bits_tensor(want_b, F32), "bincount")
+
+
+def test_max_unpool_lets_the_last_of_repeated_indices_win():
+    x = _randn(1, 2, 5, 6, seed=130)
+    pooled, where = F.max_pool2d(x, 3, stride=1, return_indices=True)  # overlapping windows repeat indices
+    with carbon.enabled():
+        got = F.max_unpool2d(pooled, where, 3, stride=1, output_size=(5, 6))
+    want = torch.zeros(2, 30)
+    for plane in range(2):
+        for value, index in zip(pooled[0, plane].reshape(-1).tolist(), where[0, plane].reshape(-1).tolist()):
+            want[plane, index] = value  # in order: the last write stays
+    assert torch.equal(as_bits(got.reshape(2, 30)), as_bits(want))
+
+
+def test_allclose_compares_with_single_rounded_steps():
+    y = _randn(300, seed=131, scale=10.0)
+    tol = [round_bits_value(Fraction(round_bits_value(Fraction(v) * Fraction(round_bits_value(Fraction(1e-5))))))
+           for v in _values(y.abs())]
+    bound = [round_bits_value(Fraction(t) + Fraction(round_bits_value(Fraction(1e-8)))) for t in tol]
+    x = torch.tensor([v + b for v, b in zip(_values(y), bound)], dtype=F32)  # at (or rounded near) the boundary
+    with carbon.enabled():
+        got = torch.allclose(x, y)
+    close = [abs(round_bits_value(Fraction(a) - Fraction(b))) <= c for a, b, c in zip(_values(x), _values(y), bound)]
+    assert got == all(close)
+    assert 0 < sum(close) < len(close)  # the boundary cuts both ways: the test can fail
+    with carbon.enabled():
+        assert torch.allclose(x[torch.tensor(close)], y[torch.tensor(close)])
