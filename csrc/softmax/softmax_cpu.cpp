@@ -258,18 +258,13 @@ inline void exp_row(const T* x, float m, int64_t n, double* t, float* e) {
 
 // The fp64 sum of the e_j (all >= +0) for S, in kSumChains interleaved
 // chains (four AVX-512 registers, so the additions are not bound by their
-// latency) and a pairwise fold. S = RN32(exact sum) whichever tree sums
-// (softmax_sum_if_decided's test uses this tree's depth; the undecided rows
-// take the exact sum), so this tree is not carbon.sum's kChains.
-// The gradients' sums D and G use the same tree (the same argument).
+// latency) and a pairwise fold: chain_tree.h's tree with 32 chains. S =
+// RN32(exact sum) whichever tree sums (softmax_sum_if_decided's test uses this
+// tree's depth; the undecided rows take the exact sum), so this tree need not
+// be carbon.sum's kChains. The gradients' sums D and G use the same tree.
 constexpr int kSumChains = 32;
-constexpr int64_t sum_chains_depth(int64_t n) { return n / kSumChains + (kSumChains - 1) + 5; }
-
-inline double fold_sum_chains(double* s) {
-  for (int width = kSumChains / 2; width > 0; width /= 2)
-    for (int l = 0; l < width; ++l) s[l] = s[l] + s[l + width];
-  return s[0];
-}
+constexpr int64_t sum_chains_depth(int64_t n) { return chain_depth<kSumChains>(n); }
+inline double fold_sum_chains(double* s) { return fold_chains<kSumChains>(s); }
 
 CARBON_CPU_CLONES double sum_of_exps(const float* e, int64_t n) {
   double s[kSumChains] = {};
