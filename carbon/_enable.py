@@ -140,12 +140,16 @@ class _DispatchMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func.namespace != "aten":
-            return self._other_namespace(func, args, kwargs)
         base = _base_name(func)
-        if _enable_allow.has_complex(args, kwargs):
-            return self._complex(func, base, args, kwargs)
-        handler = ROUTES.get(base)
+        # Three lists, one way to use them: aten ops on real tensors; aten ops with complex arguments
+        # (the real allow-list does not hold for them); other libraries' ops (carbon's own, profiler markers
+        # and collectives pass).
+        if func.namespace != "aten":
+            handler, why_not = FOREIGN_ROUTES.get(f"{func.namespace}.{base}"), _enable_allow.why_not_foreign
+        elif _enable_allow.has_complex(args, kwargs):
+            handler, why_not = COMPLEX_ROUTES.get(base), _enable_allow.why_not_complex
+        else:
+            handler, why_not = ROUTES.get(base), _enable_allow.why_not_exact
         if handler is not None:
             try:
                 return self._run(func, base, handler, args, kwargs)
@@ -153,36 +157,7 @@ class _DispatchMode(TorchDispatchMode):
                 why = str(e) if isinstance(e, NotCovered) else f"this overload ({func._overloadname})"
                 self.session.not_covered(func, why)
                 return func(*args, **kwargs)
-        why = _enable_allow.why_not_exact(func, base, args, kwargs)
-        if why is not None:
-            self.session.not_covered(func, why)
-        return func(*args, **kwargs)
-
-    def _other_namespace(self, func, args, kwargs):
-        """carbon's own ops, profiler markers and collectives pass; other libraries' kernels (torchvision's
-        roi_align, fused attention kernels, ...) are outside carbon's lists: refused (strict) or warned about,
-        unless carbon routes them."""
-        handler = FOREIGN_ROUTES.get(f"{func.namespace}.{_base_name(func)}")
-        if handler is not None:
-            try:
-                return self._run(func, _base_name(func), handler, args, kwargs)
-            except (NotCovered, KeyError) as e:
-                self.session.not_covered(func, str(e) if isinstance(e, NotCovered) else f"this overload ({func._overloadname})")
-                return func(*args, **kwargs)
-        if func.namespace not in _enable_allow.PASSING_NAMESPACES and _enable_allow.has_floats(args, kwargs):
-            self.session.not_covered(func, f"an op of the {func.namespace!r} library, which carbon does not cover")
-        return func(*args, **kwargs)
-
-    def _complex(self, func, base, args, kwargs):
-        """Complex arguments: carbon's complex routes, the exact complex ops as torch's, the rest refused."""
-        handler = COMPLEX_ROUTES.get(base)
-        if handler is not None:
-            try:
-                return self._run(func, base, handler, args, kwargs)
-            except (NotCovered, KeyError) as e:
-                self.session.not_covered(func, str(e) if isinstance(e, NotCovered) else f"this overload ({func._overloadname})")
-                return func(*args, **kwargs)
-        why = _enable_allow.why_not_complex(func, base, args, kwargs)
+        why = why_not(func, base, args, kwargs)
         if why is not None:
             self.session.not_covered(func, why)
         return func(*args, **kwargs)

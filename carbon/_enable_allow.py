@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["ALLOWED", "COMPLEX_EXACT", "PASSING_NAMESPACES", "PER_TENSOR", "has_complex", "has_floats", "why_not_complex", "why_not_exact"]
+__all__ = ["ALLOWED", "COMPLEX_EXACT", "PASSING_NAMESPACES", "PER_TENSOR", "has_complex", "why_not_complex", "why_not_exact", "why_not_foreign"]
 
 # Ops with one correctly rounded IEEE operation per element, or none. A
 # Python/CPU scalar in mul is rounded to the tensor's compute type first, the
@@ -103,10 +103,15 @@ def has_complex(args: tuple, kwargs: dict) -> bool:
     return isinstance(dtype, torch.dtype) and dtype.is_complex
 
 
-def has_floats(args: tuple, kwargs: dict) -> bool:
-    """Whether a floating-point or complex tensor is among the arguments (an op without one, such as a
-    library's version query or an integer kernel, computes nothing that rounds)."""
-    return any(t.is_floating_point() or t.is_complex() for t in _tensors(list(args) + list(kwargs.values())))
+def why_not_foreign(func: Any, base: str, args: tuple, kwargs: dict) -> Optional[str]:
+    """None for an op of another namespace that is exact by construction: carbon's own, profiler markers,
+    collectives, and any op without a floating-point or complex tensor argument (a library's version query,
+    an integer kernel computes nothing that rounds)."""
+    if func.namespace in PASSING_NAMESPACES:
+        return None
+    if not any(t.is_floating_point() or t.is_complex() for t in _tensors(list(args) + list(kwargs.values()))):
+        return None
+    return f"an op of the {func.namespace!r} library, which carbon does not cover"
 
 
 def why_not_complex(func: Any, base: str, args: tuple, kwargs: dict) -> Optional[str]:

@@ -64,8 +64,10 @@ def _need_carbon_dtype(op: str, *tensors: Optional[Tensor]) -> None:
             raise NotCovered(f"{op} in {t.dtype}: carbon computes float32, bfloat16 and float16 exactly, not {t.dtype}")
 
 
-def _opmath(t: Tensor) -> torch.dtype:
-    return torch.float32 if t.dtype in (torch.bfloat16, torch.float16) else t.dtype
+def _opmath(t: Any) -> torch.dtype:
+    """torch's compute type for a tensor or dtype: float32 for bfloat16 / float16."""
+    dtype = t.dtype if isinstance(t, Tensor) else t
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
 
 
 def sqrt_rn(x: Tensor) -> Tensor:
@@ -742,7 +744,7 @@ def _product_chain(x: Tensor, dim: int, dtype: Optional[torch.dtype]) -> Tensor:
     multiplication per step on every device (a Python loop over ``dim``: meant
     for short dimensions such as diffusion schedules)."""
     out_dtype = dtype or x.dtype
-    work = _opmath(aten._to_copy(x, dtype=out_dtype) if x.dtype != out_dtype else x)
+    work = _opmath(out_dtype)
     moved = aten.movedim(x.to(work), dim, 0)
     out = aten.empty_like(moved)
     if moved.shape[0] > 0:
@@ -824,16 +826,22 @@ def _vector_norm(a: dict) -> Tensor:
     return r
 
 
+def exact_product_parts(a: Tensor, b: Tensor) -> tuple:
+    """The exact products a·b of float32 (or narrower) tensors as float32 (hi, lo), hi = RN32(a·b) and
+    lo = a·b − hi: the product is exact in binary64 (at most 2 × 24 significant bits) and so is the
+    difference; lo fits float32 exactly while |a·b| ≥ 2⁻¹⁰¹ (its lowest bit is then ≥ 2⁻¹⁴⁹) and hi is finite
+    while |a·b| < 2¹²⁸. carbon.sum / index_add of all the hi and lo terms is then the exact sum of products."""
+    p = aten.mul(a.double(), b.double())
+    hi = p.to(torch.float32)
+    return hi, aten.sub(p, hi.double()).to(torch.float32)
+
+
 def _norm_over_dims(x: Tensor, dims: List[int], keepdim: bool) -> Tensor:
     """RN(sqrt(RN(sum of x^2))) over ``dims``, the sum exact: x^2 is split into
-    float32 hi = RN32(x^2) and lo = x^2 - hi (exact in binary64; lo fits float32
-    unless x^2 is below float32's normal range, |x| < 2^-63, where lo is
-    rounded), and carbon.sum adds all the hi and lo terms exactly."""
+    float32 hi + lo (exact_product_parts: exact while |x| ≥ 2^-50.5; below, lo
+    loses bits) and carbon.sum adds all the hi and lo terms exactly."""
     dims = [d % x.dim() for d in dims]
-    sq = aten.mul(x.double(), x.double())  # exact: at most 2 x 24 significant bits
-    hi = sq.to(torch.float32)
-    lo = aten.sub(sq, hi.double()).to(torch.float32)
-    stacked = aten.stack([hi, lo])
+    stacked = aten.stack(exact_product_parts(x, x))
     total = carbon_ops.sum(stacked, [0] + [d + 1 for d in dims], False, x.dtype)
     r = sqrt_rn(total)
     if keepdim:
@@ -850,14 +858,6 @@ def _norm(a: dict) -> Tensor:
                          "keepdim": a.get("keepdim", False), "dtype": a.get("dtype")})
 
 
-def _square_split(x: Tensor) -> tuple:
-    """x² as float32 hi + lo, exactly (x² is exact in binary64; lo is exact while x² ≥ 2⁻¹⁰¹, i.e. |x| ≥ 2⁻⁵⁰·⁵,
-    or x = 0, and hi finite while |x| < 2⁶⁴)."""
-    sq = aten.mul(x.double(), x.double())
-    hi = sq.to(torch.float32)
-    return hi, aten.sub(sq, hi.double()).to(torch.float32)
-
-
 def _cdist_pairs(x1: Tensor, x2: Tensor) -> tuple:
     """x1 [..., N, K], x2 [..., M, K] with broadcast batch dimensions, flattened to [B, N, K], [B, M, K]."""
     batch = list(torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2]))
@@ -870,12 +870,12 @@ def _euclidean_distances(x1: Tensor, x2: Tensor) -> Tensor:
     """d[i, j] = RN(√RN(exact Σₖ (x1ᵢₖ − x2ⱼₖ)²)) with the differences exact, from ONE carbon.bmm per batch:
     (x1 − x2)² = x1² − 2·x1·x2 + x2², so the rows [−2·x1 | hi(x1²) | lo(x1²) | 1 | 1] times the columns
     [x2 | 1 | 1 | hi(x2²) | lo(x2²)] give the exact sum inside one correctly rounded product (see
-    _square_split for the range)."""
+    exact_product_parts for the range: |x| ≥ 2⁻⁵⁰·⁵ or 0, and |x| < 2⁶⁴)."""
     _need_carbon_dtype("cdist", x1, x2)
     out_dtype = torch.result_type(x1, x2)
     a, b, batch = _cdist_pairs(x1.to(torch.float32), x2.to(torch.float32))
-    a_hi, a_lo = _square_split(a)
-    b_hi, b_lo = _square_split(b)
+    a_hi, a_lo = exact_product_parts(a, a)
+    b_hi, b_lo = exact_product_parts(b, b)
     ones_a, ones_b = aten.ones_like(a), aten.ones_like(b)
     left = aten.cat([aten.mul(a, -2.0), a_hi, a_lo, ones_a, ones_a], -1)
     right = aten.cat([b, ones_b, ones_b, b_hi, b_lo], -1)
@@ -1706,9 +1706,10 @@ def _bag_of_each_index(indices: Tensor, offsets: Tensor, include_last_offset: bo
 
 
 def _quotient_by_count(x: Tensor, counts: Tensor) -> Tensor:
-    """RN(x / n) per row, n the row's count (≥ 1, < 2²⁴): the binary64 quotient rounded once more, which is
-    the correctly rounded one (a quotient of two ≤ 24-bit numbers taken to 53 ≥ 2·24 + 1 bits)."""
-    return aten.div(x.double(), aten.clamp_min(counts, 1).unsqueeze(1).double()).to(x.dtype)
+    """RN(x / n), n an integer count broadcast against x (read as 1 where 0; n < 2²⁴): the binary64 quotient
+    rounded once more, which is the correctly rounded one (a quotient of two ≤ 24-bit numbers taken to
+    53 ≥ 2·24 + 1 bits)."""
+    return aten.div(x.double(), aten.clamp_min(counts, 1).double()).to(x.dtype)
 
 
 def _embedding_bag(a: dict) -> tuple:
@@ -1736,14 +1737,12 @@ def _embedding_bag(a: dict) -> tuple:
             raise NotImplementedError("embedding_bag: per_sample_weights are only supported for mode='sum'")
         if w.dtype != torch.float32:
             raise NotCovered(f"embedding_bag with per_sample_weights in {w.dtype}")
-        prod = aten.mul(rows.double(), psw.reshape([-1, 1]).double())  # exact: at most 2 × 24 bits
-        hi = prod.to(torch.float32)
-        lo = aten.sub(prod, hi.double()).to(torch.float32)
+        hi, lo = exact_product_parts(rows, psw.reshape([-1, 1]))
         out = carbon_ops.index_add(zeros, 0, aten.cat([bags, bags]), aten.cat([hi, lo]))
     else:
         out = carbon_ops.index_add(zeros, 0, bags, rows.contiguous())
     if mode == 1:
-        out = _quotient_by_count(out, sizes)
+        out = _quotient_by_count(out, sizes.unsqueeze(1))
     return out, bags, sizes, aten.zeros_like(sizes)
 
 
@@ -1767,7 +1766,7 @@ def _embedding_bag_dense_backward(a: dict) -> Tensor:
                                       aten.where(used, g, 0.0).contiguous())
     contrib = aten.index_select(g, 0, bags)
     if mode == 1:
-        contrib = _quotient_by_count(contrib, aten.index_select(sizes, 0, bags))
+        contrib = _quotient_by_count(contrib, aten.index_select(sizes, 0, bags).unsqueeze(1))
     if psw is not None:
         contrib = aten.mul(contrib, psw.reshape([-1, 1]).to(g.dtype))
     if padding_idx is not None and padding_idx >= 0:
@@ -1810,7 +1809,7 @@ def _scatter_reduce(a: dict) -> Any:
     touched = aten.gt(counts, 0)
     if reduce == "mean":
         n = aten.add(counts, 1) if include_self else counts
-        total = aten.div(total.double(), aten.clamp_min(n, 1).double()).to(x.dtype)  # the binary64 quotient rounds correctly
+        total = _quotient_by_count(total, n)
     return aten.where(touched, total, x)
 
 
@@ -1862,6 +1861,16 @@ def _allclose(a: dict) -> bool:
                                       a.get("equal_nan", False))))
 
 
+def _last_writers(index: Tensor, size: int) -> Tensor:
+    """For every destination 0 … size − 1 along index's last dimension, the largest position that names it
+    (−1 where none does): scatter_reduce amax, exact and order-free. Copies then let the last write win,
+    where torch leaves the winner of repeated indices unspecified (and CUDA's varies)."""
+    index = index.to(torch.int64).contiguous()
+    positions = aten.arange(index.shape[-1], device=index.device, dtype=torch.int64).expand(index.shape).contiguous()
+    empty = aten.full(list(index.shape[:-1]) + [size], -1, dtype=torch.int64, device=index.device)
+    return aten.scatter_reduce(empty, index.dim() - 1, index, positions, "amax", include_self=True)
+
+
 def _max_unpool(spatial: int) -> Callable[[dict], Tensor]:
     def handler(a: dict) -> Tensor:
         """max_unpool: every value copied to its index in a zero plane; where indices repeat (overlapping
@@ -1869,10 +1878,7 @@ def _max_unpool(spatial: int) -> Callable[[dict], Tensor]:
         x, idx, size = a["self"], a["indices"], [int(v) for v in a["output_size"]][-spatial:]
         lead = list(x.shape[:-spatial])
         planes, area = math.prod(lead), math.prod(size)
-        flat_idx = idx.reshape([planes, -1]).to(torch.int64)
-        positions = aten.arange(flat_idx.shape[1], device=x.device, dtype=torch.int64).expand(flat_idx.shape)
-        writer = aten.scatter_reduce(aten.full([planes, area], -1, dtype=torch.int64, device=x.device), 1,
-                                     flat_idx, positions.contiguous(), "amax", include_self=True)
+        writer = _last_writers(idx.reshape([planes, -1]), area)
         values = aten.gather(x.reshape([planes, -1]), 1, aten.clamp_min(writer, 0))
         out = aten.where(aten.ge(writer, 0), values, aten.zeros([], dtype=x.dtype, device=x.device))
         return out.reshape(lead + size)
@@ -1887,10 +1893,7 @@ def _index_copy(a: dict) -> Tensor:
     if x.dim() == 0:
         return src.clone().reshape(x.shape) if index.numel() else x.clone()
     d = dim % x.dim()
-    index = index.reshape([-1])
-    positions = aten.arange(index.numel(), device=index.device, dtype=torch.int64)
-    writer = aten.scatter_reduce(aten.full([x.shape[d]], -1, dtype=torch.int64, device=x.device), 0,
-                                 index.to(torch.int64), positions, "amax", include_self=True)
+    writer = _last_writers(index.reshape([-1]), x.shape[d])
     rows = aten.index_select(src.reshape(src.shape if src.dim() else [1]), d, aten.clamp_min(writer, 0))
     shape = [x.shape[d] if k == d else 1 for k in range(x.dim())]
     return aten.where(aten.ge(writer, 0).reshape(shape), rows, x)
@@ -1963,7 +1966,7 @@ def _remainder(a: dict) -> Any:
     ref = x if isinstance(x, Tensor) else y
     _need_carbon_dtype("remainder", *[v for v in (x, y) if isinstance(v, Tensor)])
     out_dtype = torch.result_type(x, y)
-    compute = _opmath(torch.empty((), dtype=out_dtype))
+    compute = _opmath(out_dtype)
     xs = x.to(compute) if isinstance(x, Tensor) else torch.full([], x, dtype=compute, device=ref.device)
     ys = y.to(compute) if isinstance(y, Tensor) else torch.full([], y, dtype=compute, device=ref.device)
     m = aten.fmod(xs, ys)
@@ -1977,7 +1980,7 @@ def _logaddexp(a: dict) -> Tensor:
     x, y = a["self"], a["other"]
     _need_carbon_dtype("logaddexp", x, y)
     out_dtype = torch.result_type(x, y)
-    compute = _opmath(torch.empty((), dtype=out_dtype))
+    compute = _opmath(out_dtype)
     xs, ys = x.to(compute), y.to(compute)
     tail = carbon_ops.log1p(carbon_ops.exp(aten.neg(aten.abs(aten.sub(xs, ys)))))
     r = aten.add(aten.maximum(xs, ys), tail)
@@ -2102,14 +2105,6 @@ def _grid_sample(a: dict) -> Tensor:
     return out.reshape([n, c, ho, wo]).to(x.dtype)
 
 
-def _split_products(a: Tensor, b: Tensor) -> Tensor:
-    """The exact products a·b of float32 tensors as float32 hi and lo stacked on a new last dimension (exact
-    unless a product is below 2⁻¹⁰¹ in magnitude), for exact sums with carbon.sum."""
-    p = aten.mul(a.double(), b.double())
-    hi = p.to(torch.float32)
-    return aten.stack([hi, aten.sub(p, hi.double()).to(torch.float32)], -1)
-
-
 def _grid_sample_backward(a: dict) -> tuple:
     """Input gradient: every position RN(exact Σ of RN(g·w) over the samples reading it) (carbon.index_add).
     Grid gradient (bilinear): per channel t = RN(RN(wy₀·RN(v_ne − v_nw)) + RN(wy₁·RN(v_se − v_sw))) for x
@@ -2154,7 +2149,7 @@ def _grid_sample_backward(a: dict) -> tuple:
             ty = aten.add(aten.mul(wx32[0], aten.sub(v[2], v[0])), aten.mul(wx32[1], aten.sub(v[3], v[1])))
             parts = []
             for t, m, clip in ((tx, s.mult_x, s.clip_x), (ty, s.mult_y, s.clip_y)):
-                dot = carbon_ops.sum(_split_products(gp, t).contiguous(), [1, 3], False, torch.float32)  # [N, P]
+                dot = carbon_ops.sum(aten.stack(exact_product_parts(gp, t), -1), [1, 3], False, torch.float32)  # [N, P]
                 r = aten.mul(dot, float(torch.tensor(m, dtype=torch.float32)))
                 if clip is not None:
                     r = aten.where(clip, r, 0.0)
