@@ -66,6 +66,21 @@ def test_attention_logits_match_cpu():
         _same(gpu, cpu, f"logits mask={m is not None} causal={causal}")
 
 
+def test_fused_attention_probs_ops_match_cpu():
+    """attention_probs and its backward (fused on the CPU, op by op on CUDA): the same bits."""
+    g = generator(8)
+    q, k = torch.randn(2, 70, 16, generator=g), torch.randn(2, 75, 16, generator=g)
+    grad = torch.randn(2, 70, 75, generator=g)
+    mask = torch.randn(2, 70, 75, generator=g)
+    for m, causal in ((None, False), (None, True), (mask, False)):
+        cpu = torch.ops.carbon.attention_probs(q, k, 0.25, m, causal)
+        gpu = torch.ops.carbon.attention_probs(q.cuda(), k.cuda(), 0.25, None if m is None else m.cuda(), causal)
+        _same(gpu, cpu, f"probs mask={m is not None} causal={causal}")
+        back_cpu = torch.ops.carbon.attention_probs_backward(grad, cpu, 0.25)
+        back_gpu = torch.ops.carbon.attention_probs_backward(grad.cuda(), gpu, 0.25)
+        _same(back_gpu, back_cpu, f"probs backward mask={m is not None} causal={causal}")
+
+
 def test_batch_invariance_on_gpu():
     q, k, v = (t.cuda() for t in _qkv((8, 2, 33, 16), torch.float32, seed=7))
     full = carbon.scaled_dot_product_attention(q, k, v, is_causal=True)
