@@ -525,3 +525,37 @@ def test_every_kernel_path_at_1_and_2_threads(restore_num_threads, in_dtype, out
         flat = one.reshape(-1)
         picks = list(range(0, flat.numel(), max(1, flat.numel() // 7)))[:8]
         assert_bits_equal(flat[picks], sum_bits(to_rows(x, dim)[picks], 1, dtype=out_dtype), f"{name}: oracle subset")
+
+
+@pytest.mark.parametrize("op", ["sum", "mean"])
+@pytest.mark.parametrize("in_dtype,out_dtype", [(F32, None), (BF16, None), (F16, F32), (F32, BF16)])
+def test_rows_decided_in_blocks_beside_rows_that_are_not(op, in_dtype, out_dtype):
+    """The CPU decides many rows' roundings together (blocks of 64) and bounds
+    each row's error by n * max|x| on AVX-512: rows that the fast test cannot
+    decide -- exact ties, zeros, NaN, infinities, one outlier among small
+    values, subnormal sums -- sit at every position of a block among rows it
+    decides, with lengths covering every tail of the 32-chain loop; each row
+    is checked against the exact oracle, at 130 rows (two full blocks and a
+    partial one) and for columns (dim 0) as well."""
+    rng = random.Random(seed_of("blocks", op, in_dtype, out_dtype))
+    g = generator(seed_of("blocks", op, in_dtype))
+    for n in (1, 5, 31, 32, 33, 64, 97):
+        x = reduction_values((130, n), in_dtype, g, dim=1, spread=spread_for(in_dtype, out_dtype))
+        ties = exact_tensor(tie_rows(in_dtype, out_dtype or in_dtype, 130, n, 0.0, rng), in_dtype) if n >= 16 else None
+        for r in range(130):
+            kind = (r * 5 + n) % 9
+            if kind == 0 and ties is not None:
+                x[r] = ties[r]
+            elif kind == 1:
+                x[r, rng.randrange(n)] = NAN
+            elif kind == 2:
+                x[r] = 0.0
+            elif kind == 3:
+                x[r, rng.randrange(n)] = INF if rng.random() < 0.5 else -INF
+            elif kind == 4:
+                x[r, rng.randrange(n)] = 1e4  # the max-magnitude bound is loose: still decided, or left to tier 2
+            elif kind == 5:
+                x[r] = x[r] * 2.0**-140 if in_dtype != F16 else x[r] * 2.0**-20
+        check(op, x, 1, False, out_dtype, f"rows of {n}")
+        check(op, x.t().contiguous().t(), 1, False, out_dtype, f"rows of {n}, transposed layout")
+        check(op, x.t().contiguous(), 0, False, out_dtype, f"columns of {n}")

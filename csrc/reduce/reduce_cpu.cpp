@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../dtypes.h"
+#include "../exact/decide_block.h"
 #include "chain_tree.h"
 #include "reduce.h"
 #include "reduce_kernel.h"
@@ -23,13 +24,16 @@
 namespace carbon {
 namespace {
 
+// Tier 1's fp64 sum of a row, an upper bound on the sum of its absolute
+// values (their fp64 sum, or n max |x_k|: see chain_sums_v4), and the depth
+// of the tree that formed the sum (the bound the rounding test takes).
 struct Sums {
   double sum = 0.0, abs_sum = 0.0;
+  int64_t depth = 0;
 };
 
-// Tier 1's fp64 sums of x[0, n) in kChains interleaved chains (one or two
-// SIMD registers of doubles): no value passes through more than
-// chain_depth(n) additions (chain_tree.h).
+// Tier 1's fp64 sums of x[0, n) in kChains interleaved chains: no value
+// passes through more than chain_depth(n) additions (chain_tree.h).
 template <typename T>
 __attribute__((target_clones("avx2", "default"))) Sums chain_sums_portable(const T* x, int64_t n) {
   double s[kChains] = {}, a[kChains] = {};
@@ -45,7 +49,7 @@ __attribute__((target_clones("avx2", "default"))) Sums chain_sums_portable(const
     s[0] = s[0] + v;
     a[0] = a[0] + abs_value(v);
   }
-  return {fold_chains(s), fold_chains(a)};
+  return {fold_chains(s), fold_chains(a), chain_depth(n)};
 }
 
 // ---------------------------------------------------------------- AVX-512 forms
@@ -55,11 +59,8 @@ __attribute__((target_clones("avx2", "default"))) Sums chain_sums_portable(const
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-// The same chains as chain_sums_portable, one per lane of a vector of 8
-// doubles (lane l adds elements l, l + 8, ... in order; the tail goes into
-// chain 0 afterwards; then fold_chains), so the same fp64 sums. Written
-// with intrinsics because GCC widened bfloat16 element by element (and an
-// 8-lane form in the AVX2 clone split every vector in two).
+// Written with intrinsics because GCC widened bfloat16 element by element
+// (and an 8-lane form in the AVX2 clone split every vector in two).
 #define CARBON_REDUCE_V4 __attribute__((target("arch=x86-64-v4")))
 
 // element_value of 8 consecutive elements: exact widenings (the hardware's
@@ -74,32 +75,118 @@ CARBON_REDUCE_V4 inline __m512d widen8(const c10::Half* p) {
   return _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
-// The scalar tail and the fold, from the lanes' sums (AVX-512 code: a
-// vector argument would be passed differently to a function compiled
-// without it).
-template <typename T>
-CARBON_REDUCE_V4 inline Sums finish_chains(__m512d s, __m512d a, const T* x, int64_t k, int64_t n) {
-  double sc[kChains], ac[kChains];
-  _mm512_storeu_pd(sc, s);
-  _mm512_storeu_pd(ac, a);
-  for (; k < n; ++k) {
-    const double v = element_value(x[k]);
-    sc[0] = sc[0] + v;
-    ac[0] = ac[0] + abs_value(v);
-  }
-  return {fold_chains(sc), fold_chains(ac)};
+// The first m < 8 of 8 consecutive elements, zeros in the other lanes
+// (masked loads: nothing past the row is read).
+CARBON_REDUCE_V4 inline __m512d widen_first(const double* p, __mmask8 m) { return _mm512_maskz_loadu_pd(m, p); }
+CARBON_REDUCE_V4 inline __m512d widen_first(const float* p, __mmask8 m) {
+  return _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, p));
 }
+CARBON_REDUCE_V4 inline __m512d widen_first(const c10::BFloat16* p, __mmask8 m) {
+  const __m256i h = _mm256_cvtepu16_epi32(_mm_maskz_loadu_epi16(m, p));
+  return _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
+}
+CARBON_REDUCE_V4 inline __m512d widen_first(const c10::Half* p, __mmask8 m) {
+  return _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_maskz_loadu_epi16(m, p)));
+}
+
+// fold_chains<32> of the chains held in four registers (chain 8j + l in
+// lane l of r[j]): the same additions in the same order, lane-wise.
+CARBON_REDUCE_V4 inline double fold_registers(__m512d r0, __m512d r1, __m512d r2, __m512d r3) {
+  const __m512d w8 = _mm512_add_pd(_mm512_add_pd(r0, r2), _mm512_add_pd(r1, r3));  // widths 16, 8
+  const __m256d w4 = _mm256_add_pd(_mm512_castpd512_pd256(w8), _mm512_extractf64x4_pd(w8, 1));
+  const __m128d w2 = _mm_add_pd(_mm256_castpd256_pd128(w4), _mm256_extractf128_pd(w4, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(w2, _mm_unpackhi_pd(w2, w2)));
+}
+
+// Tier 1 needs an upper bound A >= sum |x_k| (beta = gamma_depth A). The
+// AVX-512 form takes A = n * max |x_k|: the largest magnitude is found on
+// the elements' own bits (an integer maximum of the bits without the sign:
+// non-negative floats order like their bit patterns, and NaN patterns lie
+// above inf's, so a NaN or an inf gives a non-finite A and the row is left
+// to the exact tiers, as its sum is not finite either). Two integer
+// operations per 16 or 32 elements instead of an fp64 absolute sum (two
+// operations per 8); the bound is looser (n max |x| against sum |x|),
+// which only widens the interval of the rounding test. The product n * max
+// is rounded once (relative error 2^-53), which kBoundSlack covers.
+CARBON_REDUCE_V4 inline __m512i max_magnitudes(__m512i m, const float* p, __mmask16 lo, __mmask16 hi) {
+  const __m512i mask = _mm512_set1_epi32(0x7fffffff);
+  m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_maskz_loadu_epi32(lo, p), mask));
+  return _mm512_max_epu32(m, _mm512_and_si512(_mm512_maskz_loadu_epi32(hi, p + 16), mask));
+}
+CARBON_REDUCE_V4 inline __m512i max_magnitudes16(__m512i m, const void* p, __mmask32 lanes) {
+  return _mm512_max_epu16(m, _mm512_and_si512(_mm512_maskz_loadu_epi16(lanes, p), _mm512_set1_epi16(0x7fff)));
+}
+CARBON_REDUCE_V4 inline __m512i max_magnitudes(__m512i m, const c10::BFloat16* p, __mmask16 lo, __mmask16 hi) {
+  return max_magnitudes16(m, p, _mm512_kunpackw(hi, lo));
+}
+CARBON_REDUCE_V4 inline __m512i max_magnitudes(__m512i m, const c10::Half* p, __mmask16 lo, __mmask16 hi) {
+  return max_magnitudes16(m, p, _mm512_kunpackw(hi, lo));
+}
+CARBON_REDUCE_V4 inline __m512i max_magnitudes(__m512i m, const double* p, __mmask16 lo, __mmask16 hi) {
+  const __m512i mask = _mm512_set1_epi64(0x7fffffffffffffffll);
+  for (int q = 0; q < 4; ++q) {
+    const __mmask8 lanes = static_cast<__mmask8>((q < 2 ? lo : hi) >> (8 * (q % 2)));
+    m = _mm512_max_epu64(m, _mm512_and_si512(_mm512_maskz_loadu_epi64(lanes, p + 8 * q), mask));
+  }
+  return m;
+}
+
+// The largest magnitude, from the lanes of max_magnitudes.
+CARBON_REDUCE_V4 inline double largest_magnitude(__m512i m, const float*) {
+  const uint32_t bits = _mm512_reduce_max_epu32(m);
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return element_value(value);
+}
+CARBON_REDUCE_V4 inline double largest_magnitude16(__m512i m) {
+  const __m512i hi = _mm512_srli_epi32(m, 16), lo = _mm512_and_si512(m, _mm512_set1_epi32(0xffff));
+  return static_cast<double>(_mm512_reduce_max_epu32(_mm512_max_epu32(hi, lo)));
+}
+CARBON_REDUCE_V4 inline double largest_magnitude(__m512i m, const c10::BFloat16*) {
+  return element_value(c10::BFloat16(static_cast<uint16_t>(largest_magnitude16(m)), c10::BFloat16::from_bits()));
+}
+CARBON_REDUCE_V4 inline double largest_magnitude(__m512i m, const c10::Half*) {
+  return element_value(c10::Half(static_cast<uint16_t>(largest_magnitude16(m)), c10::Half::from_bits()));
+}
+CARBON_REDUCE_V4 inline double largest_magnitude(__m512i m, const double*) {
+  return bits_to_double(_mm512_reduce_max_epu64(m));
+}
+
+// The AVX-512 rows' tree: kRowChains = 32 chains in four registers of 8
+// doubles, so consecutive additions are independent (one register's chain
+// would wait for each addition's latency). Element k goes into chain
+// k mod 32 while 32 remain; the last r < 32 elements go into chains 0 to
+// r - 1 (masked loads: each chain adds at most one of them, and adding a
+// masked lane's +0 changes nothing: no chain, started at +0, is ever -0); then
+// the pairwise fold of the 32 chains. No value passes through more than
+// floor(n / 32) + 1 + 5 <= chain_depth<32>(n) additions. The portable form
+// keeps its 8 chains (chain_depth<8>); the tier-1 decision takes the depth
+// of the tree that ran, and a decided value is RN(exact sum) whichever
+// tree decides it.
+constexpr int kRowChains = 32;
 
 template <typename T>
 CARBON_REDUCE_V4 Sums chain_sums_v4(const T* x, int64_t n) {
-  __m512d s = _mm512_setzero_pd(), a = _mm512_setzero_pd();
+  __m512d s0 = _mm512_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
+  __m512i m = _mm512_setzero_si512();
   int64_t k = 0;
-  for (; k + kChains <= n; k += kChains) {
-    const __m512d v = widen8(x + k);
-    s = _mm512_add_pd(s, v);
-    a = _mm512_add_pd(a, _mm512_abs_pd(v));
+  for (; k + kRowChains <= n; k += kRowChains) {
+    s0 = _mm512_add_pd(s0, widen8(x + k));
+    s1 = _mm512_add_pd(s1, widen8(x + k + 8));
+    s2 = _mm512_add_pd(s2, widen8(x + k + 16));
+    s3 = _mm512_add_pd(s3, widen8(x + k + 24));
+    m = max_magnitudes(m, x + k, 0xffff, 0xffff);
   }
-  return finish_chains(s, a, x, k, n);
+  if (k < n) {  // the last r < 32 elements, masked (lanes past the row read nothing and add +0)
+    const uint32_t lanes = static_cast<uint32_t>((1ull << (n - k)) - 1);
+    s0 = _mm512_add_pd(s0, widen_first(x + k, static_cast<__mmask8>(lanes)));
+    s1 = _mm512_add_pd(s1, widen_first(x + k + 8, static_cast<__mmask8>(lanes >> 8)));
+    s2 = _mm512_add_pd(s2, widen_first(x + k + 16, static_cast<__mmask8>(lanes >> 16)));
+    s3 = _mm512_add_pd(s3, widen_first(x + k + 24, static_cast<__mmask8>(lanes >> 24)));
+    m = max_magnitudes(m, x + k, static_cast<__mmask16>(lanes), static_cast<__mmask16>(lanes >> 16));
+  }
+  const double bound = static_cast<double>(n) * largest_magnitude(m, x);
+  return {fold_registers(s0, s1, s2, s3), bound, chain_depth<kRowChains>(n)};
 }
 
 // AVX-512 present, and this thread's MXCSR the default (round to
@@ -127,25 +214,43 @@ void store(double value, typename F::Bits* out) {
 
 // ---------------------------------------------------------------- rows
 
+constexpr int64_t kRowBlock = 64;  // rows whose tier-1 decisions are taken together
+
 template <typename T, typename F>
 void reduce_many_rows(const T* x, int64_t rows, int64_t n, bool mean, typename F::Bits* out) {
   constexpr FloatFormat f = F::get();
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(n, 1));
-  auto finish = [&](int64_t r, const Sums& t1) {
-    const T* row = x + r * n;
+  // The general path of one row: tier 1's test over the whole range (zeros,
+  // subnormals, overflow), then tiers 2 and 3.
+  auto finish = [&](int64_t r, double sum, double abs_sum, int64_t depth) {
     double value;
     if (n == 0) {
       value = empty_reduction(mean);
-    } else if (!reduce_round_fast(t1.sum, t1.abs_sum, n, chain_depth(n), mean, f, &value)) {
-      value = reduce_exact(row, n, 1, t1.abs_sum, mean, f);
+    } else if (!reduce_round_fast(sum, abs_sum, n, depth, mean, f, &value)) {
+      value = reduce_exact(x + r * n, n, 1, abs_sum, mean, f);
     }
     store<F>(value, out + r);
   };
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     const bool v4 = use_v4();
-    for (int64_t r = begin; r < end; ++r) {
-      const T* row = x + r * n;
-      finish(r, v4 ? chain_sums_v4(row, n) : chain_sums_portable(row, n));
+    const int64_t depth = v4 ? chain_depth<kRowChains>(n) : chain_depth(n);
+    const double factor = gamma_n(depth) * kBoundSlack;  // reduce_round_fast's beta / abs_sum
+    double sum[kRowBlock], abs_sum[kRowBlock];
+    uint8_t pending[kRowBlock];
+    for (int64_t r0 = begin; r0 < end; r0 += kRowBlock) {
+      const int64_t width = std::min(kRowBlock, end - r0);
+      for (int64_t i = 0; i < width; ++i) {
+        const T* row = x + (r0 + i) * n;
+        const Sums t1 = v4 ? chain_sums_v4(row, n) : chain_sums_portable(row, n);
+        sum[i] = t1.sum;
+        abs_sum[i] = t1.abs_sum;
+      }
+      const uint32_t all = mean ? decide_quotient_block<F>(sum, abs_sum, factor, static_cast<double>(n), width,
+                                                           out + r0, pending)
+                                : decide_block<F>(sum, abs_sum, factor, width, out + r0, pending);
+      if (all) continue;
+      for (int64_t i = 0; i < width; ++i)
+        if (pending[i]) finish(r0 + i, sum[i], abs_sum[i], depth);
     }
   });
 }
@@ -166,11 +271,14 @@ double reduce_long_row(const T* row, int64_t n, bool mean) {
       abs_sums[c] = s.abs_sum;
     }
   });
-  const double sum = chain_sums(sums.data(), chunks).sum;
+  const Sums of_sums = chain_sums(sums.data(), chunks);
+  const double sum = of_sums.sum;
   const double abs_sum = chain_sums(abs_sums.data(), chunks).sum;
+  // A chunk's tree (either form, at most kChunk elements) is at most
+  // chunk_depth deep; the chunks' sums add of_sums.depth.
+  const int64_t chunk_depth = std::max(chain_depth<kChains>(kChunk), chain_depth<kRowChains>(kChunk));
   double value;
-  if (reduce_round_fast(sum, abs_sum, n, chain_depth(kChunk) + chain_depth(chunks), mean, f, &value))
-    return value;
+  if (reduce_round_fast(sum, abs_sum, n, chunk_depth + of_sums.depth, mean, f, &value)) return value;
 
   std::vector<CompensatedSum> parts(chunks);
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
@@ -235,6 +343,60 @@ __attribute__((target_clones("avx2", "default"))) void column_chunk_sums(const T
   }
 }
 
+// column_chunk_sums on AVX-512, 32 columns at a time held in registers
+// while the rows stream past: each column's sum is the same one chain in
+// row order (so the same depth), and abs_part[j] is the bound
+// rows * max_r |x[r][j]| >= sum_r |x[r][j]| (as chain_sums_v4's: the
+// largest magnitude from the elements' bits, non-finite for a NaN or inf).
+CARBON_REDUCE_V4 inline void column_max(const float* p, uint32_t lanes, __m512i& lo, __m512i& hi) {
+  const __m512i mask = _mm512_set1_epi32(0x7fffffff);
+  lo = _mm512_max_epu32(lo, _mm512_and_si512(_mm512_maskz_loadu_epi32(static_cast<__mmask16>(lanes), p), mask));
+  hi = _mm512_max_epu32(hi, _mm512_and_si512(_mm512_maskz_loadu_epi32(static_cast<__mmask16>(lanes >> 16), p + 16),
+                                               mask));
+}
+CARBON_REDUCE_V4 inline void column_max16(const void* p, uint32_t lanes, __m512i& lo) {
+  lo = _mm512_max_epu16(lo, _mm512_and_si512(_mm512_maskz_loadu_epi16(lanes, p), _mm512_set1_epi16(0x7fff)));
+}
+CARBON_REDUCE_V4 inline void column_max(const c10::BFloat16* p, uint32_t lanes, __m512i& lo, __m512i&) {
+  column_max16(p, lanes, lo);
+}
+CARBON_REDUCE_V4 inline void column_max(const c10::Half* p, uint32_t lanes, __m512i& lo, __m512i&) {
+  column_max16(p, lanes, lo);
+}
+
+template <typename T>
+CARBON_REDUCE_V4 void column_chunk_sums_v4(const T* x, int64_t rows, int64_t cols, int64_t width, double* part,
+                                           double* abs_part) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 2, "float32, bfloat16 or float16 columns");
+  for (int64_t j = 0; j < width; j += 32) {
+    const uint32_t lanes = width - j >= 32 ? 0xffffffffu : static_cast<uint32_t>((1ull << (width - j)) - 1);
+    const __mmask8 l0 = static_cast<__mmask8>(lanes), l1 = static_cast<__mmask8>(lanes >> 8),
+                   l2 = static_cast<__mmask8>(lanes >> 16), l3 = static_cast<__mmask8>(lanes >> 24);
+    __m512d s0 = _mm512_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
+    __m512i lo = _mm512_setzero_si512(), hi = lo;
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* p = x + r * cols + j;
+      s0 = _mm512_add_pd(s0, widen_first(p, l0));
+      s1 = _mm512_add_pd(s1, widen_first(p + 8, l1));
+      s2 = _mm512_add_pd(s2, widen_first(p + 16, l2));
+      s3 = _mm512_add_pd(s3, widen_first(p + 24, l3));
+      column_max(p, lanes, lo, hi);
+    }
+    _mm512_mask_storeu_pd(part + j, l0, s0);
+    _mm512_mask_storeu_pd(part + j + 8, l1, s1);
+    _mm512_mask_storeu_pd(part + j + 16, l2, s2);
+    _mm512_mask_storeu_pd(part + j + 24, l3, s3);
+    T largest[32];  // the columns' largest magnitudes, as elements
+    _mm512_storeu_si512(largest, lo);
+    if (sizeof(T) == 4) _mm512_storeu_si512(reinterpret_cast<char*>(largest) + 64, hi);
+    const __m512d count = _mm512_set1_pd(static_cast<double>(rows));
+    _mm512_mask_storeu_pd(abs_part + j, l0, _mm512_mul_pd(count, widen8(largest)));
+    _mm512_mask_storeu_pd(abs_part + j + 8, l1, _mm512_mul_pd(count, widen8(largest + 8)));
+    _mm512_mask_storeu_pd(abs_part + j + 16, l2, _mm512_mul_pd(count, widen8(largest + 16)));
+    _mm512_mask_storeu_pd(abs_part + j + 24, l3, _mm512_mul_pd(count, widen8(largest + 24)));
+  }
+}
+
 // out[j] = reduction of x[0..n)[j] for the columns of a contiguous [n, cols]
 // tensor. Tiles of kRowChunk rows x kColumnBlock columns are summed in
 // parallel (one chain per column), then each column adds its tiles' partials
@@ -247,11 +409,14 @@ void reduce_columns(const T* x, int64_t n, int64_t cols, bool mean, typename F::
   const int64_t depth = kRowChunk + chunks + 1;
   std::vector<double> sums(chunks * cols), abs_sums(chunks * cols);
   at::parallel_for(0, chunks * blocks, 1, [&](int64_t begin, int64_t end) {
+    const bool v4 = use_v4();
     for (int64_t tile = begin; tile < end; ++tile) {
       const int64_t c = tile / blocks, j0 = (tile % blocks) * kColumnBlock;
-      const int64_t rows = std::min(kRowChunk, n - c * kRowChunk), width = std::min(kColumnBlock, cols - j0);
-      column_chunk_sums(x + c * kRowChunk * cols + j0, std::max<int64_t>(rows, 0), cols, width,
-                        sums.data() + c * cols + j0, abs_sums.data() + c * cols + j0);
+      const int64_t rows = std::max<int64_t>(0, std::min(kRowChunk, n - c * kRowChunk));
+      const int64_t width = std::min(kColumnBlock, cols - j0);
+      (v4 ? column_chunk_sums_v4<T> : column_chunk_sums<T>)(x + c * kRowChunk * cols + j0, rows, cols, width,
+                                                            sums.data() + c * cols + j0,
+                                                            abs_sums.data() + c * cols + j0);
     }
   });
   at::parallel_for(0, cols, 64, [&](int64_t begin, int64_t end) {
