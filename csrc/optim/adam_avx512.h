@@ -15,6 +15,9 @@
 //  * NaN results become float32's one NaN (0x7FC00000), as encode writes
 //    them (vfpclassps finds them; the conversion keeps other payloads).
 //
+// AMSGrad (amsgrad=True) runs here too: maximum(v_max, v') of two float32
+// values is a select by comparison masks (ieee_maximum8), no rounding at all.
+//
 // Each element is independent and the loop keeps no partial state, so the
 // blocking (eight lanes, a masked tail) plays no role in the bits.
 //
@@ -143,19 +146,31 @@ CARBON_AVX512_TARGET __attribute__((always_inline)) inline void store8(float* x,
   }
 }
 
+// AMSGrad's v_max' = maximum(v_max, v') (optim_kernel.h's ieee_maximum) of
+// two float32 vectors: NaN (float32's one NaN) where either is NaN, -0 < +0
+// (a & b on the bits of equal operands), else the larger. Exact: no
+// arithmetic, so MXCSR plays no role.
+CARBON_AVX512_TARGET __attribute__((always_inline)) inline __m256 ieee_maximum8(__m256 a, __m256 b, __m256 nan) {
+  __m256 r = _mm256_and_ps(a, b);
+  r = _mm256_mask_mov_ps(r, _mm256_cmp_ps_mask(a, b, _CMP_LT_OQ), b);
+  r = _mm256_mask_mov_ps(r, _mm256_cmp_ps_mask(a, b, _CMP_GT_OQ), a);
+  return _mm256_mask_mov_ps(r, _mm256_cmp_ps_mask(a, b, _CMP_UNORD_Q), nan);
+}
+
 // adam_update's operations, one by one, for elements [0, 8) (kFull) or the
 // lanes of `lanes` (the tail), in two halves so that the loop can overlap
 // one group's square root with the previous group's divisions: `front`
-// reads p, g, m, v, writes m' and v' (RN32 is the conversion to float; the
-// rounded values continue as exact doubles) and returns what `back` needs
-// to write p'.
+// reads p, g, m, v (and AMSGrad's w = max_exp_avg_sq), writes m' and v' (and
+// w'; RN32 is the conversion to float; the rounded values continue as exact
+// doubles) and returns what `back` needs to write p'.
 struct Front {
   __m512d root, num, p0;
 };
 
-template <Mode kMode, bool kMaximize, bool kFull>
+template <Mode kMode, bool kMaximize, bool kAmsgrad, bool kFull>
 CARBON_AVX512_TARGET __attribute__((always_inline)) inline Front front(const float* p, const float* g, float* m,
-                                                                        float* v, __mmask8 lanes, const Constants& c) {
+                                                                        float* v, float* w, __mmask8 lanes,
+                                                                        const Constants& c) {
   const __m512d pd = load8<kFull>(p, lanes);
   __m512d gp = load8<kFull>(g, lanes);
   const __m512d md = load8<kFull>(m, lanes);
@@ -169,7 +184,13 @@ CARBON_AVX512_TARGET __attribute__((always_inline)) inline Front front(const flo
   const __m512d v_sum = _mm512_add_pd(_mm512_mul_pd(c.beta2, vd), _mm512_mul_pd(c.one_minus_beta2, g2));
   const __m256 m1 = _mm512_cvtpd_ps(m_sum);  // RN32
   const __m256 v1 = _mm512_cvtpd_ps(v_sum);
-  out.root = _mm512_sqrt_pd(_mm512_cvtps_pd(v1));
+  __m256 denominator_source = v1;
+  if constexpr (kAmsgrad) {
+    const __m256 w0 = kFull ? _mm256_loadu_ps(w) : _mm256_maskz_loadu_ps(lanes, w);
+    denominator_source = ieee_maximum8(w0, v1, c.nan);  // its NaNs are canonical already
+    store8<kFull>(w, lanes, denominator_source);
+  }
+  out.root = _mm512_sqrt_pd(_mm512_cvtps_pd(denominator_source));
   out.num = _mm512_mul_pd(c.step_size, _mm512_cvtps_pd(m1));
   store8<kFull>(m, lanes, canonical_nans(m1, c.nan));
   store8<kFull>(v, lanes, canonical_nans(v1, c.nan));
@@ -188,15 +209,18 @@ CARBON_AVX512_TARGET __attribute__((always_inline)) inline void back(float* p, _
 // back (one group deep measured 1.12 ns per element, two 1.04, three no
 // better). Each group reads and writes its own elements only, and its front
 // runs before its back, so the order plays no role in the bits.
-template <Mode kMode, bool kMaximize>
-CARBON_AVX512_TARGET void step_loop(float* p, const float* g, float* m, float* v, int64_t n, const AdamConstants& c) {
+template <Mode kMode, bool kMaximize, bool kAmsgrad>
+CARBON_AVX512_TARGET void step_loop(float* p, const float* g, float* m, float* v, float* w, int64_t n,
+                                    const AdamConstants& c) {
   const Constants cv = broadcast(c);
   const int64_t full = n & ~int64_t{7};
+  // w + i only for AMSGrad (w is null otherwise, and never read).
+  auto at = [w](int64_t i) { return kAmsgrad ? w + i : w; };
   if (full >= 16) {
-    Front older = front<kMode, kMaximize, true>(p, g, m, v, 0xFF, cv);
-    Front newer = front<kMode, kMaximize, true>(p + 8, g + 8, m + 8, v + 8, 0xFF, cv);
+    Front older = front<kMode, kMaximize, kAmsgrad, true>(p, g, m, v, at(0), 0xFF, cv);
+    Front newer = front<kMode, kMaximize, kAmsgrad, true>(p + 8, g + 8, m + 8, v + 8, at(8), 0xFF, cv);
     for (int64_t i = 16; i < full; i += 8) {
-      const Front next = front<kMode, kMaximize, true>(p + i, g + i, m + i, v + i, 0xFF, cv);
+      const Front next = front<kMode, kMaximize, kAmsgrad, true>(p + i, g + i, m + i, v + i, at(i), 0xFF, cv);
       back<true>(p + i - 16, 0xFF, older, cv);
       older = newer;
       newer = next;
@@ -204,29 +228,33 @@ CARBON_AVX512_TARGET void step_loop(float* p, const float* g, float* m, float* v
     back<true>(p + full - 16, 0xFF, older, cv);
     back<true>(p + full - 8, 0xFF, newer, cv);
   } else if (full == 8) {
-    back<true>(p, 0xFF, front<kMode, kMaximize, true>(p, g, m, v, 0xFF, cv), cv);
+    back<true>(p, 0xFF, front<kMode, kMaximize, kAmsgrad, true>(p, g, m, v, at(0), 0xFF, cv), cv);
   }
   if (full < n) {
     const __mmask8 tail = static_cast<__mmask8>((1u << (n - full)) - 1u);
-    const Front last = front<kMode, kMaximize, false>(p + full, g + full, m + full, v + full, tail, cv);
+    const Front last =
+        front<kMode, kMaximize, kAmsgrad, false>(p + full, g + full, m + full, v + full, at(full), tail, cv);
     back<false>(p + full, tail, last, cv);
   }
 }
 
 // The step over n elements (in place); only where available() and
-// fp32_conversion_is_rn32() hold.
-inline void step(float* p, const float* g, float* m, float* v, int64_t n, const AdamConstants& c) {
+// fp32_conversion_is_rn32() hold. w: AMSGrad's max_exp_avg_sq (kAmsgrad),
+// else null.
+template <bool kAmsgrad>
+inline void step(float* p, const float* g, float* m, float* v, float* w, int64_t n, const AdamConstants& c) {
   const bool maximize = c.grad_sign != 0;
   const Mode mode = c.decoupled_mask ? Mode::kDecoupled : (c.l2_mask ? Mode::kL2 : Mode::kPlain);
   switch (mode) {
     case Mode::kDecoupled:
-      return maximize ? step_loop<Mode::kDecoupled, true>(p, g, m, v, n, c)
-                      : step_loop<Mode::kDecoupled, false>(p, g, m, v, n, c);
+      return maximize ? step_loop<Mode::kDecoupled, true, kAmsgrad>(p, g, m, v, w, n, c)
+                      : step_loop<Mode::kDecoupled, false, kAmsgrad>(p, g, m, v, w, n, c);
     case Mode::kL2:
-      return maximize ? step_loop<Mode::kL2, true>(p, g, m, v, n, c) : step_loop<Mode::kL2, false>(p, g, m, v, n, c);
+      return maximize ? step_loop<Mode::kL2, true, kAmsgrad>(p, g, m, v, w, n, c)
+                      : step_loop<Mode::kL2, false, kAmsgrad>(p, g, m, v, w, n, c);
     case Mode::kPlain:
-      return maximize ? step_loop<Mode::kPlain, true>(p, g, m, v, n, c)
-                      : step_loop<Mode::kPlain, false>(p, g, m, v, n, c);
+      return maximize ? step_loop<Mode::kPlain, true, kAmsgrad>(p, g, m, v, w, n, c)
+                      : step_loop<Mode::kPlain, false, kAmsgrad>(p, g, m, v, w, n, c);
   }
 }
 
