@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import copy
 import math
+from fractions import Fraction
 
 import pytest
 import torch
 
 import carbon
-from oracle import as_bits, bits_tensor, round_bits
+from oracle import as_bits, bits_tensor, is_midpoint, round_bits
 from optim_reference import adam_reference, from_values, sgd_reference, values
 from optim_util import wide_values
 
@@ -639,3 +640,53 @@ def test_amsgrad_op_special_states(dtype, flush_denormal):
             assert torch.equal(as_bits(got), expected), f"{decoupled=} {what}"
         if decoupled:  # g' = 0 there (no L2 term): v' = +0, which beats the state -0
             assert as_bits(ws[0][::50]).eq(0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_adam_16bit_rounding_ties_subnormals_overflow(dtype, amsgrad):
+    """RN_F of p' for bfloat16 / float16 parameters, which the CPU's AVX-512
+    loop rounds to odd into float32 and then to nearest-even into F: exact
+    ties (betas 0, eps 0, c2s 1 make the update exactly lr * sign(g), and lr
+    is half an ulp of p for one binade of p at each lr), values a hair off
+    the ties (eps 2^-30: closer than float32 resolves, so rounding to
+    nearest float32 first would make them ties), subnormal and zero
+    results, overflow to +-inf, NaN, a tail of 3 elements; against the
+    reference's rounding of the fp64 value."""
+    from optim_reference import rn, rn32
+
+    precision, min_exp, top = {torch.bfloat16: (8, -133, 3.3e38), torch.float16: (11, -24, 65504.0)}[dtype]
+    n = 1024 + 3
+    gen = torch.Generator().manual_seed(13)
+    lo = min_exp + precision - 1
+    p = (torch.rand(n, generator=gen, dtype=torch.float64) + 1) * torch.pow(
+        2.0, torch.randint(lo - 2, lo + 24, (n,), generator=gen).double())
+    p = torch.where(torch.rand(n, generator=gen) < 0.5, -p, p).to(dtype)
+    p[::31] = top  # + lr overflows for maximize
+    p[1::37] = -top
+    p[2::41] = float("nan")
+    g = torch.where(torch.rand(n, generator=gen) < 0.5, -1.0, 1.0).to(dtype)  # g^2 = 1: denom = 1 + eps
+    ties = double_rounding_traps = 0
+    for eps in (0.0, 2.0 ** -30):
+        for k in (-2, 0, 5, 14):
+            for maximize in (False, True):
+                lr = 2.0 ** (lo - precision + k)  # half an ulp of p in the binade 2^(lo + k)
+                if maximize and k == 14:
+                    lr = top / 2 ** (precision + 1)  # huge steps: overflow
+                q = torch.nn.Parameter(p.clone())
+                q.grad = g.clone()
+                opt = carbon.optim.Adam([q], lr=lr, betas=(0.0, 0.0), eps=eps, maximize=maximize, amsgrad=amsgrad)
+                opt.step()
+                ref = adam_reference(values(p), values(g), [0.0] * n, [0.0] * n, 1, lr=lr, beta1=0.0, beta2=0.0,
+                                     eps=eps, weight_decay=0.0, decoupled=False, maximize=maximize, dtype=dtype,
+                                     v_max=[0.0] * n if amsgrad else None)
+                expected = bits_tensor([round_bits(x, dtype) for x in ref[0]], dtype)
+                assert torch.equal(as_bits(q.detach()), expected), f"lr {lr} {eps=} {maximize=}"
+                for x, gi in zip(values(p), values(g)):
+                    if not math.isfinite(x):
+                        continue
+                    update = lr * (-gi if maximize else gi)
+                    ties += eps == 0.0 and is_midpoint(Fraction(x) - Fraction(update), dtype)
+                    exact = x - update / (1.0 + eps)  # the fp64 value p' rounds
+                    double_rounding_traps += rn(rn32(exact), dtype) != rn(exact, dtype)
+    assert ties > 100 and double_rounding_traps > 100

@@ -179,13 +179,12 @@ void adam_range(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, c
   float* vp = v.mutable_data_ptr<float>();
   float* wp = kAmsgrad ? w->mutable_data_ptr<float>() : nullptr;
 #ifdef CARBON_ADAM_AVX512
-  // float32 parameters: the AVX-512 loop, whose hardware rounding is RN32
-  // under the default MXCSR (adam_avx512.h); the same bits as below.
-  if constexpr (std::is_same_v<T, float>) {
-    if (adam_avx512::available() && adam_avx512::fp32_conversion_is_rn32())
-      return adam_avx512::step<kAmsgrad>(pp + begin, gp + begin, mp + begin, vp + begin, wp ? wp + begin : nullptr,
-                                         end - begin, c);
-  }
+  // The AVX-512 loop, whose hardware roundings are RN32 under the default
+  // MXCSR and RN_T after a round to odd (adam_avx512.h); the same bits as
+  // below.
+  if (adam_avx512::available() && adam_avx512::fp32_conversion_is_rn32())
+    return adam_avx512::step<kAmsgrad>(pp + begin, gp + begin, mp + begin, vp + begin, wp ? wp + begin : nullptr,
+                                       end - begin, c);
 #endif
   Bits<F> pb[kBlock];
   uint32_t mb[kBlock], vb[kBlock], wb[kAmsgrad ? kBlock : 1];
