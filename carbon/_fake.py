@@ -677,8 +677,8 @@ def _dropout_state_fake(x: Tensor, p: float, state: Tensor) -> Tensor:
 
 
 @torch.library.register_fake("carbon::adam_step_")
-def _adam_step_fake(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, eps, weight_decay, bias_correction1,
-                    bias_correction2_sqrt, decoupled, maximize) -> None:
+def _adam_step_fake(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, lr, beta1, beta2, eps, weight_decay,
+                    bias_correction1, bias_correction2_sqrt, decoupled, maximize) -> None:
     return None
 
 

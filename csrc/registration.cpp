@@ -122,9 +122,10 @@ TORCH_LIBRARY(carbon, m) {
   m.def("dropout.state(Tensor x, float p, Tensor state) -> Tensor");
   // ---- end random ----
   // ---- optimizers, gradient clipping (csrc/optim/; contract §12) ----
+  // max_exp_avg_sqs: AMSGrad's states (torch's name and place in _fused_adam_), empty without AMSGrad.
   m.def("adam_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
-        "float lr, float beta1, float beta2, float eps, float weight_decay, float bias_correction1, "
-        "float bias_correction2_sqrt, bool decoupled, bool maximize) -> ()");
+        "Tensor(d!)[] max_exp_avg_sqs, float lr, float beta1, float beta2, float eps, float weight_decay, "
+        "float bias_correction1, float bias_correction2_sqrt, bool decoupled, bool maximize) -> ()");
   m.def("sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, float lr, float momentum, "
         "float dampening, float weight_decay, bool nesterov, bool maximize, bool first_step) -> ()");
   m.def("sum_squares(Tensor[] tensors, bool sqrt=False) -> Tensor");

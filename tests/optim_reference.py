@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -44,16 +44,26 @@ def beta_power(beta: float, t: int) -> float:
     return acc
 
 
+def ieee_maximum(a: float, b: float) -> float:
+    """IEEE 754-2019 maximum: NaN if either is NaN, -0 < +0, else the larger."""
+    if math.isnan(a) or math.isnan(b):
+        return math.nan
+    if a == b == 0.0:
+        return 0.0 if math.copysign(1.0, a) > 0 or math.copysign(1.0, b) > 0 else -0.0
+    return a if a > b else b
+
+
 def adam_reference(p: List[float], g: List[float], m: List[float], v: List[float], t: int, *, lr: float,
                    beta1: float, beta2: float, eps: float, weight_decay: float, decoupled: bool, maximize: bool,
-                   dtype: torch.dtype):
-    """One step: new (p, m, v) lists of values."""
+                   dtype: torch.dtype, v_max: Optional[List[float]] = None):
+    """One step: new (p, m, v) lists of values; with AMSGrad's state v_max
+    (max_exp_avg_sq) given, new (p, m, v, v_max)."""
     c1 = 1.0 - beta_power(beta1, t)
     c2s = math.sqrt(1.0 - beta_power(beta2, t))
     step_size = lr / c1
     decay = 1.0 - lr * weight_decay
-    out_p, out_m, out_v = [], [], []
-    for pi, gi, mi, vi in zip(p, g, m, v):
+    out_p, out_m, out_v, out_w = [], [], [], []
+    for i, (pi, gi, mi, vi) in enumerate(zip(p, g, m, v)):
         gp = -gi if maximize else gi
         if decoupled:
             p0 = pi * decay
@@ -63,10 +73,17 @@ def adam_reference(p: List[float], g: List[float], m: List[float], v: List[float
                 gp = gp + weight_decay * pi
         m1 = rn32(beta1 * mi + (1.0 - beta1) * gp)
         v1 = rn32(beta2 * vi + (1.0 - beta2) * (gp * gp))
-        denom = math.sqrt(v1) / c2s + eps
+        source = v1
+        if v_max is not None:
+            source = ieee_maximum(v_max[i], v1)
+            out_w.append(source)
+        root = math.sqrt(source) if not (source < 0.0) else math.nan  # math.sqrt raises for negatives
+        denom = root / c2s + eps
         out_p.append(rn(p0 - (step_size * m1) / denom, dtype))
         out_m.append(m1)
         out_v.append(v1)
+    if v_max is not None:
+        return out_p, out_m, out_v, out_w
     return out_p, out_m, out_v
 
 

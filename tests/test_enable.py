@@ -273,6 +273,30 @@ def test_torch_adamw_steps_with_the_exact_formula():
     assert torch.optim.AdamW.__dict__.get("step") is torch_step  # torch's step is back
 
 
+@pytest.mark.parametrize("kind", ["Adam", "AdamW"])
+@pytest.mark.parametrize("implementation", [dict(), dict(foreach=True), dict(fused=True)])
+def test_torch_amsgrad_steps_with_the_exact_formula(kind, implementation):
+    """torch.optim.Adam / AdamW(amsgrad=True), whichever implementation they
+    were built with, step with carbon's AMSGrad (contract §12), and their
+    state keeps torch's max_exp_avg_sq."""
+    p = nn.Parameter(_randn(40, seed=1))
+    grads = [_randn(40, seed=2 + t, scale=2.0 ** -t) for t in range(3)]  # shrinking: the maximum holds
+    opt = getattr(torch.optim, kind)([p], lr=1e-2, weight_decay=0.1, amsgrad=True, **implementation)
+    start = p.detach().clone()
+    with carbon.enabled():
+        for g in grads:
+            p.grad = g.clone()
+            opt.step()
+    values, m, v, w = optim_reference.values(start), [0.0] * 40, [0.0] * 40, [0.0] * 40
+    for t, g in enumerate(grads, 1):
+        values, m, v, w = optim_reference.adam_reference(
+            values, optim_reference.values(g), m, v, t, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8,
+            weight_decay=0.1, decoupled=kind == "AdamW", maximize=False, dtype=torch.float32, v_max=w)
+    assert p.detach().tolist() == values
+    assert opt.state[p]["max_exp_avg_sq"].tolist() == w
+    assert any(wi > vi for vi, wi in zip(v, w))
+
+
 def test_clip_grad_norm_is_the_norm_of_exact_per_tensor_norms():
     ps = [nn.Parameter(torch.zeros(n)) for n in (30, 7)]
     for i, p in enumerate(ps):

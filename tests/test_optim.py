@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import copy
 import math
+from fractions import Fraction
 
 import pytest
 import torch
 
 import carbon
-from oracle import as_bits
+from oracle import as_bits, bits_tensor, is_midpoint, round_bits
 from optim_reference import adam_reference, from_values, sgd_reference, values
 from optim_util import wide_values
 
@@ -65,6 +66,40 @@ def test_adam_matches_reference(dtype, kind, weight_decay, maximize):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["AdamW", "Adam"])
+@pytest.mark.parametrize("weight_decay,maximize", [(0.0, False), (0.1, True)])
+def test_amsgrad_matches_reference(dtype, kind, weight_decay, maximize):
+    """amsgrad=True: the state max_exp_avg_sq = maximum(max_exp_avg_sq, v')
+    and the denominator from it, every bit after several steps. Gradients
+    shrink from step to step (scaled by 2^-4 each), so v' falls below the
+    running maximum on most elements and the maximum decides the step."""
+    params = make_params(dtype, 1)
+    hp = dict(lr=1e-2, betas=(0.8, 0.99), eps=1e-6, weight_decay=weight_decay, maximize=maximize)
+    opt = getattr(carbon.optim, kind)(params, amsgrad=True, **hp)
+    ref = [(values(p), [0.0] * p.numel(), [0.0] * p.numel(), [0.0] * p.numel()) for p in params]
+    held = 0  # elements where the running maximum, not v', made the denominator
+    for step in range(1, STEPS + 1):
+        set_grads(params, step)
+        for p in params:
+            p.grad = (p.grad.float() * 2.0 ** (-4 * step)).to(dtype)
+        new_ref = []
+        for p, (rp, rm, rv, rw) in zip(params, ref):
+            new_ref.append(adam_reference(rp, values(p.grad), rm, rv, step, lr=1e-2, beta1=0.8, beta2=0.99, eps=1e-6,
+                                          weight_decay=weight_decay, decoupled=kind == "AdamW", maximize=maximize,
+                                          dtype=dtype, v_max=rw))
+        ref = new_ref
+        opt.step()
+        for i, (p, (rp, rm, rv, rw)) in enumerate(zip(params, ref)):
+            st = opt.state[p]
+            same_bits(p.detach(), from_values(rp, p, dtype), f"step {step} param {i}")
+            same_bits(st["exp_avg"], from_values(rm, p, torch.float32), f"step {step} exp_avg {i}")
+            same_bits(st["exp_avg_sq"], from_values(rv, p, torch.float32), f"step {step} exp_avg_sq {i}")
+            same_bits(st["max_exp_avg_sq"], from_values(rw, p, torch.float32), f"step {step} max_exp_avg_sq {i}")
+            held += sum(w > v for v, w in zip(rv, rw))
+    assert held > 40  # of 4 x 68 element updates
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("momentum,dampening,nesterov", [(0.0, 0.0, False), (0.9, 0.0, False), (0.9, 0.0, True),
                                                           (0.5, 0.25, False)])
 @pytest.mark.parametrize("weight_decay,maximize", [(0.0, False), (0.01, True)])
@@ -98,6 +133,8 @@ def _ulps(a: torch.Tensor, b: torch.Tensor) -> int:
 @pytest.mark.parametrize("kind,hp", [
     ("AdamW", dict(lr=1e-3, weight_decay=0.01)),
     ("Adam", dict(lr=1e-3, weight_decay=0.01)),
+    ("AdamW", dict(lr=1e-3, weight_decay=0.01, amsgrad=True)),
+    ("Adam", dict(lr=1e-3, weight_decay=0.01, amsgrad=True, maximize=True)),
     ("SGD", dict(lr=0.01, momentum=0.9, weight_decay=1e-4, nesterov=True)),
     ("SGD", dict(lr=0.01)),
 ])
@@ -106,7 +143,8 @@ def test_close_to_torch(kind, hp):
     (2 float32 ulps of the parameter + 1e-5 lr): torch rounds every
     intermediate to float32 (the update, then the subtraction) and computes
     Adam's moments with lerp, so each step may differ by an ulp of the
-    parameter plus a relative ~1e-7 of the update (at most ~lr)."""
+    parameter plus a relative ~1e-7 of the update (at most ~lr). AMSGrad's
+    maximum of two float32 values is exact in both, so the same bound holds."""
     g = torch.Generator().manual_seed(5)
     base = [torch.randn(64, 32, generator=g), torch.randn(100, generator=g)]
     ours = [torch.nn.Parameter(t.clone()) for t in base]
@@ -123,7 +161,8 @@ def test_close_to_torch(kind, hp):
         torch.testing.assert_close(p.detach(), q.detach(), rtol=5 * 2 * 2.0**-23, atol=5e-5 * hp["lr"])
 
 
-@pytest.mark.parametrize("kind,hp", [("AdamW", dict(lr=1e-3)), ("SGD", dict(lr=0.01, momentum=0.9))])
+@pytest.mark.parametrize("kind,hp", [("AdamW", dict(lr=1e-3)), ("AdamW", dict(lr=1e-3, amsgrad=True)),
+                                     ("Adam", dict(lr=1e-3, amsgrad=True)), ("SGD", dict(lr=0.01, momentum=0.9))])
 def test_state_dict_interchange_with_torch(kind, hp):
     g = torch.Generator().manual_seed(7)
     base = [torch.randn(6, 4, generator=g), torch.randn(9, generator=g)]
@@ -153,7 +192,7 @@ def test_state_dict_interchange_with_torch(kind, hp):
         opt.step()
     for a, b in zip(cp, cp2):
         assert torch.equal(as_bits(a.detach()), as_bits(b.detach()))
-    if kind == "AdamW":
+    if kind != "SGD":
         assert float(copt.state[cp[0]]["step"]) == 3
     # carbon.optim -> torch.optim: the state_dict has torch's keys and loads.
     sd = copt.state_dict()
@@ -166,6 +205,51 @@ def test_state_dict_interchange_with_torch(kind, hp):
     topt2.step()
     for key in topt2.state[tp2[0]]:
         assert key in copt.state[cp[0]]
+    assert topt2.state[tp2[0]].keys() == copt.state[cp[0]].keys()
+
+
+@pytest.mark.parametrize("kind", ["AdamW", "Adam"])
+def test_amsgrad_resumes_from_torch_state_dict(kind):
+    """torch.optim's amsgrad state_dict (max_exp_avg_sq included) loads into
+    carbon.optim, whose next step is the reference step from those states,
+    bit for bit; carbon's state_dict loads back into torch.optim with the
+    same state bits."""
+    g = torch.Generator().manual_seed(11)
+    base = [torch.randn(6, 4, generator=g), torch.randn(9, generator=g)]
+    hp = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05, amsgrad=True)
+    tp = [torch.nn.Parameter(t.clone()) for t in base]
+    topt = getattr(torch.optim, kind)(tp, **hp)
+    for step in range(3):
+        for p in tp:
+            p.grad = torch.randn(p.shape, generator=g) * 2.0 ** -step  # shrinking: the maximum holds
+        topt.step()
+    cp = [torch.nn.Parameter(p.detach().clone()) for p in tp]
+    copt = getattr(carbon.optim, kind)(cp, **hp)
+    copt.load_state_dict(copy.deepcopy(topt.state_dict()))
+    refs = []
+    for p, q in zip(cp, tp):
+        st = copt.state[p]
+        same_bits(st["max_exp_avg_sq"], topt.state[q]["max_exp_avg_sq"], "loaded max_exp_avg_sq")
+        p.grad = torch.randn(p.shape, generator=g) * 0.01
+        refs.append(adam_reference(values(p), values(p.grad), values(st["exp_avg"]), values(st["exp_avg_sq"]), 4,
+                                   lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.05,
+                                   decoupled=kind == "AdamW", maximize=False, dtype=torch.float32,
+                                   v_max=values(st["max_exp_avg_sq"])))
+    copt.step()
+    for i, (p, (rp, rm, rv, rw)) in enumerate(zip(cp, refs)):
+        st = copt.state[p]
+        same_bits(p.detach(), from_values(rp, p, torch.float32), f"param {i}")
+        same_bits(st["exp_avg"], from_values(rm, p, torch.float32), f"exp_avg {i}")
+        same_bits(st["exp_avg_sq"], from_values(rv, p, torch.float32), f"exp_avg_sq {i}")
+        same_bits(st["max_exp_avg_sq"], from_values(rw, p, torch.float32), f"max_exp_avg_sq {i}")
+    tq = [torch.nn.Parameter(p.detach().clone()) for p in cp]
+    topt2 = getattr(torch.optim, kind)(tq, **hp)
+    topt2.load_state_dict(copy.deepcopy(copt.state_dict()))
+    for p, q in zip(cp, tq):
+        for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+            same_bits(topt2.state[q][key], copt.state[p][key], key)
+        q.grad = torch.randn(q.shape, generator=g)
+    topt2.step()  # torch steps from carbon's states
 
 
 def test_bf16_states_stay_float32_through_state_dict():
@@ -181,18 +265,23 @@ def test_bf16_states_stay_float32_through_state_dict():
         assert torch.equal(opt2.state[q][key], opt.state[p][key])
 
 
-@pytest.mark.parametrize("kind", ["AdamW", "SGD"])
-def test_thread_count_invariance(kind, restore_num_threads):
+@pytest.mark.parametrize("kind,hp", [("AdamW", {}), ("AdamW", dict(amsgrad=True)), ("Adam", dict(amsgrad=True)),
+                                     ("SGD", dict(momentum=0.9))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_thread_count_invariance(kind, hp, dtype, restore_num_threads):
     results = []
     for threads in (1, 2):
         torch.set_num_threads(threads)
-        params = [torch.nn.Parameter(wide_values((300, 257), torch.float32, 3))]
-        opt = getattr(carbon.optim, kind)(params, lr=0.01, **({"momentum": 0.9} if kind == "SGD" else {}))
+        params = [torch.nn.Parameter(wide_values((300, 257), dtype, 3))]
+        opt = getattr(carbon.optim, kind)(params, lr=0.01, **hp)
         for step in range(3):
             set_grads(params, step + 1)
             opt.step()
-        results.append(as_bits(params[0].detach()).clone())
-    assert torch.equal(results[0], results[1])
+        states = [t for k, t in sorted(opt.state[params[0]].items()) if k != "step"]
+        results.append([as_bits(t).clone() for t in [params[0].detach()] + states])
+    assert len(results[0]) == 1 + (1 if kind == "SGD" else 2 + bool(hp.get("amsgrad")))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
 
 
 def test_closure_and_params_without_grad():
@@ -210,12 +299,12 @@ def test_closure_and_params_without_grad():
     assert torch.equal(q.detach(), torch.ones(3)) and q not in opt.state
 
 
-@pytest.mark.parametrize("option", [dict(amsgrad=True), dict(foreach=True), dict(fused=True), dict(capturable=True),
+@pytest.mark.parametrize("option", [dict(foreach=True), dict(fused=True), dict(capturable=True),
                                     dict(differentiable=True)])
 def test_unsupported_options(option):
     with pytest.raises(ValueError, match="not supported"):
         carbon.optim.Adam([torch.nn.Parameter(torch.ones(2))], **option)
-    if "amsgrad" not in option and "capturable" not in option:
+    if "capturable" not in option:
         with pytest.raises(ValueError, match="not supported"):
             carbon.optim.SGD([torch.nn.Parameter(torch.ones(2))], **option)
 
@@ -225,15 +314,19 @@ def test_op_errors():
     m, v = torch.zeros(4), torch.zeros(4)
     args = (1e-3, 0.9, 0.999, 1e-8, 0.0, 0.1, 0.03, True, False)
     with pytest.raises(TypeError, match="carbon.adam_step_: params\\[0\\] has dtype Double"):
-        torch.ops.carbon.adam_step_([p.double()], [g.double()], [m], [v], *args)
+        torch.ops.carbon.adam_step_([p.double()], [g.double()], [m], [v], [], *args)
     with pytest.raises(ValueError, match="expected as many grads as params"):
-        torch.ops.carbon.adam_step_([p], [], [m], [v], *args)
+        torch.ops.carbon.adam_step_([p], [], [m], [v], [], *args)
     with pytest.raises(ValueError, match="exp_avg_sqs\\[0\\] has shape"):
-        torch.ops.carbon.adam_step_([p], [g], [m], [torch.zeros(3)], *args)
+        torch.ops.carbon.adam_step_([p], [g], [m], [torch.zeros(3)], [], *args)
     with pytest.raises(TypeError, match="exp_avgs\\[0\\] must be float32"):
-        torch.ops.carbon.adam_step_([p], [g], [m.half()], [v], *args)
+        torch.ops.carbon.adam_step_([p], [g], [m.half()], [v], [], *args)
     with pytest.raises(TypeError, match="grads\\[0\\] has dtype"):
-        torch.ops.carbon.adam_step_([p], [g.half()], [m], [v], *args)
+        torch.ops.carbon.adam_step_([p], [g.half()], [m], [v], [], *args)
+    with pytest.raises(ValueError, match="expected as many max_exp_avg_sqs as params"):
+        torch.ops.carbon.adam_step_([p, p], [g, g], [m, m], [v, v], [v], *args)
+    with pytest.raises(TypeError, match="max_exp_avg_sqs\\[0\\] must be float32"):
+        torch.ops.carbon.adam_step_([p], [g], [m], [v], [v.half()], *args)
     with pytest.raises(ValueError, match="must be contiguous"):
         torch.ops.carbon.sgd_step_([torch.ones(4, 4).t()], [torch.ones(4, 4).t()], [], 0.1, 0.0, 0.0, 0.0, False,
                                    False, False)
@@ -259,7 +352,11 @@ def test_opcheck():
     p, g = [torch.randn(5), torch.randn(3)], [torch.randn(5), torch.randn(3)]
     m, v = [torch.zeros(5), torch.zeros(3)], [torch.zeros(5), torch.zeros(3)]
     torch.library.opcheck(torch.ops.carbon.adam_step_.default,
-                          (p, g, m, v, 1e-3, 0.9, 0.999, 1e-8, 0.0, 0.1, 0.03, True, False),
+                          (p, g, m, v, [], 1e-3, 0.9, 0.999, 1e-8, 0.0, 0.1, 0.03, True, False),
+                          test_utils=("test_schema", "test_faketensor"))
+    w = [torch.rand(5), torch.rand(3)]
+    torch.library.opcheck(torch.ops.carbon.adam_step_.default,
+                          (p, g, m, v, w, 1e-3, 0.9, 0.999, 1e-8, 0.0, 0.1, 0.03, False, False),
                           test_utils=("test_schema", "test_faketensor"))
     torch.library.opcheck(torch.ops.carbon.sgd_step_.default, (p, g, m, 0.1, 0.9, 0.0, 0.0, False, False, True),
                           test_utils=("test_schema", "test_faketensor"))
@@ -307,6 +404,33 @@ def test_fast_path_blocks_match_reference(dtype, kind):
             same_bits(opt.state[p]["exp_avg_sq"], from_values(ref_v, p, torch.float32), f"step {step} exp_avg_sq")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["AdamW", "Adam"])
+def test_amsgrad_fast_path_blocks_match_reference(dtype, kind):
+    """AMSGrad through the vectorized blocks (bfloat16 / float16) and the
+    AVX-512 loop (float32): ordinary values only, gradients shrinking from
+    step to step so that the maximum decides most denominators."""
+    n = 1024 + 7
+    p = torch.nn.Parameter(_ordinary(n, dtype, 8))
+    opt = getattr(carbon.optim, kind)([p], lr=1e-2, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1, amsgrad=True)
+    ref_p, ref_m, ref_v, ref_w = values(p), [0.0] * n, [0.0] * n, [0.0] * n
+    held = 0  # element updates whose denominator came from the running maximum, not v'
+    for step in (1, 2, 3):
+        p.grad = _ordinary(n, dtype, 110 + step, scale_exp=-2 - 3 * step)
+        ref_p, ref_m, ref_v, ref_w = adam_reference(ref_p, values(p.grad), ref_m, ref_v, step, lr=1e-2, beta1=0.8,
+                                                    beta2=0.99, eps=1e-6, weight_decay=0.1,
+                                                    decoupled=kind == "AdamW", maximize=False, dtype=dtype,
+                                                    v_max=ref_w)
+        opt.step()
+        st = opt.state[p]
+        same_bits(p.detach(), from_values(ref_p, p, dtype), f"{kind} step {step} param")
+        same_bits(st["exp_avg"], from_values(ref_m, p, torch.float32), f"step {step} exp_avg")
+        same_bits(st["exp_avg_sq"], from_values(ref_v, p, torch.float32), f"step {step} exp_avg_sq")
+        same_bits(st["max_exp_avg_sq"], from_values(ref_w, p, torch.float32), f"step {step} max_exp_avg_sq")
+        held += sum(w > v for v, w in zip(ref_v, ref_w))
+    assert held > n // 8
+
+
 def _special_float32(n: int, seed: int, scale_exp: int) -> torch.Tensor:
     """Ordinary float32 values with NaN, +-inf, +-0 and subnormals spread
     through a length that is no multiple of 8 (the vector loops' lanes)."""
@@ -326,8 +450,9 @@ def _canonical_nan(vals):
 
 
 @pytest.mark.parametrize("flush_denormal", [False, True])
+@pytest.mark.parametrize("amsgrad", [False, True])
 @pytest.mark.parametrize("kind,maximize", [("AdamW", False), ("Adam", True)])
-def test_adam_float32_special_values_match_reference(kind, maximize, flush_denormal):
+def test_adam_float32_special_values_match_reference(kind, maximize, amsgrad, flush_denormal):
     """float32 parameters take the CPU's AVX-512 loop where there is one, which
     rounds with the hardware conversion (RN32 under the default MXCSR only):
     NaN / inf gradients, subnormal and overflowing results, a tail of 7, and
@@ -342,8 +467,9 @@ def test_adam_float32_special_values_match_reference(kind, maximize, flush_denor
     if flush_denormal:
         p.data[p.data.abs() < 1.1754944e-38] = 0.0
     lr, wd = 2e-38, 0.5
-    opt = getattr(carbon.optim, kind)([p], lr=lr, betas=(0.8, 0.99), eps=1e-30, weight_decay=wd, maximize=maximize)
-    ref_p, ref_m, ref_v = values(p), [0.0] * n, [0.0] * n
+    opt = getattr(carbon.optim, kind)([p], lr=lr, betas=(0.8, 0.99), eps=1e-30, weight_decay=wd, maximize=maximize,
+                                      amsgrad=amsgrad)
+    ref_p, ref_m, ref_v, ref_w = values(p), [0.0] * n, [0.0] * n, [0.0] * n
     try:
         for step in (1,) if flush_denormal else (1, 2, 3):
             g = _special_float32(n, 200 + step, scale_exp=-60 * step)
@@ -351,16 +477,18 @@ def test_adam_float32_special_values_match_reference(kind, maximize, flush_denor
                 g[g.abs() < 1.1754944e-38] = 0.0
             g[1::7] = -1e30
             p.grad = g
-            ref_p, ref_m, ref_v = adam_reference(ref_p, values(g), ref_m, ref_v, step, lr=lr, beta1=0.8, beta2=0.99,
-                                                 eps=1e-30, weight_decay=wd, decoupled=kind == "AdamW",
-                                                 maximize=maximize, dtype=torch.float32)
-            ref_p, ref_m, ref_v = _canonical_nan(ref_p), _canonical_nan(ref_m), _canonical_nan(ref_v)
+            ref = adam_reference(ref_p, values(g), ref_m, ref_v, step, lr=lr, beta1=0.8, beta2=0.99, eps=1e-30,
+                                 weight_decay=wd, decoupled=kind == "AdamW", maximize=maximize, dtype=torch.float32,
+                                 v_max=ref_w if amsgrad else None)
+            ref_p, ref_m, ref_v, ref_w = [_canonical_nan(r) for r in ref] + ([] if amsgrad else [ref_w])
             torch.set_flush_denormal(flush_denormal)
             opt.step()
             torch.set_flush_denormal(False)
             same_bits(p.detach(), from_values(ref_p, p, torch.float32), f"{kind} step {step} param")
             same_bits(opt.state[p]["exp_avg"], from_values(ref_m, p, torch.float32), f"step {step} exp_avg")
             same_bits(opt.state[p]["exp_avg_sq"], from_values(ref_v, p, torch.float32), f"step {step} exp_avg_sq")
+            if amsgrad:
+                same_bits(opt.state[p]["max_exp_avg_sq"], from_values(ref_w, p, torch.float32), f"step {step} max")
     finally:
         torch.set_flush_denormal(False)
 
@@ -450,6 +578,115 @@ def test_adam_op_any_bias_correction(c2s):
         args = (1e-3, 0.5, 0.5, 1e-12, 0.1, 0.5, c2s, decoupled, maximize)
         ref = _adam_op_reference(p, g, m, v, *args)
         ps, ms, vs = [p.clone()], [m.clone()], [v.clone()]
-        torch.ops.carbon.adam_step_(ps, [g.clone()], ms, vs, *args)
+        torch.ops.carbon.adam_step_(ps, [g.clone()], ms, vs, [], *args)
         for got, want, what in zip((ps[0], ms[0], vs[0]), ref, ("p", "m", "v")):
             same_bits(got, _nan_canonical(want), f"c2s={c2s} decoupled={decoupled} {what}")
+
+
+def _float32_from_bits(bits) -> torch.Tensor:
+    return torch.tensor(bits, dtype=torch.int64).to(torch.int32).view(torch.float32)
+
+
+@pytest.mark.parametrize("flush_denormal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_amsgrad_op_special_states(dtype, flush_denormal):
+    """The maximum with any max_exp_avg_sq state: NaNs of any sign and
+    payload (quiet, signalling) propagate as float32's one NaN, +0 beats -0,
+    ties, +-inf, subnormals, negative states (sqrt of a negative is NaN),
+    states just above and below v'. float32 takes the AVX-512 loop where
+    there is one (unless flush-to-zero is on), bfloat16 the blocks; under
+    flush-to-zero the inputs are normal or zero (as in the tests above)."""
+    n = 1003
+    gen = torch.Generator().manual_seed(9)
+    p = torch.randn(n, generator=gen).to(dtype)
+    g = (torch.randn(n, generator=gen) * torch.pow(2.0, torch.randint(-30, 20, (n,), generator=gen).float())).to(dtype)
+    g[::50] = 0.0
+    m = torch.randn(n, generator=gen)
+    v = torch.rand(n, generator=gen) * torch.pow(2.0, torch.randint(-60, 40, (n,), generator=gen).float())
+    v[::50] = 0.0  # with g = 0: v' = +0
+    lr, beta1, beta2, eps, wd, t = 1e-3, 0.9, 0.99, 1e-12, 0.1, 3
+    bc1 = 1.0 - carbon.optim.power(beta1, t)
+    c2s = math.sqrt(1.0 - carbon.optim.power(beta2, t))
+    # v' itself (the plain step), to place states next to it
+    v1 = v.clone()
+    torch.ops.carbon.adam_step_([p.clone()], [g.clone()], [m.clone()], [v1], [], lr, beta1, beta2, eps, wd, bc1, c2s,
+                                True, False)
+    w = v1 * torch.pow(2.0, torch.randint(-3, 4, (n,), generator=gen).float())
+    w[1::7] = v1[1::7]  # ties
+    w[2::7] = torch.nextafter(v1[2::7], torch.tensor(math.inf))
+    w[3::7] = torch.nextafter(v1[3::7], torch.tensor(-math.inf))
+    w[::50] = -0.0  # against v' = +0
+    w[25::50] = -1.5  # negative
+    specials = [0x7FC00000, 0xFFC00000, 0x7FC12345, 0x7F800001, 0xFF800000, 0x7F800000, 0x00000001, 0x80000000,
+                0x00400000]
+    w[4::97] = _float32_from_bits(specials * (len(w[4::97]) // len(specials) + 1))[:len(w[4::97])]
+    if flush_denormal:
+        w[w.abs() < 1.1754944e-38] = 0.0
+        v[v.abs() < 1.1754944e-38] = 0.0
+        g[g.float().abs() < 1.1754944e-38] = 0.0
+    for decoupled, maximize in ((True, False), (False, True)):
+        ref = adam_reference(values(p), values(g), values(m), values(v), t, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                             weight_decay=wd, decoupled=decoupled, maximize=maximize, dtype=dtype, v_max=values(w))
+        ps, ms, vs, ws = [p.clone()], [m.clone()], [v.clone()], [w.clone()]
+        try:
+            torch.set_flush_denormal(flush_denormal)
+            torch.ops.carbon.adam_step_(ps, [g.clone()], ms, vs, ws, lr, beta1, beta2, eps, wd, bc1, c2s, decoupled,
+                                        maximize)
+        finally:
+            torch.set_flush_denormal(False)
+        for got, want, what in zip((ps[0], ms[0], vs[0], ws[0]), ref, ("p", "m", "v", "max_exp_avg_sq")):
+            # the reference values are exact in got's format; round_bits gives Carbon's one NaN for NaN
+            expected = bits_tensor([round_bits(x, got.dtype) for x in want], got.dtype)
+            assert torch.equal(as_bits(got), expected), f"{decoupled=} {what}"
+        if decoupled:  # g' = 0 there (no L2 term): v' = +0, which beats the state -0
+            assert as_bits(ws[0][::50]).eq(0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_adam_16bit_rounding_ties_subnormals_overflow(dtype, amsgrad):
+    """RN_F of p' for bfloat16 / float16 parameters, which the CPU's AVX-512
+    loop rounds to odd into float32 and then to nearest-even into F: exact
+    ties (betas 0, eps 0, c2s 1 make the update exactly lr * sign(g), and lr
+    is half an ulp of p for one binade of p at each lr), values a hair off
+    the ties (eps 2^-30: closer than float32 resolves, so rounding to
+    nearest float32 first would make them ties), subnormal and zero
+    results, overflow to +-inf, NaN, a tail of 3 elements; against the
+    reference's rounding of the fp64 value."""
+    from optim_reference import rn, rn32
+
+    precision, min_exp, top = {torch.bfloat16: (8, -133, 3.3e38), torch.float16: (11, -24, 65504.0)}[dtype]
+    n = 1024 + 3
+    gen = torch.Generator().manual_seed(13)
+    lo = min_exp + precision - 1
+    p = (torch.rand(n, generator=gen, dtype=torch.float64) + 1) * torch.pow(
+        2.0, torch.randint(lo - 2, lo + 24, (n,), generator=gen).double())
+    p = torch.where(torch.rand(n, generator=gen) < 0.5, -p, p).to(dtype)
+    p[::31] = top  # + lr overflows for maximize
+    p[1::37] = -top
+    p[2::41] = float("nan")
+    g = torch.where(torch.rand(n, generator=gen) < 0.5, -1.0, 1.0).to(dtype)  # g^2 = 1: denom = 1 + eps
+    ties = double_rounding_traps = 0
+    for eps in (0.0, 2.0 ** -30):
+        for k in (-2, 0, 5, 14):
+            for maximize in (False, True):
+                lr = 2.0 ** (lo - precision + k)  # half an ulp of p in the binade 2^(lo + k)
+                if maximize and k == 14:
+                    lr = top / 2 ** (precision + 1)  # huge steps: overflow
+                q = torch.nn.Parameter(p.clone())
+                q.grad = g.clone()
+                opt = carbon.optim.Adam([q], lr=lr, betas=(0.0, 0.0), eps=eps, maximize=maximize, amsgrad=amsgrad)
+                opt.step()
+                ref = adam_reference(values(p), values(g), [0.0] * n, [0.0] * n, 1, lr=lr, beta1=0.0, beta2=0.0,
+                                     eps=eps, weight_decay=0.0, decoupled=False, maximize=maximize, dtype=dtype,
+                                     v_max=[0.0] * n if amsgrad else None)
+                expected = bits_tensor([round_bits(x, dtype) for x in ref[0]], dtype)
+                assert torch.equal(as_bits(q.detach()), expected), f"lr {lr} {eps=} {maximize=}"
+                for x, gi in zip(values(p), values(g)):
+                    if not math.isfinite(x):
+                        continue
+                    update = lr * (-gi if maximize else gi)
+                    ties += eps == 0.0 and is_midpoint(Fraction(x) - Fraction(update), dtype)
+                    exact = x - update / (1.0 + eps)  # the fp64 value p' rounds
+                    double_rounding_traps += rn(rn32(exact), dtype) != rn(exact, dtype)
+    assert ties > 100 and double_rounding_traps > 100

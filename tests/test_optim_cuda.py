@@ -22,6 +22,8 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 CONFIGS = [
     ("AdamW", dict(lr=1e-2, weight_decay=0.1)),
     ("Adam", dict(lr=1e-2, weight_decay=0.1, maximize=True)),
+    ("AdamW", dict(lr=1e-2, weight_decay=0.1, amsgrad=True)),
+    ("Adam", dict(lr=1e-2, weight_decay=0.1, maximize=True, amsgrad=True)),
     ("SGD", dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01)),
     ("SGD", dict(lr=0.05, momentum=0.5, dampening=0.25)),
     ("SGD", dict(lr=0.05)),
@@ -90,7 +92,7 @@ def test_device_errors():
     p = torch.ones(4, device="cuda")
     with pytest.raises(ValueError, match="expected all tensors on one device"):
         torch.ops.carbon.adam_step_([p], [torch.ones(4)], [torch.zeros(4, device="cuda")],
-                                    [torch.zeros(4, device="cuda")], 1e-3, 0.9, 0.999, 1e-8, 0.0, 0.1, 0.03, True,
-                                    False)
+                                    [torch.zeros(4, device="cuda")], [], 1e-3, 0.9, 0.999, 1e-8, 0.0, 0.1, 0.03,
+                                    True, False)
     with pytest.raises(ValueError, match="on one device"):
         torch.ops.carbon.sum_squares([p, torch.ones(2)])

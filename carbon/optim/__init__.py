@@ -7,10 +7,10 @@ the same on every CPU and GPU at any thread count.
 
 Constructors, ``param_groups``, ``state`` and ``state_dict()`` are torch's,
 so a torch.optim state_dict loads into these classes and back. The states
-(exp_avg, exp_avg_sq, momentum_buffer) are float32 for every parameter dtype
-(torch keeps them in the parameter's dtype); ``load_state_dict`` keeps saved
-float32 states float32 for bfloat16 / float16 parameters, so resuming is
-bit-exact for them too. The step count is ``state['step']``, a CPU float32
+(exp_avg, exp_avg_sq, AMSGrad's max_exp_avg_sq, momentum_buffer) are float32
+for every parameter dtype (torch keeps them in the parameter's dtype);
+``load_state_dict`` keeps saved float32 states float32 for bfloat16 / float16
+parameters, so resuming is bit-exact for them too. The step count is ``state['step']``, a CPU float32
 tensor as in torch; reading it on the host does not synchronize with a GPU.
 """
 
@@ -52,7 +52,7 @@ def _check_unsupported(cls: str, options: Dict[str, Any], implementation_flags: 
     only pick an implementation; they are refused for carbon's own classes
     (to say the step is always fused) and ignored for torch's optimizer
     objects stepped under carbon.enable (implementation_flags=False)."""
-    for key in ("amsgrad", "capturable", "differentiable"):
+    for key in ("capturable", "differentiable"):
         if options.get(key):
             raise ValueError(f"carbon.optim.{cls}: {key}=True is not supported")
     for key in ("foreach", "fused") if implementation_flags else ():
@@ -113,7 +113,8 @@ class _KeepFloat32States:
 
 class Adam(_KeepFloat32States, torch.optim.Adam):
     """torch.optim.Adam (L2 weight decay; decoupled with
-    ``decoupled_weight_decay=True``) with a bit-exact fused step."""
+    ``decoupled_weight_decay=True``; AMSGrad with ``amsgrad=True``) with a
+    bit-exact fused step."""
 
     _name = "Adam"
 
@@ -138,6 +139,8 @@ class Adam(_KeepFloat32States, torch.optim.Adam):
             eps, wd = float(group["eps"]), _scalar("weight_decay", group["weight_decay"])
             decoupled = bool(group.get("decoupled_weight_decay", False))
             maximize = bool(group["maximize"])
+            amsgrad = bool(group.get("amsgrad", False))
+            # step -> (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs: empty without AMSGrad)
             by_step: Dict[int, List[List[Tensor]]] = {}
             for p in group["params"]:
                 if p.grad is None:
@@ -150,13 +153,15 @@ class Adam(_KeepFloat32States, torch.optim.Adam):
                 v = _float32_state(state, "exp_avg_sq", p)
                 state["step"] += 1
                 t = int(state["step"].item())  # a CPU tensor: no device synchronization
-                lists = by_step.setdefault(t, [[], [], [], []])
+                lists = by_step.setdefault(t, [[], [], [], [], []])
                 for lst, x in zip(lists, (p, g, m, v)):
                     lst.append(x)
-            for t, (ps, gs, ms, vs) in by_step.items():
+                if amsgrad:  # torch's name; zeros when new, as torch creates it
+                    lists[4].append(_float32_state(state, "max_exp_avg_sq", p))
+            for t, (ps, gs, ms, vs, ws) in by_step.items():
                 bias_correction1 = 1.0 - power(beta1, t)
                 bias_correction2_sqrt = math.sqrt(1.0 - power(beta2, t))
-                torch.ops.carbon.adam_step_(ps, gs, ms, vs, lr, beta1, beta2, eps, wd, bias_correction1,
+                torch.ops.carbon.adam_step_(ps, gs, ms, vs, ws, lr, beta1, beta2, eps, wd, bias_correction1,
                                             bias_correction2_sqrt, decoupled, maximize)
         return loss
 

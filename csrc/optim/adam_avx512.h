@@ -1,38 +1,54 @@
-// The Adam / AdamW step for float32 parameters on x86-64 CPUs with AVX-512,
-// eight fp64 lanes at a time, rounding into float32 with the hardware
-// conversion instead of optim_kernel.h's integer rounding. It computes
-// adam_update's fp64 operations in the same order (docs/contract.md §12), so
-// it gives the same bits wherever the conversion is the exact RN32 --
-// which the caller guarantees by taking this path only when
-// fp32_conversion_is_rn32() holds on the calling thread:
+// The Adam / AdamW step on x86-64 CPUs with AVX-512 (float32, bfloat16 and
+// float16 parameters), eight fp64 lanes at a time, rounding with the
+// hardware conversions instead of optim_kernel.h's integer rounding. It
+// computes adam_update's fp64 operations in the same order
+// (docs/contract.md §12), so it gives the same bits wherever the
+// conversions are the exact RN32 -- which the caller guarantees by taking
+// this path only when fp32_conversion_is_rn32() holds on the calling thread:
 //
 //  * MXCSR's rounding control is round-to-nearest-even, and neither
 //    flush-to-zero nor denormals-are-zero is set. Then vcvtpd2ps is IEEE 754's
 //    correctly rounded conversion for every double: normal results, gradual
 //    underflow to the subnormals and to a signed zero, overflow to +-inf --
 //    RN32 as round_double(x, float32) computes it, for all but NaN; and
-//    vcvtps2pd of a float (subnormals included) is exact.
-//  * NaN results become float32's one NaN (0x7FC00000), as encode writes
-//    them (vfpclassps finds them; the conversion keeps other payloads).
+//    vcvtps2pd of a float (subnormals included) is exact, as are the
+//    widenings of bfloat16 (a shift) and float16 (vcvtph2ps).
+//  * bfloat16 / float16 parameters: p' is rounded to odd into float32 (the
+//    conversion toward zero, by its embedded rounding mode, plus a sticky
+//    last bit), then to nearest-even into the format (integers for
+//    bfloat16, vcvtps2ph for float16): RN_F with no double-rounding error
+//    (store_param8).
+//  * NaN results become the format's one NaN (0x7FC00000 for float32), as
+//    encode writes them (vfpclassps / an unordered compare finds them; the
+//    conversions keep other payloads).
+//
+// AMSGrad (amsgrad=True) runs here too: maximum(v_max, v') of two float32
+// values is a select by comparison masks (ieee_maximum8), no rounding at all.
 //
 // Each element is independent and the loop keeps no partial state, so the
 // blocking (eight lanes, a masked tail) plays no role in the bits.
 //
 // Speed (one thread of the 2-core AVX-512 VM, docs/benchmarks.md): ~1.04 ns
-// per element, against ~2.1 ns for the generic branch-free blocks, which
-// spend most of their time in the integer roundings and range checks. What
-// bounds this loop is the fp64 divider: a zmm square root costs ~0.55 ns
-// per element and each division ~0.31 ns, so the loop overlaps square roots
-// with earlier groups' divisions and replaces the division by c2s with a
-// checked reciprocal (quotient_by_c2s); removing the NaN replacements or
-// the float round trips of m', v' measured no gain.
+// per element for float32, against ~2.1 ns for the generic branch-free
+// blocks, which spend most of their time in the integer roundings and range
+// checks (bfloat16 / float16: ~1.5 ns here, 2.8 / 3.2 ns in the blocks, and
+// far more there when float16 values are subnormal). What bounds this loop
+// is the fp64 divider: a zmm square root costs ~0.55 ns per element and
+// each division ~0.31 ns, so the loop overlaps square roots with earlier
+// groups' divisions and replaces the division by c2s with a checked
+// reciprocal (quotient_by_c2s); removing the NaN replacements or the float
+// round trips of m', v' measured no gain.
 #pragma once
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define CARBON_ADAM_AVX512 1
 #include <immintrin.h>
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
 #include <cmath>
+#include <type_traits>
 
 #include "optim_kernel.h"
 
@@ -45,11 +61,18 @@ namespace carbon {
 namespace adam_avx512 {
 
 #define CARBON_AVX512_TARGET __attribute__((target("avx512f,avx512dq,avx512vl")))
+// The Adam loop adds avx512bw (16-bit masked loads and stores) and f16c
+// (float16 <-> float32) for bfloat16 / float16 parameters; every CPU with
+// avx512dq and avx512vl has both. (sgd_avx512.h uses the helpers below with
+// the narrower target.)
+#define CARBON_ADAM_AVX512_TARGET __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,f16c")))
 
-// The CPU has the instructions (and the OS saves the zmm state).
+// The CPU has the instructions of both targets (and the OS saves the zmm
+// state).
 inline bool available() {
   static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-                          __builtin_cpu_supports("avx512vl");
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("f16c");
   return yes;
 }
 
@@ -70,6 +93,7 @@ struct Constants {
   __m512d sign, weight_decay, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, c2s, c2s_magnitude,
       c2s_reciprocal, eps, step_size;
   __m256 nan;
+  __m128i bf16_nan, fp16_nan;  // the one NaN of bfloat16 / float16 (eight lanes)
 };
 
 CARBON_AVX512_TARGET inline Constants broadcast(const AdamConstants& c) {
@@ -87,6 +111,8 @@ CARBON_AVX512_TARGET inline Constants broadcast(const AdamConstants& c) {
   v.eps = _mm512_set1_pd(c.eps);
   v.step_size = _mm512_set1_pd(c.step_size);
   v.nan = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(state_format().nan_bits)));
+  v.bf16_nan = _mm_set1_epi16(static_cast<short>(Format<FormatId::kBFloat16>::get().nan_bits));
+  v.fp16_nan = _mm_set1_epi16(static_cast<short>(Format<FormatId::kFloat16>::get().nan_bits));
   return v;
 }
 
@@ -143,21 +169,101 @@ CARBON_AVX512_TARGET __attribute__((always_inline)) inline void store8(float* x,
   }
 }
 
+// ---- the parameter's format T: float, c10::BFloat16 or c10::Half.
+template <typename T>
+constexpr bool kIsFloat = std::is_same_v<T, float>;
+template <typename T>
+constexpr bool kIsBFloat16 = std::is_same_v<T, c10::BFloat16>;
+
+// Eight 16-bit patterns (or the lanes of `lanes`, zeros elsewhere).
+template <bool kFull>
+CARBON_ADAM_AVX512_TARGET __attribute__((always_inline)) inline __m128i load8_16(const void* x, __mmask8 lanes) {
+  return kFull ? _mm_loadu_si128(static_cast<const __m128i*>(x)) : _mm_maskz_loadu_epi16(lanes, x);
+}
+
+// Eight parameters (or gradients) widened exactly to doubles: bfloat16 is
+// the top half of a float32 (a shift of the bits), float16 widens with
+// vcvtph2ps (exact, subnormals included), float32 with vcvtps2pd.
+template <typename T, bool kFull>
+CARBON_ADAM_AVX512_TARGET __attribute__((always_inline)) inline __m512d load_param8(const T* x, __mmask8 lanes) {
+  if constexpr (kIsFloat<T>) {
+    return load8<kFull>(x, lanes);
+  } else if constexpr (kIsBFloat16<T>) {
+    const __m256i bits = _mm256_slli_epi32(_mm256_cvtepu16_epi32(load8_16<kFull>(x, lanes)), 16);
+    return _mm512_cvtps_pd(_mm256_castsi256_ps(bits));
+  } else {
+    return _mm512_cvtps_pd(_mm256_cvtph_ps(load8_16<kFull>(x, lanes)));
+  }
+}
+
+// RN_T(x) of eight doubles, written to x[0, 8) (or the lanes of `lanes`).
+// float32: the conversion (RN32 under the MXCSR the caller checked).
+// bfloat16 / float16: first round to odd into float32 -- the conversion
+// toward zero (embedded rounding, whatever MXCSR's RC), with the last bit
+// set where that was inexact (x differs from its widening back) -- then
+// round that to nearest-even into T: bfloat16 with integers (add 0x7FFF
+// plus the kept part's last bit, keep the top 16 bits), float16 with
+// vcvtps2ph (RNE by its immediate). Round to odd with 24 >= p + 2 bits
+// (p = 8, 11) makes the second rounding give RN_T(x) (no double-rounding
+// error; T's grid, subnormals and overflow threshold included, lies on
+// float32's with >= 2 bits to spare): the same bits as round_double(x, T),
+// signed zeros, subnormals and overflow to +-inf included. NaN lanes become
+// T's one NaN.
+template <typename T, bool kFull>
+CARBON_ADAM_AVX512_TARGET __attribute__((always_inline)) inline void store_param8(T* x, __mmask8 lanes, __m512d value,
+                                                                            const Constants& c) {
+  if constexpr (kIsFloat<T>) {
+    store8<kFull>(x, lanes, canonical_nans(_mm512_cvtpd_ps(value), c.nan));
+  } else {
+    const __m256 toward_zero = _mm512_cvt_roundpd_ps(value, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __mmask8 inexact = _mm512_cmp_pd_mask(_mm512_cvtps_pd(toward_zero), value, _CMP_NEQ_UQ);
+    const __m256i tz_bits = _mm256_castps_si256(toward_zero);
+    const __m256i odd = _mm256_mask_or_epi32(tz_bits, inexact, tz_bits, _mm256_set1_epi32(1));
+    __m128i out;
+    if constexpr (kIsBFloat16<T>) {
+      const __m256i kept_lsb = _mm256_and_si256(_mm256_srli_epi32(odd, 16), _mm256_set1_epi32(1));
+      const __m256i rounded = _mm256_add_epi32(odd, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), kept_lsb));
+      out = _mm256_cvtepi32_epi16(_mm256_srli_epi32(rounded, 16));
+    } else {
+      out = _mm256_cvtps_ph(_mm256_castsi256_ps(odd), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    }
+    const __mmask8 nan = _mm512_cmp_pd_mask(value, value, _CMP_UNORD_Q);
+    out = _mm_mask_mov_epi16(out, nan, kIsBFloat16<T> ? c.bf16_nan : c.fp16_nan);
+    if constexpr (kFull) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(x), out);
+    } else {
+      _mm_mask_storeu_epi16(x, lanes, out);
+    }
+  }
+}
+
+// AMSGrad's v_max' = maximum(v_max, v') (optim_kernel.h's ieee_maximum) of
+// two float32 vectors: NaN (float32's one NaN) where either is NaN, -0 < +0
+// (a & b on the bits of equal operands), else the larger. Exact: no
+// arithmetic, so MXCSR plays no role.
+CARBON_AVX512_TARGET __attribute__((always_inline)) inline __m256 ieee_maximum8(__m256 a, __m256 b, __m256 nan) {
+  __m256 r = _mm256_and_ps(a, b);
+  r = _mm256_mask_mov_ps(r, _mm256_cmp_ps_mask(a, b, _CMP_LT_OQ), b);
+  r = _mm256_mask_mov_ps(r, _mm256_cmp_ps_mask(a, b, _CMP_GT_OQ), a);
+  return _mm256_mask_mov_ps(r, _mm256_cmp_ps_mask(a, b, _CMP_UNORD_Q), nan);
+}
+
 // adam_update's operations, one by one, for elements [0, 8) (kFull) or the
 // lanes of `lanes` (the tail), in two halves so that the loop can overlap
 // one group's square root with the previous group's divisions: `front`
-// reads p, g, m, v, writes m' and v' (RN32 is the conversion to float; the
-// rounded values continue as exact doubles) and returns what `back` needs
-// to write p'.
+// reads p, g, m, v (and AMSGrad's w = max_exp_avg_sq), writes m' and v' (and
+// w'; RN32 is the conversion to float; the rounded values continue as exact
+// doubles) and returns what `back` needs to write p'.
 struct Front {
   __m512d root, num, p0;
 };
 
-template <Mode kMode, bool kMaximize, bool kFull>
-CARBON_AVX512_TARGET __attribute__((always_inline)) inline Front front(const float* p, const float* g, float* m,
-                                                                        float* v, __mmask8 lanes, const Constants& c) {
-  const __m512d pd = load8<kFull>(p, lanes);
-  __m512d gp = load8<kFull>(g, lanes);
+template <typename T, Mode kMode, bool kMaximize, bool kAmsgrad, bool kFull>
+CARBON_ADAM_AVX512_TARGET __attribute__((always_inline)) inline Front front(const T* p, const T* g, float* m, float* v,
+                                                                        float* w, __mmask8 lanes,
+                                                                        const Constants& c) {
+  const __m512d pd = load_param8<T, kFull>(p, lanes);
+  __m512d gp = load_param8<T, kFull>(g, lanes);
   const __m512d md = load8<kFull>(m, lanes);
   const __m512d vd = load8<kFull>(v, lanes);
   if constexpr (kMaximize) gp = _mm512_xor_pd(gp, c.sign);                                      // g' = -g
@@ -169,68 +275,81 @@ CARBON_AVX512_TARGET __attribute__((always_inline)) inline Front front(const flo
   const __m512d v_sum = _mm512_add_pd(_mm512_mul_pd(c.beta2, vd), _mm512_mul_pd(c.one_minus_beta2, g2));
   const __m256 m1 = _mm512_cvtpd_ps(m_sum);  // RN32
   const __m256 v1 = _mm512_cvtpd_ps(v_sum);
-  out.root = _mm512_sqrt_pd(_mm512_cvtps_pd(v1));
+  __m256 denominator_source = v1;
+  if constexpr (kAmsgrad) {
+    const __m256 w0 = kFull ? _mm256_loadu_ps(w) : _mm256_maskz_loadu_ps(lanes, w);
+    denominator_source = ieee_maximum8(w0, v1, c.nan);  // its NaNs are canonical already
+    store8<kFull>(w, lanes, denominator_source);
+  }
+  out.root = _mm512_sqrt_pd(_mm512_cvtps_pd(denominator_source));
   out.num = _mm512_mul_pd(c.step_size, _mm512_cvtps_pd(m1));
   store8<kFull>(m, lanes, canonical_nans(m1, c.nan));
   store8<kFull>(v, lanes, canonical_nans(v1, c.nan));
   return out;
 }
 
-template <bool kFull>
-CARBON_AVX512_TARGET __attribute__((always_inline)) inline void back(float* p, __mmask8 lanes, const Front& f,
+template <typename T, bool kFull>
+CARBON_ADAM_AVX512_TARGET __attribute__((always_inline)) inline void back(T* p, __mmask8 lanes, const Front& f,
                                                                       const Constants& c) {
   const __m512d denom = _mm512_add_pd(quotient_by_c2s(f.root, c), c.eps);
-  const __m256 p1 = _mm512_cvtpd_ps(_mm512_sub_pd(f.p0, _mm512_div_pd(f.num, denom)));
-  store8<kFull>(p, lanes, canonical_nans(p1, c.nan));
+  store_param8<T, kFull>(p, lanes, _mm512_sub_pd(f.p0, _mm512_div_pd(f.num, denom)), c);
 }
 
 // Software-pipelined two groups deep: group k's front, then group k-2's
 // back (one group deep measured 1.12 ns per element, two 1.04, three no
 // better). Each group reads and writes its own elements only, and its front
 // runs before its back, so the order plays no role in the bits.
-template <Mode kMode, bool kMaximize>
-CARBON_AVX512_TARGET void step_loop(float* p, const float* g, float* m, float* v, int64_t n, const AdamConstants& c) {
+template <typename T, Mode kMode, bool kMaximize, bool kAmsgrad>
+CARBON_ADAM_AVX512_TARGET void step_loop(T* p, const T* g, float* m, float* v, float* w, int64_t n,
+                                    const AdamConstants& c) {
   const Constants cv = broadcast(c);
   const int64_t full = n & ~int64_t{7};
+  // w + i only for AMSGrad (w is null otherwise, and never read).
+  auto at = [w](int64_t i) { return kAmsgrad ? w + i : w; };
   if (full >= 16) {
-    Front older = front<kMode, kMaximize, true>(p, g, m, v, 0xFF, cv);
-    Front newer = front<kMode, kMaximize, true>(p + 8, g + 8, m + 8, v + 8, 0xFF, cv);
+    Front older = front<T, kMode, kMaximize, kAmsgrad, true>(p, g, m, v, at(0), 0xFF, cv);
+    Front newer = front<T, kMode, kMaximize, kAmsgrad, true>(p + 8, g + 8, m + 8, v + 8, at(8), 0xFF, cv);
     for (int64_t i = 16; i < full; i += 8) {
-      const Front next = front<kMode, kMaximize, true>(p + i, g + i, m + i, v + i, 0xFF, cv);
-      back<true>(p + i - 16, 0xFF, older, cv);
+      const Front next = front<T, kMode, kMaximize, kAmsgrad, true>(p + i, g + i, m + i, v + i, at(i), 0xFF, cv);
+      back<T, true>(p + i - 16, 0xFF, older, cv);
       older = newer;
       newer = next;
     }
-    back<true>(p + full - 16, 0xFF, older, cv);
-    back<true>(p + full - 8, 0xFF, newer, cv);
+    back<T, true>(p + full - 16, 0xFF, older, cv);
+    back<T, true>(p + full - 8, 0xFF, newer, cv);
   } else if (full == 8) {
-    back<true>(p, 0xFF, front<kMode, kMaximize, true>(p, g, m, v, 0xFF, cv), cv);
+    back<T, true>(p, 0xFF, front<T, kMode, kMaximize, kAmsgrad, true>(p, g, m, v, at(0), 0xFF, cv), cv);
   }
   if (full < n) {
     const __mmask8 tail = static_cast<__mmask8>((1u << (n - full)) - 1u);
-    const Front last = front<kMode, kMaximize, false>(p + full, g + full, m + full, v + full, tail, cv);
-    back<false>(p + full, tail, last, cv);
+    const Front last =
+        front<T, kMode, kMaximize, kAmsgrad, false>(p + full, g + full, m + full, v + full, at(full), tail, cv);
+    back<T, false>(p + full, tail, last, cv);
   }
 }
 
 // The step over n elements (in place); only where available() and
-// fp32_conversion_is_rn32() hold.
-inline void step(float* p, const float* g, float* m, float* v, int64_t n, const AdamConstants& c) {
+// fp32_conversion_is_rn32() hold. w: AMSGrad's max_exp_avg_sq (kAmsgrad),
+// else null.
+template <bool kAmsgrad, typename T>
+inline void step(T* p, const T* g, float* m, float* v, float* w, int64_t n, const AdamConstants& c) {
   const bool maximize = c.grad_sign != 0;
   const Mode mode = c.decoupled_mask ? Mode::kDecoupled : (c.l2_mask ? Mode::kL2 : Mode::kPlain);
   switch (mode) {
     case Mode::kDecoupled:
-      return maximize ? step_loop<Mode::kDecoupled, true>(p, g, m, v, n, c)
-                      : step_loop<Mode::kDecoupled, false>(p, g, m, v, n, c);
+      return maximize ? step_loop<T, Mode::kDecoupled, true, kAmsgrad>(p, g, m, v, w, n, c)
+                      : step_loop<T, Mode::kDecoupled, false, kAmsgrad>(p, g, m, v, w, n, c);
     case Mode::kL2:
-      return maximize ? step_loop<Mode::kL2, true>(p, g, m, v, n, c) : step_loop<Mode::kL2, false>(p, g, m, v, n, c);
+      return maximize ? step_loop<T, Mode::kL2, true, kAmsgrad>(p, g, m, v, w, n, c)
+                      : step_loop<T, Mode::kL2, false, kAmsgrad>(p, g, m, v, w, n, c);
     case Mode::kPlain:
-      return maximize ? step_loop<Mode::kPlain, true>(p, g, m, v, n, c)
-                      : step_loop<Mode::kPlain, false>(p, g, m, v, n, c);
+      return maximize ? step_loop<T, Mode::kPlain, true, kAmsgrad>(p, g, m, v, w, n, c)
+                      : step_loop<T, Mode::kPlain, false, kAmsgrad>(p, g, m, v, w, n, c);
   }
 }
 
 #undef CARBON_AVX512_TARGET
+#undef CARBON_ADAM_AVX512_TARGET
 
 }  // namespace adam_avx512
 }  // namespace carbon

@@ -144,68 +144,85 @@ inline Bits<F> encode_exact(double v) {
   }
 }
 
-template <typename T, typename F>
+// kAmsgrad: AMSGrad, whose state max_exp_avg_sq is w (read and written);
+// otherwise w and wb are not touched (null).
+template <typename T, typename F, bool kAmsgrad>
 CARBON_OPTIM_CLONES uint32_t adam_block(const T* __restrict__ p, const T* __restrict__ g, const float* __restrict__ m,
-                                        const float* __restrict__ v, int64_t n, const AdamConstants& constants,
-                                        Bits<F>* __restrict__ pb, uint32_t* __restrict__ mb,
-                                        uint32_t* __restrict__ vb) {
+                                        const float* __restrict__ v, const float* __restrict__ w, int64_t n,
+                                        const AdamConstants& constants, Bits<F>* __restrict__ pb,
+                                        uint32_t* __restrict__ mb, uint32_t* __restrict__ vb,
+                                        uint32_t* __restrict__ wb) {
   const AdamConstants c = constants;
   constexpr FloatFormat f = F::get();
   uint32_t all_ok = 1;
   for (int64_t i = 0; i < n; ++i) {
     NormalRounding r;
-    const AdamResult res = adam_update(element_value(p[i]), element_value(g[i]), element_value(m[i]),
-                                       element_value(v[i]), c, f, r);
+    const double w0 = kAmsgrad ? element_value(w[i]) : 0.0;
+    const AdamResult res = adam_update<kAmsgrad>(element_value(p[i]), element_value(g[i]), element_value(m[i]),
+                                                 element_value(v[i]), w0, c, f, r);
     pb[i] = encode_exact<F>(res.p);
     mb[i] = encode_exact<F32>(res.m);
     vb[i] = encode_exact<F32>(res.v);
+    if constexpr (kAmsgrad) wb[i] = encode_exact<F32>(res.v_max);
     all_ok &= r.ok;
   }
   return all_ok;
 }
 
-template <typename T, typename F>
-void adam_range(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v, int64_t begin,
-                int64_t end, const AdamConstants& c) {
+template <typename T, typename F, bool kAmsgrad>
+void adam_range(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
+                const at::Tensor* w, int64_t begin, int64_t end, const AdamConstants& c) {
   constexpr FloatFormat f = F::get();
   T* pp = p.mutable_data_ptr<T>();
   const T* gp = g.const_data_ptr<T>();
   float* mp = m.mutable_data_ptr<float>();
   float* vp = v.mutable_data_ptr<float>();
+  float* wp = kAmsgrad ? w->mutable_data_ptr<float>() : nullptr;
 #ifdef CARBON_ADAM_AVX512
-  // float32 parameters: the AVX-512 loop, whose hardware rounding is RN32
-  // under the default MXCSR (adam_avx512.h); the same bits as below.
-  if constexpr (std::is_same_v<T, float>) {
-    if (adam_avx512::available() && adam_avx512::fp32_conversion_is_rn32())
-      return adam_avx512::step(pp + begin, gp + begin, mp + begin, vp + begin, end - begin, c);
-  }
+  // The AVX-512 loop, whose hardware roundings are RN32 under the default
+  // MXCSR and RN_T after a round to odd (adam_avx512.h); the same bits as
+  // below.
+  if (adam_avx512::available() && adam_avx512::fp32_conversion_is_rn32())
+    return adam_avx512::step<kAmsgrad>(pp + begin, gp + begin, mp + begin, vp + begin, wp ? wp + begin : nullptr,
+                                       end - begin, c);
 #endif
   Bits<F> pb[kBlock];
-  uint32_t mb[kBlock], vb[kBlock];
+  uint32_t mb[kBlock], vb[kBlock], wb[kAmsgrad ? kBlock : 1];
   for (int64_t b = begin; b < end; b += kBlock) {
     const int64_t len = std::min(kBlock, end - b);
-    if (adam_block<T, F>(pp + b, gp + b, mp + b, vp + b, len, c, pb, mb, vb)) {
+    if (adam_block<T, F, kAmsgrad>(pp + b, gp + b, mp + b, vp + b, wp ? wp + b : nullptr, len, c, pb, mb, vb, wb)) {
       std::memcpy(pp + b, pb, len * sizeof(T));
       std::memcpy(mp + b, mb, len * sizeof(float));
       std::memcpy(vp + b, vb, len * sizeof(float));
+      if constexpr (kAmsgrad) std::memcpy(wp + b, wb, len * sizeof(float));
       continue;
     }
     for (int64_t i = b; i < b + len; ++i) {
-      const AdamResult r = adam_update(load(pp, i), load(gp, i), load(mp, i), load(vp, i), c, f);
+      const double w0 = kAmsgrad ? load(wp, i) : 0.0;
+      const AdamResult r = adam_update<kAmsgrad>(load(pp, i), load(gp, i), load(mp, i), load(vp, i), w0, c, f);
       store_value(mp, i, r.m, state_format());
       store_value(vp, i, r.v, state_format());
+      if constexpr (kAmsgrad) store_value(wp, i, r.v_max, state_format());
       store_value(pp, i, r.p, f);
     }
   }
 }
 
+// max_exp_avg_sqs: AMSGrad's states, or empty (plain Adam / AdamW).
 void adam_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-              const AdamConstants& c) {
+              at::TensorList max_exp_avg_sqs, const AdamConstants& c) {
   std::vector<int64_t> numels;
   for (const at::Tensor& p : params) numels.push_back(p.numel());
+  const bool amsgrad = !max_exp_avg_sqs.empty();
   for_pieces(numels, [&](size_t i, int64_t begin, int64_t end) {
     with_param_type(params[i], [&](auto element, auto fmt) {
-      adam_range<decltype(element), decltype(fmt)>(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], begin, end, c);
+      using T = decltype(element);
+      using F = decltype(fmt);
+      if (amsgrad) {
+        adam_range<T, F, true>(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], &max_exp_avg_sqs[i], begin, end, c);
+      } else {
+        adam_range<T, F, false>(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], nullptr, begin, end, c);
+      }
     });
   });
 }
@@ -423,13 +440,15 @@ void clip_range(const at::Tensor& g, int64_t begin, int64_t end, double coef) {
 }  // namespace
 
 void adam_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                double lr, double beta1, double beta2, double eps, double weight_decay, double bias_correction1,
-                double bias_correction2_sqrt, bool decoupled, bool maximize) {
+                at::TensorList max_exp_avg_sqs, double lr, double beta1, double beta2, double eps, double weight_decay,
+                double bias_correction1, double bias_correction2_sqrt, bool decoupled, bool maximize) {
   const char* op = "adam_step_";
   check_params(op, params);
   check_list(op, params, grads, "grads", false);
   check_list(op, params, exp_avgs, "exp_avgs", true);
   check_list(op, params, exp_avg_sqs, "exp_avg_sqs", true);
+  const bool amsgrad = !max_exp_avg_sqs.empty();  // AMSGrad: one max_exp_avg_sq per parameter
+  if (amsgrad) check_list(op, params, max_exp_avg_sqs, "max_exp_avg_sqs", true);
   AdamConstants c;
   c.step_size = lr / bias_correction1;
   c.beta1 = beta1;
@@ -445,11 +464,11 @@ void adam_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_
   c.decoupled_mask = decoupled ? ~uint64_t{0} : 0;
   c.l2_mask = (!decoupled && weight_decay != 0.0) ? ~uint64_t{0} : 0;
   if (params.empty()) return;
-  if (params[0].is_cpu()) return adam_cpu(params, grads, exp_avgs, exp_avg_sqs, c);
+  if (params[0].is_cpu()) return adam_cpu(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, c);
 #ifdef CARBON_WITH_CUDA
   for (size_t i = 0; i < params.size(); ++i) {
     if (params[i].numel() == 0) continue;
-    adam_step_cuda(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], c);
+    adam_step_cuda(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], amsgrad ? &max_exp_avg_sqs[i] : nullptr, c);
   }
 #endif
 }

@@ -10,8 +10,8 @@
 namespace carbon {
 
 void adam_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                double lr, double beta1, double beta2, double eps, double weight_decay, double bias_correction1,
-                double bias_correction2_sqrt, bool decoupled, bool maximize);
+                at::TensorList max_exp_avg_sqs, double lr, double beta1, double beta2, double eps, double weight_decay,
+                double bias_correction1, double bias_correction2_sqrt, bool decoupled, bool maximize);
 void sgd_step_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, double lr,
                double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
                bool first_step);
@@ -20,8 +20,9 @@ void clip_scale_(at::TensorList grads, const at::Tensor& total_norm, double max_
 
 #ifdef CARBON_WITH_CUDA
 // One tensor per call (contiguous, checked by the caller), on the current stream.
+// w: AMSGrad's max_exp_avg_sq, or null.
 void adam_step_cuda(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
-                    const AdamConstants& c);
+                    const at::Tensor* w, const AdamConstants& c);
 void sgd_step_cuda(const at::Tensor& p, const at::Tensor& g, const at::Tensor* b, const SgdConstants& c);
 at::Tensor sum_squares_cuda(at::TensorList tensors, bool sqrt);
 void clip_scale_cuda(at::TensorList grads, const at::Tensor& total_norm, double max_norm, double eps);

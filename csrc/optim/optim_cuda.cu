@@ -19,16 +19,19 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <typename T, typename F>
+// kAmsgrad: w is AMSGrad's max_exp_avg_sq (else null, never read).
+template <typename T, typename F, bool kAmsgrad>
 __global__ void __launch_bounds__(kThreads)
-    adam_kernel(T* __restrict__ p, const T* __restrict__ g, float* __restrict__ m, float* __restrict__ v, int64_t n,
-                AdamConstants c) {
+    adam_kernel(T* __restrict__ p, const T* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
+                float* __restrict__ w, int64_t n, AdamConstants c) {
   constexpr FloatFormat f = F::get();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const AdamResult r = adam_update(load(p, i), load(g, i), load(m, i), load(v, i), c, f);
+    const double w0 = kAmsgrad ? load(w, i) : 0.0;
+    const AdamResult r = adam_update<kAmsgrad>(load(p, i), load(g, i), load(m, i), load(v, i), w0, c, f);
     store_value(m, i, r.m, state_format());
     store_value(v, i, r.v, state_format());
+    if constexpr (kAmsgrad) store_value(w, i, r.v_max, state_format());
     store_value(p, i, r.p, f);
   }
 }
@@ -147,13 +150,23 @@ void with_types(const at::Tensor& t, Fn&& fn) {
 }  // namespace
 
 void adam_step_cuda(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
-                    const AdamConstants& c) {
+                    const at::Tensor* w, const AdamConstants& c) {
   const c10::cuda::CUDAGuard guard(p.device());
   const int64_t n = p.numel();
+  const auto stream = at::cuda::getCurrentCUDAStream();
   with_types(p, [&](auto element, auto fmt) {
     using T = decltype(element);
-    adam_kernel<T, decltype(fmt)><<<blocks_for(n, kThreads), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        p.mutable_data_ptr<T>(), g.const_data_ptr<T>(), m.mutable_data_ptr<float>(), v.mutable_data_ptr<float>(), n, c);
+    using F = decltype(fmt);
+    T* pp = p.mutable_data_ptr<T>();
+    const T* gp = g.const_data_ptr<T>();
+    float* mp = m.mutable_data_ptr<float>();
+    float* vp = v.mutable_data_ptr<float>();
+    if (w) {
+      adam_kernel<T, F, true><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(pp, gp, mp, vp,
+                                                                               w->mutable_data_ptr<float>(), n, c);
+    } else {
+      adam_kernel<T, F, false><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(pp, gp, mp, vp, nullptr, n, c);
+    }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

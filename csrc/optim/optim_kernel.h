@@ -41,7 +41,23 @@ CARBON_HD double flip_sign(double x, uint64_t sign) { return bits_to_double(doub
 
 struct AdamResult {
   double p, m, v;  // each exactly representable in its format (or inf / NaN)
+  double v_max;    // AMSGrad's max_exp_avg_sq' (float32); 0 without AMSGrad
 };
+
+// All ones when c holds, else 0 (for select_bits).
+CARBON_HD uint64_t mask_of(bool c) { return uint64_t{0} - static_cast<uint64_t>(c); }
+
+// IEEE 754-2019 maximum(a, b): NaN when either is NaN (as torch.maximum, which
+// propagates NaN), -0 < +0, else the larger. Exact: the result is a or b (or
+// a NaN). Equal operands: a & b on the bits, which is a itself, or +0 for
+// {+0, -0}. Selects on bit masks (no branches), so CPU loops vectorize.
+CARBON_HD double ieee_maximum(double a, double b) {
+  const double equal_or_unordered = bits_to_double(double_to_bits(a) & double_to_bits(b));
+  double r = select_bits(mask_of(a < b), b, equal_or_unordered);
+  r = select_bits(mask_of(a > b), a, r);
+  const double any_nan = a + b;  // NaN when a or b is; discarded otherwise
+  return select_bits(mask_of(a != a || b != b), any_nan, r);
+}
 
 // The rounding RN_f used by the updates: exact for every double.
 struct ExactRounding {
@@ -63,8 +79,11 @@ struct NormalRounding {
   }
 };
 
-template <typename Round = ExactRounding>
-CARBON_HD AdamResult adam_update(double p, double g, double m, double v, const AdamConstants& c,
+// kAmsgrad: AMSGrad (torch's amsgrad=True), with v_max the state
+// max_exp_avg_sq; without it v_max is not read and the operations are the
+// plain step's.
+template <bool kAmsgrad = false, typename Round = ExactRounding>
+CARBON_HD AdamResult adam_update(double p, double g, double m, double v, double v_max, const AdamConstants& c,
                                  const FloatFormat& f, Round&& round = Round{}) {
   // Written with selects on bit masks (no branches) so that CPU loops
   // vectorize; the products not selected are discarded.
@@ -81,12 +100,17 @@ CARBON_HD AdamResult adam_update(double p, double g, double m, double v, const A
   const double v_a = c.beta2 * v;
   const double v_b = c.one_minus_beta2 * g2;
   const double v1 = round(v_a + v_b, state_format());
-  const double root = sqrt(v1);
+  // AMSGrad: the denominator from v_max' = maximum(v_max, v'), a float32
+  // value already; its RN32 changes nothing (NaN stays NaN) but lets
+  // NormalRounding flag a subnormal / NaN / inf v_max' for the exact path.
+  double v_max1 = 0.0;
+  if constexpr (kAmsgrad) v_max1 = round(ieee_maximum(v_max, v1), state_format());
+  const double root = sqrt(kAmsgrad ? v_max1 : v1);
   const double scaled = root / c.bias_correction2_sqrt;
   const double denom = scaled + c.eps;
   const double num = c.step_size * m1;
   const double delta = num / denom;
-  return {round(p0 - delta, f), m1, v1};
+  return {round(p0 - delta, f), m1, v1, v_max1};
 }
 
 // Host constants of one SGD step.
