@@ -1,7 +1,10 @@
 // CPU kernels of the exact reductions. Each output is computed the same way
 // whatever the thread count: the summation trees below depend only on the
-// sizes, and every tree's error bound is used as such.
-//   * many rows: rows split over threads, each row summed in eight chains;
+// sizes (and on the instruction set: AVX-512 or not), and every tree's error
+// bound is used as such. Which tree or bound decides never shows in the
+// bits: a decided output is RN(exact value), as from the exact tier.
+//   * many rows: rows split over threads, each row summed in 32 chains
+//     (AVX-512; 8 otherwise), the roundings of 64 rows decided together;
 //   * a few long rows: each row cut into fixed chunks summed in parallel
 //     (all three tiers), partials combined in chunk order;
 //   * reducing leading dimensions ([n, cols] layout): columns summed side by
