@@ -367,36 +367,56 @@ CARBON_REDUCE_V4 inline void column_max(const c10::Half* p, uint32_t lanes, __m5
   column_max16(p, lanes, lo);
 }
 
+constexpr int64_t kRowStep = 64;       // rows per pass over the block's column groups
+constexpr int64_t kPrefetchRows = 8;   // how far ahead the column walk fetches
+
 template <typename T>
 CARBON_REDUCE_V4 void column_chunk_sums_v4(const T* x, int64_t rows, int64_t cols, int64_t width, double* part,
                                            double* abs_part) {
   static_assert(sizeof(T) == 4 || sizeof(T) == 2, "float32, bfloat16 or float16 columns");
-  for (int64_t j = 0; j < width; j += 32) {
-    const uint32_t lanes = width - j >= 32 ? 0xffffffffu : static_cast<uint32_t>((1ull << (width - j)) - 1);
-    const __mmask8 l0 = static_cast<__mmask8>(lanes), l1 = static_cast<__mmask8>(lanes >> 8),
-                   l2 = static_cast<__mmask8>(lanes >> 16), l3 = static_cast<__mmask8>(lanes >> 24);
-    __m512d s0 = _mm512_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
-    __m512i lo = _mm512_setzero_si512(), hi = lo;
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* p = x + r * cols + j;
-      s0 = _mm512_add_pd(s0, widen_first(p, l0));
-      s1 = _mm512_add_pd(s1, widen_first(p + 8, l1));
-      s2 = _mm512_add_pd(s2, widen_first(p + 16, l2));
-      s3 = _mm512_add_pd(s3, widen_first(p + 24, l3));
-      column_max(p, lanes, lo, hi);
+  // Passes of kRowStep rows over every 32-column group (not all rows of one
+  // group, then the next: a group's rows lie a row stride apart, often one
+  // page each, and the pages of one pass stay in the TLB). Between passes a
+  // group's chains wait in part[] and its maxima in `largest` (a store and a
+  // load of a double change nothing).
+  alignas(64) T largest[kColumnBlock + 32];  // the columns' largest magnitudes, as elements
+  std::memset(largest, 0, sizeof largest);
+  for (int64_t j = 0; j < width; ++j) part[j] = 0.0;
+  for (int64_t r0 = 0; r0 < rows; r0 += kRowStep) {
+    const int64_t r1 = std::min(rows, r0 + kRowStep);
+    for (int64_t j = 0; j < width; j += 32) {
+      const uint32_t lanes = width - j >= 32 ? 0xffffffffu : static_cast<uint32_t>((1ull << (width - j)) - 1);
+      const __mmask8 l0 = static_cast<__mmask8>(lanes), l1 = static_cast<__mmask8>(lanes >> 8),
+                     l2 = static_cast<__mmask8>(lanes >> 16), l3 = static_cast<__mmask8>(lanes >> 24);
+      __m512d s0 = _mm512_maskz_loadu_pd(l0, part + j), s1 = _mm512_maskz_loadu_pd(l1, part + j + 8),
+              s2 = _mm512_maskz_loadu_pd(l2, part + j + 16), s3 = _mm512_maskz_loadu_pd(l3, part + j + 24);
+      __m512i lo = _mm512_load_si512(largest + j), hi = _mm512_load_si512(reinterpret_cast<char*>(largest + j) + 64);
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* p = x + r * cols + j;
+        // The group's rows are a stride apart: fetch a few rows ahead (the
+        // hardware's prefetchers follow the contiguous walk of the portable
+        // form, not this one). Prefetches never fault.
+        const char* ahead = reinterpret_cast<const char*>(p + kPrefetchRows * cols);
+        _mm_prefetch(ahead, _MM_HINT_T0);
+        if (sizeof(T) == 4) _mm_prefetch(ahead + 64, _MM_HINT_T0);
+        s0 = _mm512_add_pd(s0, widen_first(p, l0));
+        s1 = _mm512_add_pd(s1, widen_first(p + 8, l1));
+        s2 = _mm512_add_pd(s2, widen_first(p + 16, l2));
+        s3 = _mm512_add_pd(s3, widen_first(p + 24, l3));
+        column_max(p, lanes, lo, hi);
+      }
+      _mm512_mask_storeu_pd(part + j, l0, s0);
+      _mm512_mask_storeu_pd(part + j + 8, l1, s1);
+      _mm512_mask_storeu_pd(part + j + 16, l2, s2);
+      _mm512_mask_storeu_pd(part + j + 24, l3, s3);
+      _mm512_store_si512(largest + j, lo);
+      if (sizeof(T) == 4) _mm512_store_si512(reinterpret_cast<char*>(largest + j) + 64, hi);
     }
-    _mm512_mask_storeu_pd(part + j, l0, s0);
-    _mm512_mask_storeu_pd(part + j + 8, l1, s1);
-    _mm512_mask_storeu_pd(part + j + 16, l2, s2);
-    _mm512_mask_storeu_pd(part + j + 24, l3, s3);
-    T largest[32];  // the columns' largest magnitudes, as elements
-    _mm512_storeu_si512(largest, lo);
-    if (sizeof(T) == 4) _mm512_storeu_si512(reinterpret_cast<char*>(largest) + 64, hi);
-    const __m512d count = _mm512_set1_pd(static_cast<double>(rows));
-    _mm512_mask_storeu_pd(abs_part + j, l0, _mm512_mul_pd(count, widen8(largest)));
-    _mm512_mask_storeu_pd(abs_part + j + 8, l1, _mm512_mul_pd(count, widen8(largest + 8)));
-    _mm512_mask_storeu_pd(abs_part + j + 16, l2, _mm512_mul_pd(count, widen8(largest + 16)));
-    _mm512_mask_storeu_pd(abs_part + j + 24, l3, _mm512_mul_pd(count, widen8(largest + 24)));
+  }
+  const __m512d count = _mm512_set1_pd(static_cast<double>(rows));
+  for (int64_t j = 0; j < width; j += 8) {
+    const __mmask8 lanes = width - j >= 8 ? 0xff : static_cast<__mmask8>((1u << (width - j)) - 1);
+    _mm512_mask_storeu_pd(abs_part + j, lanes, _mm512_mul_pd(count, widen8(largest + j)));
   }
 }
 
