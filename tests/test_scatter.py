@@ -5,6 +5,9 @@ Results are compared bit for bit with the exact oracle
 (scatter_reference.py, built on oracle.row_sum_bits)."""
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -84,6 +87,26 @@ def test_index_add_cancellation_and_ties(dtype):
     self2 = exact_tensor([[1.0]], dtype)
     src2 = exact_tensor([[half_ulp], [tiny], [-tiny], [tiny]], dtype)
     check_index_add(self2, 0, torch.zeros(4, dtype=torch.long), src2, "tie broken by tiny terms")
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_index_add_ties_near_the_fp64_exactness_limit(dtype):
+    # Column e of destination 0 adds 1 + half an ulp (a tie of f) + 2^-e (1 + 2^(1-p)) - 2^-e: the
+    # exact sum lies 2^(1-p-e) above (or, negated, below) the tie. In this order fp64 is exact
+    # while e <= 53 - p and from e = 54 - p on loses that remainder, leaving exactly the tie. The
+    # CPU's tier 1 takes its fp64 sum as exact only while its smallest term is above 2^(p-52)
+    # times its absolute sum (e < 52 - p here): columns on both sides of that limit and of fp64's,
+    # each one exact tie plus something or minus something. Destination 1 adds the same terms in
+    # the opposite order.
+    p = fmt_of(dtype).precision
+    cols = [(e, sign) for e in range(44 - p, 60 - p) for sign in (1.0, -1.0)]
+    pair = [[2.0**-e * (1 + 2.0 ** (1 - p)) * sign for e, sign in cols], [-(2.0**-e) * sign for e, sign in cols]]
+    rows = [[2.0**-p] * len(cols)] + pair
+    source = exact_tensor(rows + rows[::-1], dtype)
+    self = exact_tensor([[1.0] * len(cols)] * 2, dtype)
+    out = check_index_add(self, 0, torch.tensor([0, 0, 0, 1, 1, 1]), source, "ties near the fp64 limit")
+    up = torch.tensor([sign > 0 for _, sign in cols])
+    assert torch.equal(out[0] > 1.0, up) and torch.equal(out[1] > 1.0, up)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -302,3 +325,16 @@ def test_errors():
         carbon.scatter_add(x, 1, torch.zeros(4, 1, dtype=torch.long), s)
     with pytest.raises(TypeError, match="carbon.scatter_add:"):
         carbon.scatter_add(x, 0, torch.zeros(1, 1, dtype=torch.int16), s)
+
+
+def test_portable_tier_one_against_the_oracle():
+    # The CPU kernel's tier 1 has an AVX-512 form and a portable one, which CARBON_SCATTER_PORTABLE=1
+    # selects (read once per process): the oracle tests above and test_embedding.py, again in a fresh
+    # process with the portable form. On a CPU without AVX-512 both runs take the portable form.
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, CARBON_SCATTER_PORTABLE="1")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k",
+                          "not portable and not compile and not opcheck", os.path.join(here, "test_scatter.py"),
+                          os.path.join(here, "test_embedding.py")], cwd=os.path.dirname(here), env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -4,9 +4,21 @@
 // sequential chain per column), then every column is decided on its own
 // (scatter_kernel.h). The chains' depth is the number of terms whatever the
 // thread count, so the bits never depend on it.
+//
+// Tier 1 also certifies, per column, when its fp64 sum is the exact sum
+// (few terms of similar magnitude, the common case: see fp64_sum_is_exact);
+// such a column is RN_f(sum) directly. Without the certificate every exact
+// tie -- about one output in seven for sums of a handful of random float32
+// or bfloat16 values -- failed the interval test and took the exact
+// accumulator.
 #include <ATen/Parallel.h>
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <limits>
+#include <type_traits>
 
 #include "../dtypes.h"
 #include "scatter.h"
@@ -16,55 +28,175 @@ namespace carbon {
 namespace {
 
 constexpr int64_t kColumnBlock = 256;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Significand bits of the element type (its values are the terms).
+template <typename T>
+constexpr int element_precision() {
+  return std::is_same<T, c10::BFloat16>::value ? 8 : (std::is_same<T, c10::Half>::value ? 11 : 24);
+}
+
+// The exactness certificate of tier 1. Every term is a finite value of a
+// format with p significand bits, so each is an integer multiple of
+// 2^Q, Q = E(m) - p + 1, where m is the smallest nonzero |term| and E(m) its
+// exponent (a term's last significand bit weighs at least 2^(E(term)-p+1),
+// and subnormals are multiples of the format's quantum, which is smaller
+// still). If the fp64 absolute sum `abs_sum` < m * 2^(52-p) < 2^(Q+52),
+// every partial absolute sum was below 2^(Q+52) (fl is monotone and
+// 2^(Q+52) is a double), so each was a multiple of 2^Q below 2^(Q+53):
+// representable, hence computed exactly; and every partial sum of the terms
+// is bounded by one of them, so the fp64 sum is the exact sum too. (Zero
+// terms do not count for m; a column of zeros has m = inf and sum 0, which
+// the decision never takes.) m * 2^(52-p) is an exact scaling.
+template <typename T>
+constexpr double exact_scale() {
+  return static_cast<double>(int64_t(1) << (52 - element_precision<T>()));
+}
 
 // Tier 1 of one block of columns: s[c] = (self) + sum of the rows, a[c] the
-// same for absolute values.
+// same for absolute values (sequentially, in the segment's order), m[c] the
+// smallest nonzero |term| (+inf if none).
 template <typename T>
-__attribute__((target_clones("avx2", "default"))) void block_sums(const T* __restrict__ self,
-                                                                 const T* __restrict__ source,
-                                                                 const int64_t* __restrict__ order, int64_t count,
-                                                                 int64_t inner, int64_t width,
-                                                                 double* __restrict__ s, double* __restrict__ a) {
+__attribute__((target_clones("avx2", "default"))) void block_sums_portable(
+    const T* __restrict__ self, const T* __restrict__ source, const int64_t* __restrict__ order, int64_t count,
+    int64_t inner, int64_t width, double* __restrict__ s, double* __restrict__ a, double* __restrict__ m) {
   if (self) {
     for (int64_t c = 0; c < width; ++c) {
       const double v = element_value(self[c]);
       s[c] = v;
       a[c] = abs_value(v);
+      m[c] = v != 0.0 ? abs_value(v) : kInf;
     }
   } else {
-    for (int64_t c = 0; c < width; ++c) s[c] = a[c] = 0.0;
+    for (int64_t c = 0; c < width; ++c) {
+      s[c] = a[c] = 0.0;
+      m[c] = kInf;
+    }
   }
   for (int64_t p = 0; p < count; ++p) {
     const T* row = source + order[p] * inner;
     for (int64_t c = 0; c < width; ++c) {
       const double v = element_value(row[c]);
+      const double av = abs_value(v);
       s[c] = s[c] + v;
-      a[c] = a[c] + abs_value(v);
+      a[c] = a[c] + av;
+      m[c] = (v != 0.0 && av < m[c]) ? av : m[c];  // NaN never enters m (its column is not decided here)
     }
   }
 }
 
+// ---------------------------------------------------------------- AVX-512 form
+
+// GCC 12 reports _mm512_cvtps_pd's internal _mm512_undefined_pd() as
+// "may be used uninitialized" (a false positive in avx512fintrin.h).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#define CARBON_SCATTER_V4 __attribute__((target("arch=x86-64-v4")))
+
+// element_value of the lanes of `mask` among 8 consecutive elements (0
+// elsewhere): exact widenings in the default MXCSR state, which use_v4
+// checks. bfloat16 is the top half of a float32.
+CARBON_SCATTER_V4 inline __m512d widen8(const float* p, __mmask8 mask) {
+  return _mm512_cvtps_pd(_mm256_maskz_loadu_ps(mask, p));
+}
+CARBON_SCATTER_V4 inline __m512d widen8(const c10::BFloat16* p, __mmask8 mask) {
+  const __m256i h = _mm256_cvtepu16_epi32(_mm_maskz_loadu_epi16(mask, p));
+  return _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
+}
+CARBON_SCATTER_V4 inline __m512d widen8(const c10::Half* p, __mmask8 mask) {
+  return _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_maskz_loadu_epi16(mask, p)));
+}
+
+// Lanes of columns [c, c + 8) that lie below `width`.
+inline __mmask8 lanes_below(int64_t c, int64_t width) {
+  const int64_t n = std::min<int64_t>(8, std::max<int64_t>(0, width - c));
+  return static_cast<__mmask8>((1u << n) - 1u);
+}
+
+// block_sums_portable, the same operations per column (so the same s, a, m),
+// with the sums of 32 columns kept in registers across the whole segment:
+// per term and 8 columns one widening load and four vector operations, no
+// loads or stores of the partial sums.
+template <typename T>
+CARBON_SCATTER_V4 void block_sums_v4(const T* __restrict__ self, const T* __restrict__ source,
+                                     const int64_t* __restrict__ order, int64_t count, int64_t inner, int64_t width,
+                                     double* __restrict__ s, double* __restrict__ a, double* __restrict__ m) {
+  constexpr int kVectors = 4;
+  const __m512d zero = _mm512_setzero_pd(), inf = _mm512_set1_pd(kInf);
+  for (int64_t c0 = 0; c0 < width; c0 += 8 * kVectors) {
+    __mmask8 mask[kVectors];
+    __m512d vs[kVectors], va[kVectors], vm[kVectors];
+    for (int v = 0; v < kVectors; ++v) {
+      mask[v] = lanes_below(c0 + 8 * v, width);
+      if (self) {
+        const __m512d x = widen8(self + c0 + 8 * v, mask[v]);
+        vs[v] = x;
+        va[v] = _mm512_abs_pd(x);
+        vm[v] = _mm512_mask_mov_pd(inf, _mm512_cmp_pd_mask(x, zero, _CMP_NEQ_OQ), va[v]);
+      } else {
+        vs[v] = va[v] = zero;
+        vm[v] = inf;
+      }
+    }
+    for (int64_t p = 0; p < count; ++p) {
+      const T* row = source + order[p] * inner + c0;
+      for (int v = 0; v < kVectors; ++v) {
+        const __m512d x = widen8(row + 8 * v, mask[v]);
+        const __m512d ax = _mm512_abs_pd(x);
+        vs[v] = _mm512_add_pd(vs[v], x);
+        va[v] = _mm512_add_pd(va[v], ax);
+        vm[v] = _mm512_mask_min_pd(vm[v], _mm512_cmp_pd_mask(x, zero, _CMP_NEQ_OQ), ax, vm[v]);
+      }
+    }
+    for (int v = 0; v < kVectors; ++v) {
+      _mm512_mask_storeu_pd(s + c0 + 8 * v, mask[v], vs[v]);
+      _mm512_mask_storeu_pd(a + c0 + 8 * v, mask[v], va[v]);
+      _mm512_mask_storeu_pd(m + c0 + 8 * v, mask[v], vm[v]);
+    }
+  }
+}
+
+#pragma GCC diagnostic pop
+
+// AVX-512 present, and this thread's MXCSR the default (round to
+// nearest-even, no flush-to-zero / denormals-are-zero, exceptions masked),
+// in which the widenings above are exact and the fp64 additions those of
+// the portable form. CARBON_SCATTER_PORTABLE=1 forces the portable form (to
+// check that both give the same bits).
+bool use_v4() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                          std::getenv("CARBON_SCATTER_PORTABLE") == nullptr;
+  return yes && (_mm_getcsr() & 0xFFC0u) == 0x1F80u;
+}
+
 // Tier 1's decision for a block of columns, without branches (so the loop
-// vectorizes), restricted to intervals in f's normal range. It is
-// round_if_decided(s, factor * a) specialized to that range: the interval
-// [s - beta, s + beta], pushed one ulp outwards (next_down / next_up are
-// steps of one in the magnitude's bits), must lie on one side of 0 with both
-// ends rounding to the same normal number of f. Every other column (zeros,
-// subnormals, overflow, non-finite sums, undecided intervals) is flagged in
-// `pending` for scatter_finish. A decided column is RN_f(exact sum), as from
+// vectorizes), restricted to results in f's normal range. A column whose
+// sum is certified exact (a[c] < m[c] * scale, see exact_scale) is
+// RN_f(s[c]): the interval below with beta = 0 and no outward step, so
+// ties round to even. Otherwise it is round_if_decided(s, factor * a)
+// specialized to that range: the interval [s - beta, s + beta], pushed one
+// ulp outwards (next_down / next_up are steps of one in the magnitude's
+// bits), must lie on one side of 0 with both ends rounding to the same
+// normal number of f. Every other column (zeros, subnormals, overflow,
+// non-finite sums, undecided intervals) is flagged in `pending` for
+// scatter_finish. A decided column is RN_f(exact sum), as from
 // scatter_finish, so the tier that decides never shows in the bits.
 template <typename F>
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) uint32_t decide_block(
-    const double* __restrict__ s, const double* __restrict__ a, double factor, int64_t width,
-    typename F::Bits* __restrict__ out, uint8_t* __restrict__ pending) {
+    const double* __restrict__ s, const double* __restrict__ a, const double* __restrict__ m, double factor,
+    double scale, int64_t width, typename F::Bits* __restrict__ out, uint8_t* __restrict__ pending) {
   constexpr FloatFormat f = F::get();
   uint32_t all_decided = 1;
   for (int64_t c = 0; c < width; ++c) {
-    const double beta = factor * a[c];
+    const bool exact = a[c] < m[c] * scale;
+    const double beta = exact ? 0.0 : factor * a[c];
+    const uint64_t step = exact ? 0 : 1;
     const uint64_t lo = double_to_bits(s[c] - beta), hi = double_to_bits(s[c] + beta);
     const uint64_t mag_lo = lo & ~kSignBit, mag_hi = hi & ~kSignBit;
-    const uint64_t inner = (mag_lo < mag_hi ? mag_lo : mag_hi) - 1;  // one ulp towards 0 (0 wraps: not normal)
-    const uint64_t outer = (mag_lo < mag_hi ? mag_hi : mag_lo) + 1;  // one ulp away from 0
+    const uint64_t inner = (mag_lo < mag_hi ? mag_lo : mag_hi) - step;  // towards 0 (0 wraps: not normal)
+    const uint64_t outer = (mag_lo < mag_hi ? mag_hi : mag_lo) + step;  // away from 0
     const uint64_t r_inner = round_normal_bits(inner, f);
     const uint32_t decided = static_cast<uint32_t>(((lo ^ hi) & kSignBit) == 0) & rounds_to_normal(inner, f) &
                              rounds_to_normal(outer, f) & static_cast<uint32_t>(r_inner == round_normal_bits(outer, f));
@@ -82,8 +214,9 @@ void scatter_rows(const T* self, const T* source, const int64_t* order, const in
   constexpr FloatFormat f = F::get();
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(inner, 1));
   at::parallel_for(0, outer * S, grain, [&](int64_t begin, int64_t end) {
-    double s[kColumnBlock], a[kColumnBlock];
+    double s[kColumnBlock], a[kColumnBlock], m[kColumnBlock];
     uint8_t pending[kColumnBlock];
+    const bool v4 = use_v4();
     for (int64_t d = begin; d < end; ++d) {
       const int64_t o = d / S, j = d % S;
       const int64_t* seg = order + offsets[j];
@@ -95,8 +228,11 @@ void scatter_rows(const T* self, const T* source, const int64_t* order, const in
         const int64_t width = std::min(kColumnBlock, inner - c0);
         const T* self_row = self ? self + d * inner + c0 : nullptr;
         const T* src = source + o * N * inner + c0;
-        block_sums(self_row, src, seg, count, inner, width, s, a);
-        if (decide_block<F>(s, a, factor, width, dst + c0, pending)) continue;
+        if (v4)
+          block_sums_v4(self_row, src, seg, count, inner, width, s, a, m);
+        else
+          block_sums_portable(self_row, src, seg, count, inner, width, s, a, m);
+        if (decide_block<F>(s, a, m, factor, exact_scale<T>(), width, dst + c0, pending)) continue;
         for (int64_t c = 0; c < width; ++c) {
           if (!pending[c]) continue;
           const DestinationTerms<T> terms{self_row ? self_row + c : nullptr, src + c, seg, count, inner};
