@@ -89,24 +89,27 @@ def test_index_add_cancellation_and_ties(dtype):
     check_index_add(self2, 0, torch.zeros(4, dtype=torch.long), src2, "tie broken by tiny terms")
 
 
-@pytest.mark.parametrize("dtype", [F32, BF16])
-def test_index_add_ties_near_the_fp64_exactness_limit(dtype):
-    # Column e of destination 0 adds 1 + half an ulp (a tie of f) + 2^-e (1 + 2^(1-p)) - 2^-e: the
-    # exact sum lies 2^(1-p-e) above (or, negated, below) the tie. In this order fp64 is exact
-    # while e <= 53 - p and from e = 54 - p on loses that remainder, leaving exactly the tie. The
-    # CPU's tier 1 takes its fp64 sum as exact only while its smallest term is above 2^(p-52)
-    # times its absolute sum (e < 52 - p here): columns on both sides of that limit and of fp64's,
-    # each one exact tie plus something or minus something. Destination 1 adds the same terms in
-    # the opposite order.
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_index_add_ties_near_the_exactness_limits(dtype):
+    # Destination 2e adds 1 + half an ulp (a tie of f) + 2^-e (1 + 2^(1-p)) - 2^-e in column 0, the
+    # same with the last two terms negated in column 1: exact sums 2^(1-p-e) above and below the
+    # tie. In this order a float format of q significand bits sums them exactly while e <= q - p
+    # and from e = q - p + 1 on loses that remainder, leaving exactly the tie. The CPU kernel's
+    # tier 1 takes its sum in such a format (float64; float32 for 16-bit formats) as exact only
+    # while the smallest term is above 2^(p-q+1) times the absolute sum (e < q - 1 - p here): e on
+    # both sides of those limits for q = 53 and q = 24, one destination each (the kernel decides
+    # groups of columns together). Destination 2e + 1 adds the same terms in the opposite order.
     p = fmt_of(dtype).precision
-    cols = [(e, sign) for e in range(44 - p, 60 - p) for sign in (1.0, -1.0)]
-    pair = [[2.0**-e * (1 + 2.0 ** (1 - p)) * sign for e, sign in cols], [-(2.0**-e) * sign for e, sign in cols]]
-    rows = [[2.0**-p] * len(cols)] + pair
-    source = exact_tensor(rows + rows[::-1], dtype)
-    self = exact_tensor([[1.0] * len(cols)] * 2, dtype)
-    out = check_index_add(self, 0, torch.tensor([0, 0, 0, 1, 1, 1]), source, "ties near the fp64 limit")
-    up = torch.tensor([sign > 0 for _, sign in cols])
-    assert torch.equal(out[0] > 1.0, up) and torch.equal(out[1] > 1.0, up)
+    es = range(1, 60 - p if dtype != F16 else 15)  # 2^-e (1 + 2^(1-p)) a normal number of f
+    rows, dest = [], []
+    for k, e in enumerate(es):
+        terms = [[2.0**-p] * 2, [2.0**-e * (1 + 2.0 ** (1 - p)), -(2.0**-e) * (1 + 2.0 ** (1 - p))],
+                 [-(2.0**-e), 2.0**-e]]
+        rows += terms + terms[::-1]
+        dest += [2 * k] * 3 + [2 * k + 1] * 3
+    self = exact_tensor([[1.0, 1.0]] * (2 * len(es)), dtype)
+    out = check_index_add(self, 0, torch.tensor(dest), exact_tensor(rows, dtype), "ties near the exactness limits")
+    assert bool((out[:, 0] > 1.0).all()) and bool((out[:, 1] == 1.0).all())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

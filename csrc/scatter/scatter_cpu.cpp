@@ -157,6 +157,128 @@ CARBON_SCATTER_V4 void block_sums_v4(const T* __restrict__ self, const T* __rest
   }
 }
 
+// ---------------------------------------------------------------- float32 tier for 16-bit formats
+
+// bfloat16 and float16 terms have 8 and 11 significand bits, so a short
+// segment of them usually sums exactly in float32 too, 16 columns a vector
+// instead of 8. The certificate of exact_scale, redone for float32's 24
+// bits: abs_sum < m * 2^(23-p) < 2^(Q+23) makes every partial sum a
+// multiple of 2^Q below 2^(Q+24) in magnitude, so representable -- including
+// float32's subnormal range, whose quantum 2^-149 divides 2^Q, and with the
+// same monotonicity argument at the top of the range: were a partial
+// absolute sum >= 2^(Q+23), its rounding would be too (a float, or +inf),
+// and so would abs_sum. (m * 2^(23-p) is an exact scaling, or +inf where the
+// real product exceeds every float.) A certified column is RN_f(sum), by the
+// integer rounding of float_format.h transcribed to float32 bits. Columns
+// not certified, or whose result is not a normal number of f, make their
+// group of 16 columns fall back on the fp64 tier.
+template <typename T>
+constexpr float exact_scale_fp32() {
+  return static_cast<float>(int64_t(1) << (23 - element_precision<T>()));
+}
+
+CARBON_SCATTER_V4 inline __m512 widen16(const c10::BFloat16* p, __mmask16 mask) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
+}
+CARBON_SCATTER_V4 inline __m512 widen16(const c10::Half* p, __mmask16 mask) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p));
+}
+
+// Lanes of columns [c, c + 16) that lie below `width`.
+inline __mmask16 lanes16_below(int64_t c, int64_t width) {
+  const int64_t n = std::min<int64_t>(16, std::max<int64_t>(0, width - c));
+  return static_cast<__mmask16>((1u << n) - 1u);
+}
+
+// RN_f of 16 float32 sums known exact, as f's bits, in the lanes where that
+// result is a normal number of f (the returned mask): round_normal_bits,
+// rounds_to_normal and encode_normal of float_format.h with float32's 24
+// significand bits in place of double's 53 (same derivations).
+template <typename F>
+CARBON_SCATTER_V4 inline __mmask16 round_fp32_normal(__m512 sum, __m256i* bits) {
+  constexpr FloatFormat f = F::get();
+  constexpr int drop = 24 - f.precision;
+  constexpr uint32_t min_bits = static_cast<uint32_t>(f.min_normal_exp + 127) << 23;
+  constexpr uint32_t overflow = static_cast<uint32_t>(f.max_exp + 128) << 23;
+  constexpr uint32_t half = 1u << (drop - 1);
+  constexpr uint32_t rebias = static_cast<uint32_t>(127 - f.max_exp) << (f.precision - 1);
+  const __m512i u = _mm512_castps_si512(sum);
+  const __m512i mag = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
+  const __mmask16 normal = _mm512_cmplt_epu32_mask(_mm512_sub_epi32(mag, _mm512_set1_epi32(min_bits)),
+                                                   _mm512_set1_epi32(overflow - half - min_bits));
+  const __m512i last = _mm512_and_si512(_mm512_srli_epi32(mag, drop), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(mag, _mm512_set1_epi32(half - 1)), last),
+                                           _mm512_set1_epi32(~((1u << drop) - 1u)));
+  const __m512i encoded = _mm512_sub_epi32(_mm512_srli_epi32(rounded, drop), _mm512_set1_epi32(rebias));
+  const __m512i sign = _mm512_srli_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0x80000000u)), 32 - f.total_bits);
+  *bits = _mm512_cvtepi32_epi16(_mm512_or_si512(encoded, sign));
+  return normal;
+}
+
+// The float32 tier for columns [0, width) (width <= 256) of one
+// destination: writes every certified group of 16 columns to out and
+// returns a bit per group that is not (for the fp64 tier).
+template <typename T, typename F>
+CARBON_SCATTER_V4 uint32_t block_fp32_v4(const T* __restrict__ self, const T* __restrict__ source,
+                                         const int64_t* __restrict__ order, int64_t count, int64_t inner,
+                                         int64_t width, typename F::Bits* __restrict__ out) {
+  static_assert(sizeof(typename F::Bits) == 2, "16-bit formats only");
+  constexpr int kVectors = 4;
+  const __m512 zero = _mm512_setzero_ps(), inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  const __m512 scale = _mm512_set1_ps(exact_scale_fp32<T>());
+  uint32_t failed = 0;
+  for (int64_t c0 = 0; c0 < width; c0 += 16 * kVectors) {
+    __mmask16 mask[kVectors];
+    __m512 vs[kVectors], va[kVectors], vm[kVectors];
+    for (int v = 0; v < kVectors; ++v) {
+      mask[v] = lanes16_below(c0 + 16 * v, width);
+      if (self) {
+        const __m512 x = widen16(self + c0 + 16 * v, mask[v]);
+        vs[v] = x;
+        va[v] = _mm512_abs_ps(x);
+        vm[v] = _mm512_mask_mov_ps(inf, _mm512_cmp_ps_mask(x, zero, _CMP_NEQ_OQ), va[v]);
+      } else {
+        vs[v] = va[v] = zero;
+        vm[v] = inf;
+      }
+    }
+    for (int64_t p = 0; p < count; ++p) {
+      const T* row = source + order[p] * inner + c0;
+      for (int v = 0; v < kVectors; ++v) {
+        const __m512 x = widen16(row + 16 * v, mask[v]);
+        const __m512 ax = _mm512_abs_ps(x);
+        vs[v] = _mm512_add_ps(vs[v], x);
+        va[v] = _mm512_add_ps(va[v], ax);
+        vm[v] = _mm512_mask_min_ps(vm[v], _mm512_cmp_ps_mask(x, zero, _CMP_NEQ_OQ), ax, vm[v]);
+      }
+    }
+    for (int v = 0; v < kVectors; ++v) {
+      if (!mask[v]) continue;
+      __m256i bits;
+      const __mmask16 exact = _mm512_cmp_ps_mask(va[v], _mm512_mul_ps(vm[v], scale), _CMP_LT_OQ);
+      const __mmask16 ok = exact & round_fp32_normal<F>(vs[v], &bits);
+      if ((ok & mask[v]) == mask[v])
+        _mm256_mask_storeu_epi16(out + c0 + 16 * v, mask[v], bits);
+      else
+        failed |= 1u << ((c0 >> 4) + v);
+    }
+  }
+  return failed;
+}
+
+// For 16-bit terms rounded to a 16-bit format (the dispatch also
+// instantiates pairings the ops never use).
+template <typename T, typename F>
+constexpr bool has_fp32_tier() {
+  return element_precision<T>() <= 11 && sizeof(typename F::Bits) == 2;
+}
+
+// The float32 tier is tried on segments of at most this many terms: the
+// longer a segment, the likelier some column's smallest term is too small
+// for its certificate (the fp64 tier then redoes the group). A choice of
+// speed only: every tier gives RN_f(exact sum).
+constexpr int64_t kFp32MaxTerms = 32;
+
 #pragma GCC diagnostic pop
 
 // AVX-512 present, and this thread's MXCSR the default (round to
@@ -224,20 +346,35 @@ void scatter_rows(const T* self, const T* source, const int64_t* order, const in
       typename F::Bits* dst = out + d * inner;
       if (count == 0 && !self) continue;  // +0, from the zero fill in scatter_rows_cpu
       const double factor = scatter_bound_factor(count + (self ? 1 : 0));
-      for (int64_t c0 = 0; c0 < inner; c0 += kColumnBlock) {
-        const int64_t width = std::min(kColumnBlock, inner - c0);
+      // The fp64 tier for columns [c0, c0 + width), width <= kColumnBlock.
+      auto fp64_tier = [&](int64_t c0, int64_t width) {
         const T* self_row = self ? self + d * inner + c0 : nullptr;
         const T* src = source + o * N * inner + c0;
         if (v4)
           block_sums_v4(self_row, src, seg, count, inner, width, s, a, m);
         else
           block_sums_portable(self_row, src, seg, count, inner, width, s, a, m);
-        if (decide_block<F>(s, a, m, factor, exact_scale<T>(), width, dst + c0, pending)) continue;
+        if (decide_block<F>(s, a, m, factor, exact_scale<T>(), width, dst + c0, pending)) return;
         for (int64_t c = 0; c < width; ++c) {
           if (!pending[c]) continue;
           const DestinationTerms<T> terms{self_row ? self_row + c : nullptr, src + c, seg, count, inner};
           dst[c0 + c] = static_cast<typename F::Bits>(encode(scatter_finish(terms, s[c], a[c], factor, f), f));
         }
+      };
+      for (int64_t c0 = 0; c0 < inner; c0 += kColumnBlock) {
+        const int64_t width = std::min(kColumnBlock, inner - c0);
+        if constexpr (has_fp32_tier<T, F>()) {
+          if (v4 && count <= kFp32MaxTerms) {
+            uint32_t failed = block_fp32_v4<T, F>(self ? self + d * inner + c0 : nullptr, source + o * N * inner + c0,
+                                                  seg, count, inner, width, dst + c0);
+            for (; failed; failed &= failed - 1) {
+              const int64_t g = __builtin_ctz(failed) * 16;
+              fp64_tier(c0 + g, std::min<int64_t>(16, width - g));
+            }
+            continue;
+          }
+        }
+        fp64_tier(c0, width);
       }
     }
   });
