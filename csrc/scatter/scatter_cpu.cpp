@@ -27,7 +27,7 @@
 namespace carbon {
 namespace {
 
-constexpr int64_t kColumnBlock = 256;
+constexpr int64_t kColumnBlock = 256;  // one bit per group of 8 columns fits in 32 bits
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // Significand bits of the element type (its values are the terms).
@@ -114,16 +114,52 @@ inline __mmask8 lanes_below(int64_t c, int64_t width) {
   return static_cast<__mmask8>((1u << n) - 1u);
 }
 
+// RN_f of 8 fp64 sums known exact, as f's bits (in 64-bit lanes), in the
+// lanes where that result is a normal number of f (the returned mask):
+// round_normal_bits, rounds_to_normal and encode_normal of float_format.h.
+template <typename F>
+CARBON_SCATTER_V4 inline __mmask8 round_fp64_normal(__m512d sum, __m512i* bits) {
+  constexpr FloatFormat f = F::get();
+  constexpr int drop = 53 - f.precision;
+  const uint64_t min_bits = normal_min_bits(f), overflow = overflow_bits(f), half = 1ull << (drop - 1);
+  const uint64_t rebias = static_cast<uint64_t>(1023 - f.max_exp) << (f.precision - 1);
+  const __m512i u = _mm512_castpd_si512(sum);
+  const __m512i mag = _mm512_and_si512(u, _mm512_set1_epi64(static_cast<int64_t>(~kSignBit)));
+  const __mmask8 normal = _mm512_cmplt_epu64_mask(_mm512_sub_epi64(mag, _mm512_set1_epi64(min_bits)),
+                                                  _mm512_set1_epi64(overflow - half - min_bits));
+  const __m512i last = _mm512_and_si512(_mm512_srli_epi64(mag, drop), _mm512_set1_epi64(1));
+  const __m512i rounded = _mm512_and_si512(_mm512_add_epi64(_mm512_add_epi64(mag, _mm512_set1_epi64(half - 1)), last),
+                                           _mm512_set1_epi64(static_cast<int64_t>(~((1ull << drop) - 1))));
+  const __m512i encoded = _mm512_sub_epi64(_mm512_srli_epi64(rounded, drop), _mm512_set1_epi64(rebias));
+  const __m512i sign = _mm512_slli_epi64(_mm512_srli_epi64(u, 63), f.total_bits - 1);
+  *bits = _mm512_or_si512(encoded, sign);
+  return normal;
+}
+
+// Stores the lanes `mask` of 8 results (f's bits in 64-bit lanes).
+CARBON_SCATTER_V4 inline void store8(uint32_t* out, __mmask8 mask, __m512i bits) {
+  _mm256_mask_storeu_epi32(out, mask, _mm512_cvtepi64_epi32(bits));
+}
+CARBON_SCATTER_V4 inline void store8(uint16_t* out, __mmask8 mask, __m512i bits) {
+  _mm_mask_storeu_epi16(out, mask, _mm512_cvtepi64_epi16(bits));
+}
+
 // block_sums_portable, the same operations per column (so the same s, a, m),
-// with the sums of 32 columns kept in registers across the whole segment:
-// per term and 8 columns one widening load and four vector operations, no
-// loads or stores of the partial sums.
-template <typename T>
-CARBON_SCATTER_V4 void block_sums_v4(const T* __restrict__ self, const T* __restrict__ source,
-                                     const int64_t* __restrict__ order, int64_t count, int64_t inner, int64_t width,
-                                     double* __restrict__ s, double* __restrict__ a, double* __restrict__ m) {
+// with the sums of 32 columns kept in registers across the whole segment
+// (per term and 8 columns one widening load and four vector operations, no
+// loads or stores of the partial sums); then, still in registers, every
+// group of 8 columns whose sums are all certified exact with normal results
+// is written to out (RN_f(sum), as decide_block would). Returns a bit per
+// group of 8 columns that is not, left to decide_block (from s, a, m).
+template <typename T, typename F>
+CARBON_SCATTER_V4 uint32_t block_sums_v4(const T* __restrict__ self, const T* __restrict__ source,
+                                         const int64_t* __restrict__ order, int64_t count, int64_t inner,
+                                         int64_t width, double* __restrict__ s, double* __restrict__ a,
+                                         double* __restrict__ m, typename F::Bits* __restrict__ out) {
   constexpr int kVectors = 4;
   const __m512d zero = _mm512_setzero_pd(), inf = _mm512_set1_pd(kInf);
+  const __m512d scale = _mm512_set1_pd(exact_scale<T>());
+  uint32_t undecided = 0;
   for (int64_t c0 = 0; c0 < width; c0 += 8 * kVectors) {
     __mmask8 mask[kVectors];
     __m512d vs[kVectors], va[kVectors], vm[kVectors];
@@ -150,11 +186,21 @@ CARBON_SCATTER_V4 void block_sums_v4(const T* __restrict__ self, const T* __rest
       }
     }
     for (int v = 0; v < kVectors; ++v) {
+      if (!mask[v]) continue;
+      __m512i bits;
+      const __mmask8 exact = _mm512_cmp_pd_mask(va[v], _mm512_mul_pd(vm[v], scale), _CMP_LT_OQ);
+      const __mmask8 ok = exact & round_fp64_normal<F>(vs[v], &bits);
+      if ((ok & mask[v]) == mask[v]) {
+        store8(out + c0 + 8 * v, mask[v], bits);
+        continue;
+      }
+      undecided |= 1u << ((c0 >> 3) + v);
       _mm512_mask_storeu_pd(s + c0 + 8 * v, mask[v], vs[v]);
       _mm512_mask_storeu_pd(a + c0 + 8 * v, mask[v], va[v]);
       _mm512_mask_storeu_pd(m + c0 + 8 * v, mask[v], vm[v]);
     }
   }
+  return undecided;
 }
 
 // ---------------------------------------------------------------- float32 tier for 16-bit formats
@@ -350,15 +396,25 @@ void scatter_rows(const T* self, const T* source, const int64_t* order, const in
       auto fp64_tier = [&](int64_t c0, int64_t width) {
         const T* self_row = self ? self + d * inner + c0 : nullptr;
         const T* src = source + o * N * inner + c0;
-        if (v4)
-          block_sums_v4(self_row, src, seg, count, inner, width, s, a, m);
-        else
+        // decide_block, then the scalar tiers, for columns [c1, c1 + w) of s, a, m.
+        auto decide = [&](int64_t c1, int64_t w) {
+          if (decide_block<F>(s + c1, a + c1, m + c1, factor, exact_scale<T>(), w, dst + c0 + c1, pending)) return;
+          for (int64_t c = 0; c < w; ++c) {
+            if (!pending[c]) continue;
+            const int64_t col = c1 + c;
+            const DestinationTerms<T> terms{self_row ? self_row + col : nullptr, src + col, seg, count, inner};
+            dst[c0 + col] = static_cast<typename F::Bits>(encode(scatter_finish(terms, s[col], a[col], factor, f), f));
+          }
+        };
+        if (v4) {
+          for (uint32_t undecided = block_sums_v4<T, F>(self_row, src, seg, count, inner, width, s, a, m, dst + c0);
+               undecided; undecided &= undecided - 1) {
+            const int64_t g = __builtin_ctz(undecided) * 8;
+            decide(g, std::min<int64_t>(8, width - g));
+          }
+        } else {
           block_sums_portable(self_row, src, seg, count, inner, width, s, a, m);
-        if (decide_block<F>(s, a, m, factor, exact_scale<T>(), width, dst + c0, pending)) return;
-        for (int64_t c = 0; c < width; ++c) {
-          if (!pending[c]) continue;
-          const DestinationTerms<T> terms{self_row ? self_row + c : nullptr, src + c, seg, count, inner};
-          dst[c0 + c] = static_cast<typename F::Bits>(encode(scatter_finish(terms, s[c], a[c], factor, f), f));
+          decide(0, width);
         }
       };
       for (int64_t c0 = 0; c0 < inner; c0 += kColumnBlock) {
