@@ -5,12 +5,19 @@
 // (scatter_kernel.h). The chains' depth is the number of terms whatever the
 // thread count, so the bits never depend on it.
 //
-// Tier 1 also certifies, per column, when its fp64 sum is the exact sum
-// (few terms of similar magnitude, the common case: see fp64_sum_is_exact);
-// such a column is RN_f(sum) directly. Without the certificate every exact
-// tie -- about one output in seven for sums of a handful of random float32
-// or bfloat16 values -- failed the interval test and took the exact
-// accumulator.
+// Tier 1 also certifies, per column, when its sum is the exact sum (few
+// terms of similar magnitude, the common case: see exact_scale); such a
+// column is RN_f(sum) directly. Without the certificate every exact tie --
+// about one output in seven for sums of a handful of random float32 or
+// bfloat16 values -- failed the interval test and took the exact
+// accumulator. Three forms of tier 1, each ending in RN_f(exact sum):
+//   * portable: fp64 sums into arrays, then decide_block (branch-free) and
+//     the scalar tiers for what it leaves;
+//   * AVX-512, fp64: the sums of 32 columns in registers, certified groups
+//     of 8 columns rounded there, the rest to decide_block;
+//   * AVX-512, float32 (bfloat16 / float16 segments of at most 32 terms):
+//     16 columns a vector, certified groups of 16 rounded, the rest redone
+//     by the fp64 form.
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
