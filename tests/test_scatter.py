@@ -5,6 +5,9 @@ Results are compared bit for bit with the exact oracle
 (scatter_reference.py, built on oracle.row_sum_bits)."""
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -84,6 +87,29 @@ def test_index_add_cancellation_and_ties(dtype):
     self2 = exact_tensor([[1.0]], dtype)
     src2 = exact_tensor([[half_ulp], [tiny], [-tiny], [tiny]], dtype)
     check_index_add(self2, 0, torch.zeros(4, dtype=torch.long), src2, "tie broken by tiny terms")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_index_add_ties_near_the_exactness_limits(dtype):
+    # Destination 2e adds 1 + half an ulp (a tie of f) + 2^-e (1 + 2^(1-p)) - 2^-e in column 0, the
+    # same with the last two terms negated in column 1: exact sums 2^(1-p-e) above and below the
+    # tie. In this order a float format of q significand bits sums them exactly while e <= q - p
+    # and from e = q - p + 1 on loses that remainder, leaving exactly the tie. The CPU kernel's
+    # tier 1 takes its sum in such a format (float64; float32 for 16-bit formats) as exact only
+    # while the smallest term is above 2^(p-q+1) times the absolute sum (e < q - 1 - p here): e on
+    # both sides of those limits for q = 53 and q = 24, one destination each (the kernel decides
+    # groups of columns together). Destination 2e + 1 adds the same terms in the opposite order.
+    p = fmt_of(dtype).precision
+    es = range(1, 60 - p if dtype != F16 else 15)  # 2^-e (1 + 2^(1-p)) a normal number of f
+    rows, dest = [], []
+    for k, e in enumerate(es):
+        terms = [[2.0**-p] * 2, [2.0**-e * (1 + 2.0 ** (1 - p)), -(2.0**-e) * (1 + 2.0 ** (1 - p))],
+                 [-(2.0**-e), 2.0**-e]]
+        rows += terms + terms[::-1]
+        dest += [2 * k] * 3 + [2 * k + 1] * 3
+    self = exact_tensor([[1.0, 1.0]] * (2 * len(es)), dtype)
+    out = check_index_add(self, 0, torch.tensor(dest), exact_tensor(rows, dtype), "ties near the exactness limits")
+    assert bool((out[:, 0] > 1.0).all()) and bool((out[:, 1] == 1.0).all())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -302,3 +328,16 @@ def test_errors():
         carbon.scatter_add(x, 1, torch.zeros(4, 1, dtype=torch.long), s)
     with pytest.raises(TypeError, match="carbon.scatter_add:"):
         carbon.scatter_add(x, 0, torch.zeros(1, 1, dtype=torch.int16), s)
+
+
+def test_portable_tier_one_against_the_oracle():
+    # The CPU kernel's tier 1 has an AVX-512 form and a portable one, which CARBON_SCATTER_PORTABLE=1
+    # selects (read once per process): the oracle tests above and test_embedding.py, again in a fresh
+    # process with the portable form. On a CPU without AVX-512 both runs take the portable form.
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, CARBON_SCATTER_PORTABLE="1")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k",
+                          "not portable and not compile and not opcheck", os.path.join(here, "test_scatter.py"),
+                          os.path.join(here, "test_embedding.py")], cwd=os.path.dirname(here), env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -4,9 +4,28 @@
 // sequential chain per column), then every column is decided on its own
 // (scatter_kernel.h). The chains' depth is the number of terms whatever the
 // thread count, so the bits never depend on it.
+//
+// Tier 1 also certifies, per column, when its sum is the exact sum (few
+// terms of similar magnitude, the common case: see exact_scale); such a
+// column is RN_f(sum) directly. Without the certificate every exact tie --
+// about one output in seven for sums of a handful of random float32 or
+// bfloat16 values -- failed the interval test and took the exact
+// accumulator. Three forms of tier 1, each ending in RN_f(exact sum):
+//   * portable: fp64 sums into arrays, then decide_block (branch-free) and
+//     the scalar tiers for what it leaves;
+//   * AVX-512, fp64: the sums of 32 columns in registers, certified groups
+//     of 8 columns rounded there, the rest to decide_block;
+//   * AVX-512, float32 (bfloat16 / float16 segments of at most 32 terms):
+//     16 columns a vector, certified groups of 16 rounded, the rest redone
+//     by the fp64 form.
 #include <ATen/Parallel.h>
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <limits>
+#include <type_traits>
 
 #include "../dtypes.h"
 #include "scatter.h"
@@ -15,56 +34,344 @@
 namespace carbon {
 namespace {
 
-constexpr int64_t kColumnBlock = 256;
+constexpr int64_t kColumnBlock = 256;  // one bit per group of 8 columns fits in 32 bits
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Significand bits of the element type (its values are the terms).
+template <typename T>
+constexpr int element_precision() {
+  return std::is_same<T, c10::BFloat16>::value ? 8 : (std::is_same<T, c10::Half>::value ? 11 : 24);
+}
+
+// The exactness certificate of tier 1. Every term is a finite value of a
+// format with p significand bits, so each is an integer multiple of
+// 2^Q, Q = E(m) - p + 1, where m is the smallest nonzero |term| and E(m) its
+// exponent (a term's last significand bit weighs at least 2^(E(term)-p+1),
+// and subnormals are multiples of the format's quantum, which is smaller
+// still). If the fp64 absolute sum `abs_sum` < m * 2^(52-p) < 2^(Q+52),
+// every partial absolute sum was below 2^(Q+52) (fl is monotone and
+// 2^(Q+52) is a double), so each was a multiple of 2^Q below 2^(Q+53):
+// representable, hence computed exactly; and every partial sum of the terms
+// is bounded by one of them, so the fp64 sum is the exact sum too. (Zero
+// terms do not count for m; a column of zeros has m = inf and sum 0, which
+// the decision never takes.) m * 2^(52-p) is an exact scaling.
+template <typename T>
+constexpr double exact_scale() {
+  return static_cast<double>(int64_t(1) << (52 - element_precision<T>()));
+}
 
 // Tier 1 of one block of columns: s[c] = (self) + sum of the rows, a[c] the
-// same for absolute values.
+// same for absolute values (sequentially, in the segment's order), m[c] the
+// smallest nonzero |term| (+inf if none).
 template <typename T>
-__attribute__((target_clones("avx2", "default"))) void block_sums(const T* __restrict__ self,
-                                                                 const T* __restrict__ source,
-                                                                 const int64_t* __restrict__ order, int64_t count,
-                                                                 int64_t inner, int64_t width,
-                                                                 double* __restrict__ s, double* __restrict__ a) {
+__attribute__((target_clones("avx2", "default"))) void block_sums_portable(
+    const T* __restrict__ self, const T* __restrict__ source, const int64_t* __restrict__ order, int64_t count,
+    int64_t inner, int64_t width, double* __restrict__ s, double* __restrict__ a, double* __restrict__ m) {
   if (self) {
     for (int64_t c = 0; c < width; ++c) {
       const double v = element_value(self[c]);
       s[c] = v;
       a[c] = abs_value(v);
+      m[c] = v != 0.0 ? abs_value(v) : kInf;
     }
   } else {
-    for (int64_t c = 0; c < width; ++c) s[c] = a[c] = 0.0;
+    for (int64_t c = 0; c < width; ++c) {
+      s[c] = a[c] = 0.0;
+      m[c] = kInf;
+    }
   }
   for (int64_t p = 0; p < count; ++p) {
     const T* row = source + order[p] * inner;
     for (int64_t c = 0; c < width; ++c) {
       const double v = element_value(row[c]);
+      const double av = abs_value(v);
       s[c] = s[c] + v;
-      a[c] = a[c] + abs_value(v);
+      a[c] = a[c] + av;
+      m[c] = (v != 0.0 && av < m[c]) ? av : m[c];  // NaN never enters m (its column is not decided here)
     }
   }
 }
 
+// ---------------------------------------------------------------- AVX-512 form
+
+// GCC 12 reports _mm512_cvtps_pd's internal _mm512_undefined_pd() as
+// "may be used uninitialized" (a false positive in avx512fintrin.h).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#define CARBON_SCATTER_V4 __attribute__((target("arch=x86-64-v4")))
+
+// element_value of the lanes of `mask` among 8 consecutive elements (0
+// elsewhere): exact widenings in the default MXCSR state, which use_v4
+// checks. bfloat16 is the top half of a float32.
+CARBON_SCATTER_V4 inline __m512d widen8(const float* p, __mmask8 mask) {
+  return _mm512_cvtps_pd(_mm256_maskz_loadu_ps(mask, p));
+}
+CARBON_SCATTER_V4 inline __m512d widen8(const c10::BFloat16* p, __mmask8 mask) {
+  const __m256i h = _mm256_cvtepu16_epi32(_mm_maskz_loadu_epi16(mask, p));
+  return _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
+}
+CARBON_SCATTER_V4 inline __m512d widen8(const c10::Half* p, __mmask8 mask) {
+  return _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_maskz_loadu_epi16(mask, p)));
+}
+
+// Lanes of columns [c, c + 8) that lie below `width`.
+inline __mmask8 lanes_below(int64_t c, int64_t width) {
+  const int64_t n = std::min<int64_t>(8, std::max<int64_t>(0, width - c));
+  return static_cast<__mmask8>((1u << n) - 1u);
+}
+
+// RN_f of 8 fp64 sums known exact, as f's bits (in 64-bit lanes), in the
+// lanes where that result is a normal number of f (the returned mask):
+// round_normal_bits, rounds_to_normal and encode_normal of float_format.h.
+template <typename F>
+CARBON_SCATTER_V4 inline __mmask8 round_fp64_normal(__m512d sum, __m512i* bits) {
+  constexpr FloatFormat f = F::get();
+  constexpr int drop = 53 - f.precision;
+  const uint64_t min_bits = normal_min_bits(f), overflow = overflow_bits(f), half = 1ull << (drop - 1);
+  const uint64_t rebias = static_cast<uint64_t>(1023 - f.max_exp) << (f.precision - 1);
+  const __m512i u = _mm512_castpd_si512(sum);
+  const __m512i mag = _mm512_and_si512(u, _mm512_set1_epi64(static_cast<int64_t>(~kSignBit)));
+  const __mmask8 normal = _mm512_cmplt_epu64_mask(_mm512_sub_epi64(mag, _mm512_set1_epi64(min_bits)),
+                                                  _mm512_set1_epi64(overflow - half - min_bits));
+  const __m512i last = _mm512_and_si512(_mm512_srli_epi64(mag, drop), _mm512_set1_epi64(1));
+  const __m512i rounded = _mm512_and_si512(_mm512_add_epi64(_mm512_add_epi64(mag, _mm512_set1_epi64(half - 1)), last),
+                                           _mm512_set1_epi64(static_cast<int64_t>(~((1ull << drop) - 1))));
+  const __m512i encoded = _mm512_sub_epi64(_mm512_srli_epi64(rounded, drop), _mm512_set1_epi64(rebias));
+  const __m512i sign = _mm512_slli_epi64(_mm512_srli_epi64(u, 63), f.total_bits - 1);
+  *bits = _mm512_or_si512(encoded, sign);
+  return normal;
+}
+
+// Stores the lanes `mask` of 8 results (f's bits in 64-bit lanes).
+CARBON_SCATTER_V4 inline void store8(uint32_t* out, __mmask8 mask, __m512i bits) {
+  _mm256_mask_storeu_epi32(out, mask, _mm512_cvtepi64_epi32(bits));
+}
+CARBON_SCATTER_V4 inline void store8(uint16_t* out, __mmask8 mask, __m512i bits) {
+  _mm_mask_storeu_epi16(out, mask, _mm512_cvtepi64_epi16(bits));
+}
+
+// block_sums_portable, the same operations per column (so the same s, a, m),
+// with the sums of 32 columns kept in registers across the whole segment
+// (per term and 8 columns one widening load and four vector operations, no
+// loads or stores of the partial sums); then, still in registers, every
+// group of 8 columns whose sums are all certified exact with normal results
+// is written to out (RN_f(sum), as decide_block would). Returns a bit per
+// group of 8 columns that is not, left to decide_block (from s, a, m).
+template <typename T, typename F>
+CARBON_SCATTER_V4 uint32_t block_sums_v4(const T* __restrict__ self, const T* __restrict__ source,
+                                         const int64_t* __restrict__ order, int64_t count, int64_t inner,
+                                         int64_t width, double* __restrict__ s, double* __restrict__ a,
+                                         double* __restrict__ m, typename F::Bits* __restrict__ out) {
+  constexpr int kVectors = 4;
+  const __m512d zero = _mm512_setzero_pd(), inf = _mm512_set1_pd(kInf);
+  const __m512d scale = _mm512_set1_pd(exact_scale<T>());
+  uint32_t undecided = 0;
+  for (int64_t c0 = 0; c0 < width; c0 += 8 * kVectors) {
+    __mmask8 mask[kVectors];
+    __m512d vs[kVectors], va[kVectors], vm[kVectors];
+    for (int v = 0; v < kVectors; ++v) {
+      mask[v] = lanes_below(c0 + 8 * v, width);
+      if (self) {
+        const __m512d x = widen8(self + c0 + 8 * v, mask[v]);
+        vs[v] = x;
+        va[v] = _mm512_abs_pd(x);
+        vm[v] = _mm512_mask_mov_pd(inf, _mm512_cmp_pd_mask(x, zero, _CMP_NEQ_OQ), va[v]);
+      } else {
+        vs[v] = va[v] = zero;
+        vm[v] = inf;
+      }
+    }
+    for (int64_t p = 0; p < count; ++p) {
+      const T* row = source + order[p] * inner + c0;
+      for (int v = 0; v < kVectors; ++v) {
+        const __m512d x = widen8(row + 8 * v, mask[v]);
+        const __m512d ax = _mm512_abs_pd(x);
+        vs[v] = _mm512_add_pd(vs[v], x);
+        va[v] = _mm512_add_pd(va[v], ax);
+        vm[v] = _mm512_mask_min_pd(vm[v], _mm512_cmp_pd_mask(x, zero, _CMP_NEQ_OQ), ax, vm[v]);
+      }
+    }
+    for (int v = 0; v < kVectors; ++v) {
+      if (!mask[v]) continue;
+      __m512i bits;
+      const __mmask8 exact = _mm512_cmp_pd_mask(va[v], _mm512_mul_pd(vm[v], scale), _CMP_LT_OQ);
+      const __mmask8 ok = exact & round_fp64_normal<F>(vs[v], &bits);
+      if ((ok & mask[v]) == mask[v]) {
+        store8(out + c0 + 8 * v, mask[v], bits);
+        continue;
+      }
+      undecided |= 1u << ((c0 >> 3) + v);
+      _mm512_mask_storeu_pd(s + c0 + 8 * v, mask[v], vs[v]);
+      _mm512_mask_storeu_pd(a + c0 + 8 * v, mask[v], va[v]);
+      _mm512_mask_storeu_pd(m + c0 + 8 * v, mask[v], vm[v]);
+    }
+  }
+  return undecided;
+}
+
+// ---------------------------------------------------------------- float32 tier for 16-bit formats
+
+// bfloat16 and float16 terms have 8 and 11 significand bits, so a short
+// segment of them usually sums exactly in float32 too, 16 columns a vector
+// instead of 8. The certificate of exact_scale, redone for float32's 24
+// bits: abs_sum < m * 2^(23-p) < 2^(Q+23) makes every partial sum a
+// multiple of 2^Q below 2^(Q+24) in magnitude, so representable -- including
+// float32's subnormal range, whose quantum 2^-149 divides 2^Q, and with the
+// same monotonicity argument at the top of the range: were a partial
+// absolute sum >= 2^(Q+23), its rounding would be too (a float, or +inf),
+// and so would abs_sum. (m * 2^(23-p) is an exact scaling, or +inf where the
+// real product exceeds every float.) A certified column is RN_f(sum), by the
+// integer rounding of float_format.h transcribed to float32 bits. Columns
+// not certified, or whose result is not a normal number of f, make their
+// group of 16 columns fall back on the fp64 tier.
+template <typename T>
+constexpr float exact_scale_fp32() {
+  return static_cast<float>(int64_t(1) << (23 - element_precision<T>()));
+}
+
+CARBON_SCATTER_V4 inline __m512 widen16(const c10::BFloat16* p, __mmask16 mask) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
+}
+CARBON_SCATTER_V4 inline __m512 widen16(const c10::Half* p, __mmask16 mask) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p));
+}
+
+// Lanes of columns [c, c + 16) that lie below `width`.
+inline __mmask16 lanes16_below(int64_t c, int64_t width) {
+  const int64_t n = std::min<int64_t>(16, std::max<int64_t>(0, width - c));
+  return static_cast<__mmask16>((1u << n) - 1u);
+}
+
+// RN_f of 16 float32 sums known exact, as f's bits, in the lanes where that
+// result is a normal number of f (the returned mask): round_normal_bits,
+// rounds_to_normal and encode_normal of float_format.h with float32's 24
+// significand bits in place of double's 53 (same derivations).
+template <typename F>
+CARBON_SCATTER_V4 inline __mmask16 round_fp32_normal(__m512 sum, __m256i* bits) {
+  constexpr FloatFormat f = F::get();
+  constexpr int drop = 24 - f.precision;
+  constexpr uint32_t min_bits = static_cast<uint32_t>(f.min_normal_exp + 127) << 23;
+  constexpr uint32_t overflow = static_cast<uint32_t>(f.max_exp + 128) << 23;
+  constexpr uint32_t half = 1u << (drop - 1);
+  constexpr uint32_t rebias = static_cast<uint32_t>(127 - f.max_exp) << (f.precision - 1);
+  const __m512i u = _mm512_castps_si512(sum);
+  const __m512i mag = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
+  const __mmask16 normal = _mm512_cmplt_epu32_mask(_mm512_sub_epi32(mag, _mm512_set1_epi32(min_bits)),
+                                                   _mm512_set1_epi32(overflow - half - min_bits));
+  const __m512i last = _mm512_and_si512(_mm512_srli_epi32(mag, drop), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(mag, _mm512_set1_epi32(half - 1)), last),
+                                           _mm512_set1_epi32(~((1u << drop) - 1u)));
+  const __m512i encoded = _mm512_sub_epi32(_mm512_srli_epi32(rounded, drop), _mm512_set1_epi32(rebias));
+  const __m512i sign = _mm512_srli_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0x80000000u)), 32 - f.total_bits);
+  *bits = _mm512_cvtepi32_epi16(_mm512_or_si512(encoded, sign));
+  return normal;
+}
+
+// The float32 tier for columns [0, width) (width <= 256) of one
+// destination: writes every certified group of 16 columns to out and
+// returns a bit per group that is not (for the fp64 tier).
+template <typename T, typename F>
+CARBON_SCATTER_V4 uint32_t block_fp32_v4(const T* __restrict__ self, const T* __restrict__ source,
+                                         const int64_t* __restrict__ order, int64_t count, int64_t inner,
+                                         int64_t width, typename F::Bits* __restrict__ out) {
+  static_assert(sizeof(typename F::Bits) == 2, "16-bit formats only");
+  constexpr int kVectors = 4;
+  const __m512 zero = _mm512_setzero_ps(), inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  const __m512 scale = _mm512_set1_ps(exact_scale_fp32<T>());
+  uint32_t failed = 0;
+  for (int64_t c0 = 0; c0 < width; c0 += 16 * kVectors) {
+    __mmask16 mask[kVectors];
+    __m512 vs[kVectors], va[kVectors], vm[kVectors];
+    for (int v = 0; v < kVectors; ++v) {
+      mask[v] = lanes16_below(c0 + 16 * v, width);
+      if (self) {
+        const __m512 x = widen16(self + c0 + 16 * v, mask[v]);
+        vs[v] = x;
+        va[v] = _mm512_abs_ps(x);
+        vm[v] = _mm512_mask_mov_ps(inf, _mm512_cmp_ps_mask(x, zero, _CMP_NEQ_OQ), va[v]);
+      } else {
+        vs[v] = va[v] = zero;
+        vm[v] = inf;
+      }
+    }
+    for (int64_t p = 0; p < count; ++p) {
+      const T* row = source + order[p] * inner + c0;
+      for (int v = 0; v < kVectors; ++v) {
+        const __m512 x = widen16(row + 16 * v, mask[v]);
+        const __m512 ax = _mm512_abs_ps(x);
+        vs[v] = _mm512_add_ps(vs[v], x);
+        va[v] = _mm512_add_ps(va[v], ax);
+        vm[v] = _mm512_mask_min_ps(vm[v], _mm512_cmp_ps_mask(x, zero, _CMP_NEQ_OQ), ax, vm[v]);
+      }
+    }
+    for (int v = 0; v < kVectors; ++v) {
+      if (!mask[v]) continue;
+      __m256i bits;
+      const __mmask16 exact = _mm512_cmp_ps_mask(va[v], _mm512_mul_ps(vm[v], scale), _CMP_LT_OQ);
+      const __mmask16 ok = exact & round_fp32_normal<F>(vs[v], &bits);
+      if ((ok & mask[v]) == mask[v])
+        _mm256_mask_storeu_epi16(out + c0 + 16 * v, mask[v], bits);
+      else
+        failed |= 1u << ((c0 >> 4) + v);
+    }
+  }
+  return failed;
+}
+
+// For 16-bit terms rounded to a 16-bit format (the dispatch also
+// instantiates pairings the ops never use).
+template <typename T, typename F>
+constexpr bool has_fp32_tier() {
+  return element_precision<T>() <= 11 && sizeof(typename F::Bits) == 2;
+}
+
+// The float32 tier is tried on segments of at most this many terms: the
+// longer a segment, the likelier some column's smallest term is too small
+// for its certificate (the fp64 tier then redoes the group). A choice of
+// speed only: every tier gives RN_f(exact sum).
+constexpr int64_t kFp32MaxTerms = 32;
+
+#pragma GCC diagnostic pop
+
+// AVX-512 present, and this thread's MXCSR the default (round to
+// nearest-even, no flush-to-zero / denormals-are-zero, exceptions masked),
+// in which the widenings above are exact and the fp64 additions those of
+// the portable form. CARBON_SCATTER_PORTABLE=1 forces the portable form (to
+// check that both give the same bits).
+bool use_v4() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                          std::getenv("CARBON_SCATTER_PORTABLE") == nullptr;
+  return yes && (_mm_getcsr() & 0xFFC0u) == 0x1F80u;
+}
+
 // Tier 1's decision for a block of columns, without branches (so the loop
-// vectorizes), restricted to intervals in f's normal range. It is
-// round_if_decided(s, factor * a) specialized to that range: the interval
-// [s - beta, s + beta], pushed one ulp outwards (next_down / next_up are
-// steps of one in the magnitude's bits), must lie on one side of 0 with both
-// ends rounding to the same normal number of f. Every other column (zeros,
-// subnormals, overflow, non-finite sums, undecided intervals) is flagged in
-// `pending` for scatter_finish. A decided column is RN_f(exact sum), as from
+// vectorizes), restricted to results in f's normal range. A column whose
+// sum is certified exact (a[c] < m[c] * scale, see exact_scale) is
+// RN_f(s[c]): the interval below with beta = 0 and no outward step, so
+// ties round to even. Otherwise it is round_if_decided(s, factor * a)
+// specialized to that range: the interval [s - beta, s + beta], pushed one
+// ulp outwards (next_down / next_up are steps of one in the magnitude's
+// bits), must lie on one side of 0 with both ends rounding to the same
+// normal number of f. Every other column (zeros, subnormals, overflow,
+// non-finite sums, undecided intervals) is flagged in `pending` for
+// scatter_finish. A decided column is RN_f(exact sum), as from
 // scatter_finish, so the tier that decides never shows in the bits.
 template <typename F>
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) uint32_t decide_block(
-    const double* __restrict__ s, const double* __restrict__ a, double factor, int64_t width,
-    typename F::Bits* __restrict__ out, uint8_t* __restrict__ pending) {
+    const double* __restrict__ s, const double* __restrict__ a, const double* __restrict__ m, double factor,
+    double scale, int64_t width, typename F::Bits* __restrict__ out, uint8_t* __restrict__ pending) {
   constexpr FloatFormat f = F::get();
   uint32_t all_decided = 1;
   for (int64_t c = 0; c < width; ++c) {
-    const double beta = factor * a[c];
+    const bool exact = a[c] < m[c] * scale;
+    const double beta = exact ? 0.0 : factor * a[c];
+    const uint64_t step = exact ? 0 : 1;
     const uint64_t lo = double_to_bits(s[c] - beta), hi = double_to_bits(s[c] + beta);
     const uint64_t mag_lo = lo & ~kSignBit, mag_hi = hi & ~kSignBit;
-    const uint64_t inner = (mag_lo < mag_hi ? mag_lo : mag_hi) - 1;  // one ulp towards 0 (0 wraps: not normal)
-    const uint64_t outer = (mag_lo < mag_hi ? mag_hi : mag_lo) + 1;  // one ulp away from 0
+    const uint64_t inner = (mag_lo < mag_hi ? mag_lo : mag_hi) - step;  // towards 0 (0 wraps: not normal)
+    const uint64_t outer = (mag_lo < mag_hi ? mag_hi : mag_lo) + step;  // away from 0
     const uint64_t r_inner = round_normal_bits(inner, f);
     const uint32_t decided = static_cast<uint32_t>(((lo ^ hi) & kSignBit) == 0) & rounds_to_normal(inner, f) &
                              rounds_to_normal(outer, f) & static_cast<uint32_t>(r_inner == round_normal_bits(outer, f));
@@ -82,8 +389,9 @@ void scatter_rows(const T* self, const T* source, const int64_t* order, const in
   constexpr FloatFormat f = F::get();
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(inner, 1));
   at::parallel_for(0, outer * S, grain, [&](int64_t begin, int64_t end) {
-    double s[kColumnBlock], a[kColumnBlock];
+    double s[kColumnBlock], a[kColumnBlock], m[kColumnBlock];
     uint8_t pending[kColumnBlock];
+    const bool v4 = use_v4();
     for (int64_t d = begin; d < end; ++d) {
       const int64_t o = d / S, j = d % S;
       const int64_t* seg = order + offsets[j];
@@ -91,17 +399,45 @@ void scatter_rows(const T* self, const T* source, const int64_t* order, const in
       typename F::Bits* dst = out + d * inner;
       if (count == 0 && !self) continue;  // +0, from the zero fill in scatter_rows_cpu
       const double factor = scatter_bound_factor(count + (self ? 1 : 0));
-      for (int64_t c0 = 0; c0 < inner; c0 += kColumnBlock) {
-        const int64_t width = std::min(kColumnBlock, inner - c0);
+      // The fp64 tier for columns [c0, c0 + width), width <= kColumnBlock.
+      auto fp64_tier = [&](int64_t c0, int64_t width) {
         const T* self_row = self ? self + d * inner + c0 : nullptr;
         const T* src = source + o * N * inner + c0;
-        block_sums(self_row, src, seg, count, inner, width, s, a);
-        if (decide_block<F>(s, a, factor, width, dst + c0, pending)) continue;
-        for (int64_t c = 0; c < width; ++c) {
-          if (!pending[c]) continue;
-          const DestinationTerms<T> terms{self_row ? self_row + c : nullptr, src + c, seg, count, inner};
-          dst[c0 + c] = static_cast<typename F::Bits>(encode(scatter_finish(terms, s[c], a[c], factor, f), f));
+        // decide_block, then the scalar tiers, for columns [c1, c1 + w) of s, a, m.
+        auto decide = [&](int64_t c1, int64_t w) {
+          if (decide_block<F>(s + c1, a + c1, m + c1, factor, exact_scale<T>(), w, dst + c0 + c1, pending)) return;
+          for (int64_t c = 0; c < w; ++c) {
+            if (!pending[c]) continue;
+            const int64_t col = c1 + c;
+            const DestinationTerms<T> terms{self_row ? self_row + col : nullptr, src + col, seg, count, inner};
+            dst[c0 + col] = static_cast<typename F::Bits>(encode(scatter_finish(terms, s[col], a[col], factor, f), f));
+          }
+        };
+        if (v4) {
+          for (uint32_t undecided = block_sums_v4<T, F>(self_row, src, seg, count, inner, width, s, a, m, dst + c0);
+               undecided; undecided &= undecided - 1) {
+            const int64_t g = __builtin_ctz(undecided) * 8;
+            decide(g, std::min<int64_t>(8, width - g));
+          }
+        } else {
+          block_sums_portable(self_row, src, seg, count, inner, width, s, a, m);
+          decide(0, width);
         }
+      };
+      for (int64_t c0 = 0; c0 < inner; c0 += kColumnBlock) {
+        const int64_t width = std::min(kColumnBlock, inner - c0);
+        if constexpr (has_fp32_tier<T, F>()) {
+          if (v4 && count <= kFp32MaxTerms) {
+            uint32_t failed = block_fp32_v4<T, F>(self ? self + d * inner + c0 : nullptr, source + o * N * inner + c0,
+                                                  seg, count, inner, width, dst + c0);
+            for (; failed; failed &= failed - 1) {
+              const int64_t g = __builtin_ctz(failed) * 16;
+              fp64_tier(c0 + g, std::min<int64_t>(16, width - g));
+            }
+            continue;
+          }
+        }
+        fp64_tier(c0, width);
       }
     }
   });
