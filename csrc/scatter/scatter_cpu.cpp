@@ -11,10 +11,10 @@
 // about one output in seven for sums of a handful of random float32 or
 // bfloat16 values -- failed the interval test and took the exact
 // accumulator. Three forms of tier 1, each ending in RN_f(exact sum):
-//   * portable: fp64 sums into arrays, then decide_block (branch-free) and
+//   * portable: fp64 sums into arrays, then decide_columns (branch-free) and
 //     the scalar tiers for what it leaves;
 //   * AVX-512, fp64: the sums of 32 columns in registers, certified groups
-//     of 8 columns rounded there, the rest to decide_block;
+//     of 8 columns rounded there, the rest to decide_columns;
 //   * AVX-512, float32 (bfloat16 / float16 segments of at most 32 terms):
 //     16 columns a vector, certified groups of 16 rounded, the rest redone
 //     by the fp64 form.
@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include "../dtypes.h"
+#include "../exact/decide_block.h"
 #include "scatter.h"
 #include "scatter_kernel.h"
 
@@ -156,8 +157,8 @@ CARBON_SCATTER_V4 inline void store8(uint16_t* out, __mmask8 mask, __m512i bits)
 // (per term and 8 columns one widening load and four vector operations, no
 // loads or stores of the partial sums); then, still in registers, every
 // group of 8 columns whose sums are all certified exact with normal results
-// is written to out (RN_f(sum), as decide_block would). Returns a bit per
-// group of 8 columns that is not, left to decide_block (from s, a, m).
+// is written to out (RN_f(sum), as decide_columns would). Returns a bit per
+// group of 8 columns that is not, left to decide_columns (from s, a, m).
 template <typename T, typename F>
 CARBON_SCATTER_V4 uint32_t block_sums_v4(const T* __restrict__ self, const T* __restrict__ source,
                                          const int64_t* __restrict__ order, int64_t count, int64_t inner,
@@ -347,36 +348,22 @@ bool use_v4() {
 }
 
 // Tier 1's decision for a block of columns, without branches (so the loop
-// vectorizes), restricted to results in f's normal range. A column whose
-// sum is certified exact (a[c] < m[c] * scale, see exact_scale) is
-// RN_f(s[c]): the interval below with beta = 0 and no outward step, so
-// ties round to even. Otherwise it is round_if_decided(s, factor * a)
-// specialized to that range: the interval [s - beta, s + beta], pushed one
-// ulp outwards (next_down / next_up are steps of one in the magnitude's
-// bits), must lie on one side of 0 with both ends rounding to the same
-// normal number of f. Every other column (zeros, subnormals, overflow,
-// non-finite sums, undecided intervals) is flagged in `pending` for
-// scatter_finish. A decided column is RN_f(exact sum), as from
+// vectorizes), restricted to results in f's normal range
+// (csrc/exact/decide_block.h). A column whose sum is certified exact
+// (a[c] < m[c] * scale, see exact_scale) is RN_f(s[c]): beta = 0 and no
+// outward step, so ties round to even. Otherwise it is
+// round_if_decided(s, factor * a). Every other column (zeros, subnormals,
+// overflow, non-finite sums, undecided intervals) is flagged in `pending`
+// for scatter_finish. A decided column is RN_f(exact sum), as from
 // scatter_finish, so the tier that decides never shows in the bits.
 template <typename F>
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) uint32_t decide_block(
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) uint32_t decide_columns(
     const double* __restrict__ s, const double* __restrict__ a, const double* __restrict__ m, double factor,
     double scale, int64_t width, typename F::Bits* __restrict__ out, uint8_t* __restrict__ pending) {
-  constexpr FloatFormat f = F::get();
   uint32_t all_decided = 1;
   for (int64_t c = 0; c < width; ++c) {
     const bool exact = a[c] < m[c] * scale;
-    const double beta = exact ? 0.0 : factor * a[c];
-    const uint64_t step = exact ? 0 : 1;
-    const uint64_t lo = double_to_bits(s[c] - beta), hi = double_to_bits(s[c] + beta);
-    const uint64_t mag_lo = lo & ~kSignBit, mag_hi = hi & ~kSignBit;
-    const uint64_t inner = (mag_lo < mag_hi ? mag_lo : mag_hi) - step;  // towards 0 (0 wraps: not normal)
-    const uint64_t outer = (mag_lo < mag_hi ? mag_hi : mag_lo) + step;  // away from 0
-    const uint64_t r_inner = round_normal_bits(inner, f);
-    const uint32_t decided = static_cast<uint32_t>(((lo ^ hi) & kSignBit) == 0) & rounds_to_normal(inner, f) &
-                             rounds_to_normal(outer, f) & static_cast<uint32_t>(r_inner == round_normal_bits(outer, f));
-    const uint32_t sign = static_cast<uint32_t>(lo >> 63) << (f.total_bits - 1);
-    out[c] = static_cast<typename F::Bits>(sign | encode_normal(r_inner, f));
+    const uint32_t decided = decide_sum<F>(s[c], exact ? 0.0 : factor * a[c], exact ? 0 : 1, out + c);
     pending[c] = static_cast<uint8_t>(decided ^ 1u);
     all_decided &= decided;
   }
@@ -403,9 +390,9 @@ void scatter_rows(const T* self, const T* source, const int64_t* order, const in
       auto fp64_tier = [&](int64_t c0, int64_t width) {
         const T* self_row = self ? self + d * inner + c0 : nullptr;
         const T* src = source + o * N * inner + c0;
-        // decide_block, then the scalar tiers, for columns [c1, c1 + w) of s, a, m.
+        // decide_columns, then the scalar tiers, for columns [c1, c1 + w) of s, a, m.
         auto decide = [&](int64_t c1, int64_t w) {
-          if (decide_block<F>(s + c1, a + c1, m + c1, factor, exact_scale<T>(), w, dst + c0 + c1, pending)) return;
+          if (decide_columns<F>(s + c1, a + c1, m + c1, factor, exact_scale<T>(), w, dst + c0 + c1, pending)) return;
           for (int64_t c = 0; c < w; ++c) {
             if (!pending[c]) continue;
             const int64_t col = c1 + c;
