@@ -267,6 +267,72 @@ double exact_mean_dot(const double* a, const double* b, int64_t n) {
   return exact_mean_round(limb, flags, n);
 }
 
+// ---------------------------------------------------------------- exact fp64 sums
+//
+// Tier 1 can never decide a mean that lies exactly on a rounding tie of
+// float32, whatever its error bound, and such means are common when the
+// terms have few bits (bfloat16 or float16 values, their squares, small
+// integers) and n is a power of two: then the fp64 sum is often exact, and
+// the exact sum over n is a tie. When the fp64 sum is provably exact, the
+// exact accumulator is given that one value instead of the n terms: the same
+// exact sum, so the same rounding and the same bits, for one addition.
+//
+// Exactness: if every term is an integer multiple of 2^m and the terms'
+// absolute sum is below 2^(m+53), every partial sum of any tree is a
+// multiple of 2^m of magnitude below 2^(m+53), hence a double, so every
+// addition is exact.
+
+// The bits of the smallest nonzero |v_k| (0 if every v_k is +-0).
+CARBON_NORM_CLONES uint64_t min_nonzero_magnitude(const double* v, int64_t n) {
+  uint64_t least = ~0ull;
+  for (int64_t k = 0; k < n; ++k) least = std::min(least, (double_to_bits(v[k]) & ~kSignBit) - 1);  // +-0 wraps
+  return least + 1;
+}
+
+// Whether an fp64 sum of terms is exact, by the test above. `least` is the
+// smallest nonzero |term| (bits; every term is a normal double: a nonzero
+// value of a supported format is at least 2^-149, a square 2^-298), `bits`
+// the most significant bits a term has, so no term has a set bit below
+// 2^(exponent(least) - bits + 1) =: 2^m. `abs_sum` is the fp64 absolute
+// sum of the terms by a tree of depth d: the real one is at most
+// abs_sum / (1 - gamma_d) < 2 abs_sum.
+bool fp64_sum_is_exact(double sum, double abs_sum, uint64_t least, int bits) {
+  if (least == 0 || sum == 0.0 || !is_finite(sum) || !is_finite(abs_sum)) return false;  // zeros: signs
+  const int m = static_cast<int>(least >> 52) - 1023 - (bits - 1);
+  return abs_sum < std::ldexp(1.0, m + 52);
+}
+
+// RN32(c / n) of an exact sum c held in one double.
+double exact_mean_of(double c, int64_t n) {
+  int64_t limb[kLimbs];
+  uint32_t flags;
+  exact_sum_clear(limb, flags);
+  exact_sum_add(limb, flags, c);
+  return exact_mean_round(limb, flags, n);
+}
+
+// The exact tier of RN32(sum v_k / n) for values v_k of at most `bits`
+// significant bits whose fp64 sums (by the row's tree) are `sum` and
+// `abs_sum`.
+double exact_mean_of_values(const double* v, int64_t n, double sum, double abs_sum, int bits) {
+  if (fp64_sum_is_exact(sum, abs_sum, min_nonzero_magnitude(v, n), bits)) return exact_mean_of(sum, n);
+  return exact_mean(v, n);
+}
+
+// The exact tier of RN32(sum v_k^2 / n) for values v_k of at most `bits`
+// significant bits whose exact squares' fp64 sum (by the row's tree) is
+// `squares` (their own absolute sum). A square has at most 2 * bits
+// significant bits, and the smallest nonzero one is the square of the
+// smallest nonzero |v_k| (exact in fp64: at most 48 bits).
+double exact_mean_of_squares(const double* v, int64_t n, double squares, int bits) {
+  const uint64_t least = min_nonzero_magnitude(v, n);
+  if (least != 0) {
+    const double x = bits_to_double(least);
+    if (fp64_sum_is_exact(squares, squares, double_to_bits(x * x), 2 * bits)) return exact_mean_of(squares, n);
+  }
+  return exact_mean_dot(v, v, n);
+}
+
 // Exact tier of RN32(sum (v_k - mu)^2 / n), finite v and mu.
 double exact_mean_centered_squares(const double* v, double mu, int64_t n) {
   int64_t limb[kLimbs];
@@ -959,20 +1025,21 @@ void forward_rows(const NormArgs& a, at::Tensor& y_tensor) {
   float* mean = a.rms ? nullptr : a.mean.mutable_data_ptr<float>();
   float* rstd = a.rstd.mutable_data_ptr<float>();
   const int64_t depth = chain_depth(n);
+  constexpr int kBits = F::get().precision;  // significant bits of an element
   at::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
     std::vector<double> v(n);
     const bool lanes = use_lanes(), hw = lanes && default_fp_env();
     for (int64_t r = begin; r < end; ++r) {
       double mu = 0.0, var;
       if (a.rms) {
-        if (!mean_of_squares_fast(decode_squares(x + r * n, n, v.data()), n, depth, 0, &var))
-          var = exact_mean_dot(v.data(), v.data(), n);
+        const double squares = decode_squares(x + r * n, n, v.data());
+        if (!mean_of_squares_fast(squares, n, depth, 0, &var)) var = exact_mean_of_squares(v.data(), n, squares, kBits);
       } else {
         // With AVX-512 the first pass also sums the squares, and most rows'
         // variance is decided from those moments without the centred pass.
         double squares = 0.0;
         const Sums s = lanes ? decode_moments_v4(x + r * n, n, v.data(), &squares) : decode_sums(x + r * n, n, v.data());
-        if (!mean_fast(s.sum, s.abs_sum, n, depth, &mu)) mu = exact_mean(v.data(), n);
+        if (!mean_fast(s.sum, s.abs_sum, n, depth, &mu)) mu = exact_mean_of_values(v.data(), n, s.sum, s.abs_sum, kBits);
         if (!is_finite(mu))  // a row with an inf or a NaN
           var = canonical_nan();
         else if (lanes && variance_from_moments(s.sum, s.abs_sum, squares, mu, n, depth, &var))
@@ -1038,7 +1105,9 @@ struct RowBackward {
       p = chain_dot(q, h, n);
     }
     double A = 0.0, B;
-    if (!a.rms && !mean_fast(s.sum, s.abs_sum, n, depth, &A)) A = exact_mean(q, n);
+    // g: dy (an element) or RN32(dy (x) w)
+    const int g_bits = w ? F32::get().precision : F::get().precision;
+    if (!a.rms && !mean_fast(s.sum, s.abs_sum, n, depth, &A)) A = exact_mean_of_values(q, n, s.sum, s.abs_sum, g_bits);
     if (!mean_fast(p.sum, p.abs_sum, n, depth, &B)) B = exact_mean_dot(q, h, n);
     auto* out = dx + r * n;
     if (a.rms ? backward_outputs_fast<F, true>(h, q, n, A, B, rs, out)
