@@ -703,33 +703,55 @@ bool has_avx512_bf16() {
 
 // ---------------------------------------------------------------- backward rows, AVX-512 + default MXCSR
 
+// 8 elements as float32 values (every supported format widens exactly).
+template <typename T>
+CARBON_LANES_INLINE CARBON_NORM_V4 __m256 decode_floats(const T* p);
+template <>
+CARBON_LANES_INLINE CARBON_NORM_V4 __m256 decode_floats(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+template <>
+CARBON_LANES_INLINE CARBON_NORM_V4 __m256 decode_floats(const c10::BFloat16* p) {  // the top halves of float32s
+  const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+}
+template <>
+CARBON_LANES_INLINE CARBON_NORM_V4 __m256 decode_floats(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 // backward_row_fast_v4 with the hardware float32 roundings (IEEE in the
 // default MXCSR state, so x-hat and g are round_double's values for every
 // input), and chain_grad_sums_v4's sums in the same pass (the same chains:
 // element k into lane k mod kChains in order, the tail into chain 0
 // afterwards, then fold_chains). A row with a NaN x-hat or g is flagged
-// (the general path then redoes it, as before).
+// (the general path then redoes it, as before). wf holds the weight as
+// float32 values (w's values: the weight has x's dtype), for g below.
 template <typename T, bool kRms, bool kW>
 CARBON_NORM_V4 bool backward_row_fast_hw(const T* __restrict__ x, const T* __restrict__ dy, int64_t n, double mu,
-                                         double rs, const double* __restrict__ w, double* __restrict__ xh,
-                                         double* __restrict__ g, Sums* gs, Sums* gd) {
+                                         double rs, const double* __restrict__ w, const float* __restrict__ wf,
+                                         double* __restrict__ xh, double* __restrict__ g, Sums* gs, Sums* gd) {
   constexpr bool kSums = !kRms;
   const __m512d vmu = _mm512_set1_pd(mu), vrs = _mm512_set1_pd(rs);
   __m512d ss = _mm512_setzero_pd(), sa = _mm512_setzero_pd(), ds = _mm512_setzero_pd(), da = _mm512_setzero_pd();
   __mmask8 bad_lanes = 0;
   int64_t k = 0;
   for (; k + kChains <= n; k += kChains) {
-    const __m512d v = (__m512d)decode_lanes(x + k), d = (__m512d)decode_lanes(dy + k);
+    const __m512d v = _mm512_cvtps_pd(decode_floats(x + k));
     const __m256 h32 = _mm512_cvtpd_ps(kRms ? _mm512_mul_pd(v, vrs) : _mm512_mul_pd(_mm512_sub_pd(v, vmu), vrs));
     bad_lanes |= nan_lanes(h32);
     const __m512d h = _mm512_cvtps_pd(h32);
     _mm512_storeu_pd(xh + k, h);
-    __m512d q = d;
+    // g = RN32(dy (x) w): dy and w are float32 values, so their fp64 product
+    // is exact and its RN32 is the IEEE float32 product, one instruction
+    // instead of a widening, an fp64 product and a narrowing (this loop is
+    // bound by the pipes that convert and add).
+    __m256 q32 = decode_floats(dy + k);
     if (kW) {
-      const __m256 q32 = _mm512_cvtpd_ps(_mm512_mul_pd(d, _mm512_loadu_pd(w + k)));
+      q32 = _mm256_mul_ps(q32, _mm256_loadu_ps(wf + k));
       bad_lanes |= nan_lanes(q32);
-      q = _mm512_cvtps_pd(q32);
     }
+    const __m512d q = _mm512_cvtps_pd(q32);
     _mm512_storeu_pd(g + k, q);
     if (kSums) {
       ss = _mm512_add_pd(ss, q);
@@ -974,10 +996,10 @@ double decode_squares(const T* x, int64_t n, double* v) {
 }
 
 template <typename T, bool kRms, bool kW>
-bool backward_row_fast(const T* x, const T* dy, int64_t n, double mu, double rs, const double* w, double* xh,
-                       double* g, Sums* gs, Sums* gd) {
+bool backward_row_fast(const T* x, const T* dy, int64_t n, double mu, double rs, const double* w, const float* wf,
+                       double* xh, double* g, Sums* gs, Sums* gd) {
   if (!use_lanes()) return backward_row_fast_portable<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd);
-  return default_fp_env() ? backward_row_fast_hw<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd)
+  return default_fp_env() ? backward_row_fast_hw<T, kRms, kW>(x, dy, n, mu, rs, w, wf, xh, g, gs, gd)
                           : backward_row_fast_v4<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd);
 }
 
@@ -1076,11 +1098,14 @@ struct RowBackward {
   const float* rstd;
   int64_t n, depth;
   std::vector<double> xv, dv, xh, g;
+  std::vector<float> wf;  // w as float32 (exact: the weight has x's dtype)
 
   RowBackward(const NormArgs& args, const T* x_, const T* dy_, typename F::Bits* dx_, const double* w_)
       : a(args), x(x_), dy(dy_), dx(dx_), w(w_), mean(args.rms ? nullptr : args.mean.const_data_ptr<float>()),
         rstd(args.rstd.const_data_ptr<float>()), n(args.x.size(1)), depth(chain_depth(n)), xv(n), dv(n), xh(n),
-        g(n) {}
+        g(n) {
+    if (w) wf.assign(w, w + n);
+  }
 
   void run(int64_t r) {
     const double mu = a.rms ? 0.0 : load32(mean + r), rs = load32(rstd + r);
@@ -1090,10 +1115,11 @@ struct RowBackward {
     double* q = g.data();
     double* d = dv.data();
     Sums s, p;
-    const bool fast = a.rms ? (w ? backward_row_fast<T, true, true>(xr, dr, n, mu, rs, w, h, q, &s, &p)
-                                 : backward_row_fast<T, true, false>(xr, dr, n, mu, rs, w, h, q, &s, &p))
-                            : (w ? backward_row_fast<T, false, true>(xr, dr, n, mu, rs, w, h, q, &s, &p)
-                                 : backward_row_fast<T, false, false>(xr, dr, n, mu, rs, w, h, q, &s, &p));
+    const float* wv = wf.data();
+    const bool fast = a.rms ? (w ? backward_row_fast<T, true, true>(xr, dr, n, mu, rs, w, wv, h, q, &s, &p)
+                                 : backward_row_fast<T, true, false>(xr, dr, n, mu, rs, w, wv, h, q, &s, &p))
+                            : (w ? backward_row_fast<T, false, true>(xr, dr, n, mu, rs, w, wv, h, q, &s, &p)
+                                 : backward_row_fast<T, false, false>(xr, dr, n, mu, rs, w, wv, h, q, &s, &p));
     if (!fast) {  // the general path, then the sums as before
       decode_row(xr, n, xv.data());
       decode_row(dr, n, d);
