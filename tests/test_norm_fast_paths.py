@@ -4,6 +4,8 @@ their fallbacks (csrc/norm/norm_cpu.cpp), against tests/norm_reference.py:
 * the variance decided from the first pass's moments (mean near 0), left to
   the centred pass (a large mean against the spread) or to the exact tier
   (ties), with the tie placed in different lanes / the tail of long rows;
+* means and mean squares on a float32 tie whose float64 sums are exact
+  (rounded from that one sum) or not (the exact accumulator over the row);
 * the hardware roundings are used only in the default floating-point state:
   with flush-to-zero set (torch.set_flush_denormal), outputs that are
   float32 / float16 subnormals must still be the correctly rounded ones.
@@ -18,7 +20,8 @@ import carbon  # noqa: F401  (registers torch.ops.carbon)
 
 from data import DTYPES, F16, F32, generator
 from norm_reference import layer_norm_backward_ref, layer_norm_ref, rms_norm_ref
-from norm_util import check_layer_norm, norm_data, params, tie_square
+from norm_util import (check_layer_norm, check_layer_norm_grads, check_rms_norm, check_rms_norm_grads, norm_data,
+                       params, tie_square)
 from oracle import assert_bits_equal
 
 
@@ -48,6 +51,50 @@ def test_variance_tie_in_long_rows(position):
         rows.append(row)
     x = torch.tensor(rows, dtype=torch.float64).to(F32)
     check_layer_norm(x, (1024,), eps=0.0, context=f"tie at {position}")
+
+
+def _tie_rows(n: int, position: int) -> torch.Tensor:
+    """Rows of n = 1024 values whose mean or mean square lies exactly halfway
+    between two float32 values, each sum exact in float64 (few-bit values):
+    ones and one 2^-15 (mean 1 - 2^-10 + 2^-25), ones and two 2^-8 (mean
+    square 1 - 2^-9 + 2^-25), their negations, and the first row with a
+    second value moved far below (2^-80): just off the tie, and its float64
+    sum no longer exact."""
+    mean_tie = [1.0] * n
+    mean_tie[position] = 2.0**-15
+    square_tie = [1.0] * n
+    square_tie[position] = square_tie[(position + 333) % n] = 2.0**-8
+    far = list(mean_tie)
+    far[(position + 1) % n] = 2.0**-80
+    rows = [mean_tie, square_tie, [-v for v in mean_tie], [-v for v in square_tie], far]
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("position", (0, 7, 1023))
+def test_ties_of_exact_float64_sums(dtype, position):
+    # No error bound decides a tie; when the float64 sum is exact the kernels
+    # round that one sum, otherwise the exact accumulator sums the row. Also
+    # random small integers (exact sums, frequent ties) and gradients whose
+    # mean of dy is such a tie (no weight: g = dy).
+    n = 1024
+    x = _tie_rows(n, position)
+    if dtype == F16:  # 2^-80 is below float16's range: 2^-24 (an exact sum again, off the tie)
+        x[4][(position + 1) % n] = 2.0**-24
+    g = generator(40 + position)
+    ints = torch.randint(-8, 9, (4, n), generator=g).double()
+    x = torch.cat([x, ints]).to(dtype)
+    dy = torch.cat([_tie_rows(n, (position + 5) % n), torch.randint(-8, 9, (4, n), generator=g).double()]).to(dtype)
+    if dtype == F16:
+        dy[4][(position + 6) % n] = 2.0**-24
+    context = f"{dtype} tie at {position}"
+    check_layer_norm(x, (n,), eps=0.0, context=context)
+    check_rms_norm(x, (n,), context=context)
+    w, b = params((n,), dtype, "both", seed=position)
+    check_layer_norm(x, (n,), w, b, context=context + " affine")
+    check_layer_norm_grads(x, (n,), None, None, dy=dy, context=context)
+    check_layer_norm_grads(x, (n,), w, b, dy=dy, context=context + " affine")
+    check_rms_norm_grads(x, (n,), w, dy=dy, context=context + " rms")
 
 
 def test_flush_to_zero_state_keeps_subnormal_outputs():

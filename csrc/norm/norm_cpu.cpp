@@ -267,6 +267,72 @@ double exact_mean_dot(const double* a, const double* b, int64_t n) {
   return exact_mean_round(limb, flags, n);
 }
 
+// ---------------------------------------------------------------- exact fp64 sums
+//
+// Tier 1 can never decide a mean that lies exactly on a rounding tie of
+// float32, whatever its error bound, and such means are common when the
+// terms have few bits (bfloat16 or float16 values, their squares, small
+// integers) and n is a power of two: then the fp64 sum is often exact, and
+// the exact sum over n is a tie. When the fp64 sum is provably exact, the
+// exact accumulator is given that one value instead of the n terms: the same
+// exact sum, so the same rounding and the same bits, for one addition.
+//
+// Exactness: if every term is an integer multiple of 2^m and the terms'
+// absolute sum is below 2^(m+53), every partial sum of any tree is a
+// multiple of 2^m of magnitude below 2^(m+53), hence a double, so every
+// addition is exact.
+
+// The bits of the smallest nonzero |v_k| (0 if every v_k is +-0).
+CARBON_NORM_CLONES uint64_t min_nonzero_magnitude(const double* v, int64_t n) {
+  uint64_t least = ~0ull;
+  for (int64_t k = 0; k < n; ++k) least = std::min(least, (double_to_bits(v[k]) & ~kSignBit) - 1);  // +-0 wraps
+  return least + 1;
+}
+
+// Whether an fp64 sum of terms is exact, by the test above. `least` is the
+// smallest nonzero |term| (bits; every term is a normal double: a nonzero
+// value of a supported format is at least 2^-149, a square 2^-298), `bits`
+// the most significant bits a term has, so no term has a set bit below
+// 2^(exponent(least) - bits + 1) =: 2^m. `abs_sum` is the fp64 absolute
+// sum of the terms by a tree of depth d: the real one is at most
+// abs_sum / (1 - gamma_d) < 2 abs_sum.
+bool fp64_sum_is_exact(double sum, double abs_sum, uint64_t least, int bits) {
+  if (least == 0 || sum == 0.0 || !is_finite(sum) || !is_finite(abs_sum)) return false;  // zeros: signs
+  const int m = static_cast<int>(least >> 52) - 1023 - (bits - 1);
+  return abs_sum < std::ldexp(1.0, m + 52);
+}
+
+// RN32(c / n) of an exact sum c held in one double.
+double exact_mean_of(double c, int64_t n) {
+  int64_t limb[kLimbs];
+  uint32_t flags;
+  exact_sum_clear(limb, flags);
+  exact_sum_add(limb, flags, c);
+  return exact_mean_round(limb, flags, n);
+}
+
+// The exact tier of RN32(sum v_k / n) for values v_k of at most `bits`
+// significant bits whose fp64 sums (by the row's tree) are `sum` and
+// `abs_sum`.
+double exact_mean_of_values(const double* v, int64_t n, double sum, double abs_sum, int bits) {
+  if (fp64_sum_is_exact(sum, abs_sum, min_nonzero_magnitude(v, n), bits)) return exact_mean_of(sum, n);
+  return exact_mean(v, n);
+}
+
+// The exact tier of RN32(sum v_k^2 / n) for values v_k of at most `bits`
+// significant bits whose exact squares' fp64 sum (by the row's tree) is
+// `squares` (their own absolute sum). A square has at most 2 * bits
+// significant bits, and the smallest nonzero one is the square of the
+// smallest nonzero |v_k| (exact in fp64: at most 48 bits).
+double exact_mean_of_squares(const double* v, int64_t n, double squares, int bits) {
+  const uint64_t least = min_nonzero_magnitude(v, n);
+  if (least != 0) {
+    const double x = bits_to_double(least);
+    if (fp64_sum_is_exact(squares, squares, double_to_bits(x * x), 2 * bits)) return exact_mean_of(squares, n);
+  }
+  return exact_mean_dot(v, v, n);
+}
+
 // Exact tier of RN32(sum (v_k - mu)^2 / n), finite v and mu.
 double exact_mean_centered_squares(const double* v, double mu, int64_t n) {
   int64_t limb[kLimbs];
@@ -637,33 +703,55 @@ bool has_avx512_bf16() {
 
 // ---------------------------------------------------------------- backward rows, AVX-512 + default MXCSR
 
+// 8 elements as float32 values (every supported format widens exactly).
+template <typename T>
+CARBON_LANES_INLINE CARBON_NORM_V4 __m256 decode_floats(const T* p);
+template <>
+CARBON_LANES_INLINE CARBON_NORM_V4 __m256 decode_floats(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+template <>
+CARBON_LANES_INLINE CARBON_NORM_V4 __m256 decode_floats(const c10::BFloat16* p) {  // the top halves of float32s
+  const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+}
+template <>
+CARBON_LANES_INLINE CARBON_NORM_V4 __m256 decode_floats(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 // backward_row_fast_v4 with the hardware float32 roundings (IEEE in the
 // default MXCSR state, so x-hat and g are round_double's values for every
 // input), and chain_grad_sums_v4's sums in the same pass (the same chains:
 // element k into lane k mod kChains in order, the tail into chain 0
 // afterwards, then fold_chains). A row with a NaN x-hat or g is flagged
-// (the general path then redoes it, as before).
+// (the general path then redoes it, as before). wf holds the weight as
+// float32 values (w's values: the weight has x's dtype), for g below.
 template <typename T, bool kRms, bool kW>
 CARBON_NORM_V4 bool backward_row_fast_hw(const T* __restrict__ x, const T* __restrict__ dy, int64_t n, double mu,
-                                         double rs, const double* __restrict__ w, double* __restrict__ xh,
-                                         double* __restrict__ g, Sums* gs, Sums* gd) {
+                                         double rs, const double* __restrict__ w, const float* __restrict__ wf,
+                                         double* __restrict__ xh, double* __restrict__ g, Sums* gs, Sums* gd) {
   constexpr bool kSums = !kRms;
   const __m512d vmu = _mm512_set1_pd(mu), vrs = _mm512_set1_pd(rs);
   __m512d ss = _mm512_setzero_pd(), sa = _mm512_setzero_pd(), ds = _mm512_setzero_pd(), da = _mm512_setzero_pd();
   __mmask8 bad_lanes = 0;
   int64_t k = 0;
   for (; k + kChains <= n; k += kChains) {
-    const __m512d v = (__m512d)decode_lanes(x + k), d = (__m512d)decode_lanes(dy + k);
+    const __m512d v = _mm512_cvtps_pd(decode_floats(x + k));
     const __m256 h32 = _mm512_cvtpd_ps(kRms ? _mm512_mul_pd(v, vrs) : _mm512_mul_pd(_mm512_sub_pd(v, vmu), vrs));
     bad_lanes |= nan_lanes(h32);
     const __m512d h = _mm512_cvtps_pd(h32);
     _mm512_storeu_pd(xh + k, h);
-    __m512d q = d;
+    // g = RN32(dy (x) w): dy and w are float32 values, so their fp64 product
+    // is exact and its RN32 is the IEEE float32 product, one instruction
+    // instead of a widening, an fp64 product and a narrowing (this loop is
+    // bound by the pipes that convert and add).
+    __m256 q32 = decode_floats(dy + k);
     if (kW) {
-      const __m256 q32 = _mm512_cvtpd_ps(_mm512_mul_pd(d, _mm512_loadu_pd(w + k)));
+      q32 = _mm256_mul_ps(q32, _mm256_loadu_ps(wf + k));
       bad_lanes |= nan_lanes(q32);
-      q = _mm512_cvtps_pd(q32);
     }
+    const __m512d q = _mm512_cvtps_pd(q32);
     _mm512_storeu_pd(g + k, q);
     if (kSums) {
       ss = _mm512_add_pd(ss, q);
@@ -908,10 +996,10 @@ double decode_squares(const T* x, int64_t n, double* v) {
 }
 
 template <typename T, bool kRms, bool kW>
-bool backward_row_fast(const T* x, const T* dy, int64_t n, double mu, double rs, const double* w, double* xh,
-                       double* g, Sums* gs, Sums* gd) {
+bool backward_row_fast(const T* x, const T* dy, int64_t n, double mu, double rs, const double* w, const float* wf,
+                       double* xh, double* g, Sums* gs, Sums* gd) {
   if (!use_lanes()) return backward_row_fast_portable<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd);
-  return default_fp_env() ? backward_row_fast_hw<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd)
+  return default_fp_env() ? backward_row_fast_hw<T, kRms, kW>(x, dy, n, mu, rs, w, wf, xh, g, gs, gd)
                           : backward_row_fast_v4<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd);
 }
 
@@ -959,20 +1047,21 @@ void forward_rows(const NormArgs& a, at::Tensor& y_tensor) {
   float* mean = a.rms ? nullptr : a.mean.mutable_data_ptr<float>();
   float* rstd = a.rstd.mutable_data_ptr<float>();
   const int64_t depth = chain_depth(n);
+  constexpr int kBits = F::get().precision;  // significant bits of an element
   at::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
     std::vector<double> v(n);
     const bool lanes = use_lanes(), hw = lanes && default_fp_env();
     for (int64_t r = begin; r < end; ++r) {
       double mu = 0.0, var;
       if (a.rms) {
-        if (!mean_of_squares_fast(decode_squares(x + r * n, n, v.data()), n, depth, 0, &var))
-          var = exact_mean_dot(v.data(), v.data(), n);
+        const double squares = decode_squares(x + r * n, n, v.data());
+        if (!mean_of_squares_fast(squares, n, depth, 0, &var)) var = exact_mean_of_squares(v.data(), n, squares, kBits);
       } else {
         // With AVX-512 the first pass also sums the squares, and most rows'
         // variance is decided from those moments without the centred pass.
         double squares = 0.0;
         const Sums s = lanes ? decode_moments_v4(x + r * n, n, v.data(), &squares) : decode_sums(x + r * n, n, v.data());
-        if (!mean_fast(s.sum, s.abs_sum, n, depth, &mu)) mu = exact_mean(v.data(), n);
+        if (!mean_fast(s.sum, s.abs_sum, n, depth, &mu)) mu = exact_mean_of_values(v.data(), n, s.sum, s.abs_sum, kBits);
         if (!is_finite(mu))  // a row with an inf or a NaN
           var = canonical_nan();
         else if (lanes && variance_from_moments(s.sum, s.abs_sum, squares, mu, n, depth, &var))
@@ -1009,11 +1098,14 @@ struct RowBackward {
   const float* rstd;
   int64_t n, depth;
   std::vector<double> xv, dv, xh, g;
+  std::vector<float> wf;  // w as float32 (exact: the weight has x's dtype)
 
   RowBackward(const NormArgs& args, const T* x_, const T* dy_, typename F::Bits* dx_, const double* w_)
       : a(args), x(x_), dy(dy_), dx(dx_), w(w_), mean(args.rms ? nullptr : args.mean.const_data_ptr<float>()),
         rstd(args.rstd.const_data_ptr<float>()), n(args.x.size(1)), depth(chain_depth(n)), xv(n), dv(n), xh(n),
-        g(n) {}
+        g(n) {
+    if (w) wf.assign(w, w + n);
+  }
 
   void run(int64_t r) {
     const double mu = a.rms ? 0.0 : load32(mean + r), rs = load32(rstd + r);
@@ -1023,10 +1115,11 @@ struct RowBackward {
     double* q = g.data();
     double* d = dv.data();
     Sums s, p;
-    const bool fast = a.rms ? (w ? backward_row_fast<T, true, true>(xr, dr, n, mu, rs, w, h, q, &s, &p)
-                                 : backward_row_fast<T, true, false>(xr, dr, n, mu, rs, w, h, q, &s, &p))
-                            : (w ? backward_row_fast<T, false, true>(xr, dr, n, mu, rs, w, h, q, &s, &p)
-                                 : backward_row_fast<T, false, false>(xr, dr, n, mu, rs, w, h, q, &s, &p));
+    const float* wv = wf.data();
+    const bool fast = a.rms ? (w ? backward_row_fast<T, true, true>(xr, dr, n, mu, rs, w, wv, h, q, &s, &p)
+                                 : backward_row_fast<T, true, false>(xr, dr, n, mu, rs, w, wv, h, q, &s, &p))
+                            : (w ? backward_row_fast<T, false, true>(xr, dr, n, mu, rs, w, wv, h, q, &s, &p)
+                                 : backward_row_fast<T, false, false>(xr, dr, n, mu, rs, w, wv, h, q, &s, &p));
     if (!fast) {  // the general path, then the sums as before
       decode_row(xr, n, xv.data());
       decode_row(dr, n, d);
@@ -1038,7 +1131,9 @@ struct RowBackward {
       p = chain_dot(q, h, n);
     }
     double A = 0.0, B;
-    if (!a.rms && !mean_fast(s.sum, s.abs_sum, n, depth, &A)) A = exact_mean(q, n);
+    // g: dy (an element) or RN32(dy (x) w)
+    const int g_bits = w ? F32::get().precision : F::get().precision;
+    if (!a.rms && !mean_fast(s.sum, s.abs_sum, n, depth, &A)) A = exact_mean_of_values(q, n, s.sum, s.abs_sum, g_bits);
     if (!mean_fast(p.sum, p.abs_sum, n, depth, &B)) B = exact_mean_dot(q, h, n);
     auto* out = dx + r * n;
     if (a.rms ? backward_outputs_fast<F, true>(h, q, n, A, B, rs, out)
