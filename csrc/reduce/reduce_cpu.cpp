@@ -20,6 +20,7 @@
 
 #include "../dtypes.h"
 #include "../exact/decide_block.h"
+#include "../exact/widen_avx512.h"
 #include "chain_tree.h"
 #include "reduce.h"
 #include "reduce_kernel.h"
@@ -62,35 +63,7 @@ __attribute__((target_clones("avx2", "default"))) Sums chain_sums_portable(const
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-// Written with intrinsics because GCC widened bfloat16 element by element
-// (and an 8-lane form in the AVX2 clone split every vector in two).
 #define CARBON_REDUCE_V4 __attribute__((target("arch=x86-64-v4")))
-
-// element_value of 8 consecutive elements: exact widenings (the hardware's
-// are exact in the default MXCSR state, which the callers check).
-CARBON_REDUCE_V4 inline __m512d widen8(const double* p) { return _mm512_loadu_pd(p); }
-CARBON_REDUCE_V4 inline __m512d widen8(const float* p) { return _mm512_cvtps_pd(_mm256_loadu_ps(p)); }
-CARBON_REDUCE_V4 inline __m512d widen8(const c10::BFloat16* p) {  // the top halves of float32s
-  const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
-}
-CARBON_REDUCE_V4 inline __m512d widen8(const c10::Half* p) {
-  return _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-
-// The first m < 8 of 8 consecutive elements, zeros in the other lanes
-// (masked loads: nothing past the row is read).
-CARBON_REDUCE_V4 inline __m512d widen_first(const double* p, __mmask8 m) { return _mm512_maskz_loadu_pd(m, p); }
-CARBON_REDUCE_V4 inline __m512d widen_first(const float* p, __mmask8 m) {
-  return _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, p));
-}
-CARBON_REDUCE_V4 inline __m512d widen_first(const c10::BFloat16* p, __mmask8 m) {
-  const __m256i h = _mm256_cvtepu16_epi32(_mm_maskz_loadu_epi16(m, p));
-  return _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
-}
-CARBON_REDUCE_V4 inline __m512d widen_first(const c10::Half* p, __mmask8 m) {
-  return _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_maskz_loadu_epi16(m, p)));
-}
 
 // fold_chains<32> of the chains held in four registers (chain 8j + l in
 // lane l of r[j]): the same additions in the same order, lane-wise.
@@ -182,10 +155,10 @@ CARBON_REDUCE_V4 Sums chain_sums_v4(const T* x, int64_t n) {
   }
   if (k < n) {  // the last r < 32 elements, masked (lanes past the row read nothing and add +0)
     const uint32_t lanes = static_cast<uint32_t>((1ull << (n - k)) - 1);
-    s0 = _mm512_add_pd(s0, widen_first(x + k, static_cast<__mmask8>(lanes)));
-    s1 = _mm512_add_pd(s1, widen_first(x + k + 8, static_cast<__mmask8>(lanes >> 8)));
-    s2 = _mm512_add_pd(s2, widen_first(x + k + 16, static_cast<__mmask8>(lanes >> 16)));
-    s3 = _mm512_add_pd(s3, widen_first(x + k + 24, static_cast<__mmask8>(lanes >> 24)));
+    s0 = _mm512_add_pd(s0, widen8(x + k, static_cast<__mmask8>(lanes)));
+    s1 = _mm512_add_pd(s1, widen8(x + k + 8, static_cast<__mmask8>(lanes >> 8)));
+    s2 = _mm512_add_pd(s2, widen8(x + k + 16, static_cast<__mmask8>(lanes >> 16)));
+    s3 = _mm512_add_pd(s3, widen8(x + k + 24, static_cast<__mmask8>(lanes >> 24)));
     m = max_magnitudes(m, x + k, static_cast<__mmask16>(lanes), static_cast<__mmask16>(lanes >> 16));
   }
   const double bound = static_cast<double>(n) * largest_magnitude(m, x);
@@ -399,10 +372,10 @@ CARBON_REDUCE_V4 void column_chunk_sums_v4(const T* x, int64_t rows, int64_t col
         const char* ahead = reinterpret_cast<const char*>(p + kPrefetchRows * cols);
         _mm_prefetch(ahead, _MM_HINT_T0);
         if (sizeof(T) == 4) _mm_prefetch(ahead + 64, _MM_HINT_T0);
-        s0 = _mm512_add_pd(s0, widen_first(p, l0));
-        s1 = _mm512_add_pd(s1, widen_first(p + 8, l1));
-        s2 = _mm512_add_pd(s2, widen_first(p + 16, l2));
-        s3 = _mm512_add_pd(s3, widen_first(p + 24, l3));
+        s0 = _mm512_add_pd(s0, widen8(p, l0));
+        s1 = _mm512_add_pd(s1, widen8(p + 8, l1));
+        s2 = _mm512_add_pd(s2, widen8(p + 16, l2));
+        s3 = _mm512_add_pd(s3, widen8(p + 24, l3));
         column_max(p, lanes, lo, hi);
       }
       _mm512_mask_storeu_pd(part + j, l0, s0);

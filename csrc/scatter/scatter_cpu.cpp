@@ -29,6 +29,7 @@
 
 #include "../dtypes.h"
 #include "../exact/decide_block.h"
+#include "../exact/widen_avx512.h"
 #include "scatter.h"
 #include "scatter_kernel.h"
 
@@ -101,20 +102,6 @@ __attribute__((target_clones("avx2", "default"))) void block_sums_portable(
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #define CARBON_SCATTER_V4 __attribute__((target("arch=x86-64-v4")))
-
-// element_value of the lanes of `mask` among 8 consecutive elements (0
-// elsewhere): exact widenings in the default MXCSR state, which use_v4
-// checks. bfloat16 is the top half of a float32.
-CARBON_SCATTER_V4 inline __m512d widen8(const float* p, __mmask8 mask) {
-  return _mm512_cvtps_pd(_mm256_maskz_loadu_ps(mask, p));
-}
-CARBON_SCATTER_V4 inline __m512d widen8(const c10::BFloat16* p, __mmask8 mask) {
-  const __m256i h = _mm256_cvtepu16_epi32(_mm_maskz_loadu_epi16(mask, p));
-  return _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
-}
-CARBON_SCATTER_V4 inline __m512d widen8(const c10::Half* p, __mmask8 mask) {
-  return _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_maskz_loadu_epi16(mask, p)));
-}
 
 // Lanes of columns [c, c + 8) that lie below `width`.
 inline __mmask8 lanes_below(int64_t c, int64_t width) {
