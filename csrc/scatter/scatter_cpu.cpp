@@ -139,6 +139,89 @@ CARBON_SCATTER_V4 inline void store8(uint16_t* out, __mmask8 mask, __m512i bits)
   _mm_mask_storeu_epi16(out, mask, _mm512_cvtepi64_epi16(bits));
 }
 
+// bfloat16 / float16 lanes of `mask` among 16 consecutive elements as
+// float32 values (exact), +0 in the others.
+CARBON_SCATTER_V4 inline __m512 widen16(const c10::BFloat16* p, __mmask16 mask) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
+}
+CARBON_SCATTER_V4 inline __m512 widen16(const c10::Half* p, __mmask16 mask) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p));
+}
+
+// Lanes of columns [c, c + 16) that lie below `width`.
+inline __mmask16 lanes16_below(int64_t c, int64_t width) {
+  const int64_t n = std::min<int64_t>(16, std::max<int64_t>(0, width - c));
+  return static_cast<__mmask16>((1u << n) - 1u);
+}
+
+// The two lane sets of the AVX-512 tier-1 loops: 8 fp64 lanes (any
+// format) and 16 float32 lanes (16-bit formats, short segments), with the
+// operations accumulate_group needs.
+struct Fp64Lanes {
+  using Vec = __m512d;
+  using Mask = __mmask8;
+  static constexpr int kLanes = 8;
+  template <typename T>
+  CARBON_SCATTER_V4 static Vec load(const T* p, Mask mask) { return widen8(p, mask); }
+  CARBON_SCATTER_V4 static Vec zero() { return _mm512_setzero_pd(); }
+  CARBON_SCATTER_V4 static Vec inf() { return _mm512_set1_pd(kInf); }
+  CARBON_SCATTER_V4 static Vec abs(Vec x) { return _mm512_abs_pd(x); }
+  CARBON_SCATTER_V4 static Vec add(Vec x, Vec y) { return _mm512_add_pd(x, y); }
+  CARBON_SCATTER_V4 static Mask nonzero(Vec x) { return _mm512_cmp_pd_mask(x, zero(), _CMP_NEQ_OQ); }
+  CARBON_SCATTER_V4 static Vec select(Vec src, Mask k, Vec x) { return _mm512_mask_mov_pd(src, k, x); }
+  CARBON_SCATTER_V4 static Vec min_where(Vec src, Mask k, Vec x) { return _mm512_mask_min_pd(src, k, x, src); }
+  static Mask below(int64_t c, int64_t width) { return lanes_below(c, width); }
+};
+
+struct Fp32Lanes {
+  using Vec = __m512;
+  using Mask = __mmask16;
+  static constexpr int kLanes = 16;
+  template <typename T>
+  CARBON_SCATTER_V4 static Vec load(const T* p, Mask mask) { return widen16(p, mask); }
+  CARBON_SCATTER_V4 static Vec zero() { return _mm512_setzero_ps(); }
+  CARBON_SCATTER_V4 static Vec inf() { return _mm512_set1_ps(std::numeric_limits<float>::infinity()); }
+  CARBON_SCATTER_V4 static Vec abs(Vec x) { return _mm512_abs_ps(x); }
+  CARBON_SCATTER_V4 static Vec add(Vec x, Vec y) { return _mm512_add_ps(x, y); }
+  CARBON_SCATTER_V4 static Mask nonzero(Vec x) { return _mm512_cmp_ps_mask(x, zero(), _CMP_NEQ_OQ); }
+  CARBON_SCATTER_V4 static Vec select(Vec src, Mask k, Vec x) { return _mm512_mask_mov_ps(src, k, x); }
+  CARBON_SCATTER_V4 static Vec min_where(Vec src, Mask k, Vec x) { return _mm512_mask_min_ps(src, k, x, src); }
+  static Mask below(int64_t c, int64_t width) { return lanes16_below(c, width); }
+};
+
+// Tier 1's accumulation for kVectors vectors of columns from c0 of one
+// destination, in registers across the whole segment: vs = self (if any)
+// then each term added in segment order, va the same for |term|, vm the
+// smallest nonzero |term| (+inf if none); mask: the columns below width.
+template <typename L, int kVectors, typename T>
+CARBON_SCATTER_V4 inline __attribute__((always_inline)) void accumulate_group(
+    const T* __restrict__ self, const T* __restrict__ source, const int64_t* __restrict__ order, int64_t count,
+    int64_t inner, int64_t c0, int64_t width, typename L::Mask* mask, typename L::Vec* vs, typename L::Vec* va,
+    typename L::Vec* vm) {
+  for (int v = 0; v < kVectors; ++v) {
+    mask[v] = L::below(c0 + L::kLanes * v, width);
+    if (self) {
+      const typename L::Vec x = L::load(self + c0 + L::kLanes * v, mask[v]);
+      vs[v] = x;
+      va[v] = L::abs(x);
+      vm[v] = L::select(L::inf(), L::nonzero(x), va[v]);
+    } else {
+      vs[v] = va[v] = L::zero();
+      vm[v] = L::inf();
+    }
+  }
+  for (int64_t p = 0; p < count; ++p) {
+    const T* row = source + order[p] * inner + c0;
+    for (int v = 0; v < kVectors; ++v) {
+      const typename L::Vec x = L::load(row + L::kLanes * v, mask[v]);
+      const typename L::Vec ax = L::abs(x);
+      vs[v] = L::add(vs[v], x);
+      va[v] = L::add(va[v], ax);
+      vm[v] = L::min_where(vm[v], L::nonzero(x), ax);
+    }
+  }
+}
+
 // block_sums_portable, the same operations per column (so the same s, a, m),
 // with the sums of 32 columns kept in registers across the whole segment
 // (per term and 8 columns one widening load and four vector operations, no
@@ -152,34 +235,12 @@ CARBON_SCATTER_V4 uint32_t block_sums_v4(const T* __restrict__ self, const T* __
                                          int64_t width, double* __restrict__ s, double* __restrict__ a,
                                          double* __restrict__ m, typename F::Bits* __restrict__ out) {
   constexpr int kVectors = 4;
-  const __m512d zero = _mm512_setzero_pd(), inf = _mm512_set1_pd(kInf);
   const __m512d scale = _mm512_set1_pd(exact_scale<T>());
   uint32_t undecided = 0;
   for (int64_t c0 = 0; c0 < width; c0 += 8 * kVectors) {
     __mmask8 mask[kVectors];
     __m512d vs[kVectors], va[kVectors], vm[kVectors];
-    for (int v = 0; v < kVectors; ++v) {
-      mask[v] = lanes_below(c0 + 8 * v, width);
-      if (self) {
-        const __m512d x = widen8(self + c0 + 8 * v, mask[v]);
-        vs[v] = x;
-        va[v] = _mm512_abs_pd(x);
-        vm[v] = _mm512_mask_mov_pd(inf, _mm512_cmp_pd_mask(x, zero, _CMP_NEQ_OQ), va[v]);
-      } else {
-        vs[v] = va[v] = zero;
-        vm[v] = inf;
-      }
-    }
-    for (int64_t p = 0; p < count; ++p) {
-      const T* row = source + order[p] * inner + c0;
-      for (int v = 0; v < kVectors; ++v) {
-        const __m512d x = widen8(row + 8 * v, mask[v]);
-        const __m512d ax = _mm512_abs_pd(x);
-        vs[v] = _mm512_add_pd(vs[v], x);
-        va[v] = _mm512_add_pd(va[v], ax);
-        vm[v] = _mm512_mask_min_pd(vm[v], _mm512_cmp_pd_mask(x, zero, _CMP_NEQ_OQ), ax, vm[v]);
-      }
-    }
+    accumulate_group<Fp64Lanes, kVectors>(self, source, order, count, inner, c0, width, mask, vs, va, vm);
     for (int v = 0; v < kVectors; ++v) {
       if (!mask[v]) continue;
       __m512i bits;
@@ -218,19 +279,6 @@ constexpr float exact_scale_fp32() {
   return static_cast<float>(int64_t(1) << (23 - element_precision<T>()));
 }
 
-CARBON_SCATTER_V4 inline __m512 widen16(const c10::BFloat16* p, __mmask16 mask) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
-}
-CARBON_SCATTER_V4 inline __m512 widen16(const c10::Half* p, __mmask16 mask) {
-  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p));
-}
-
-// Lanes of columns [c, c + 16) that lie below `width`.
-inline __mmask16 lanes16_below(int64_t c, int64_t width) {
-  const int64_t n = std::min<int64_t>(16, std::max<int64_t>(0, width - c));
-  return static_cast<__mmask16>((1u << n) - 1u);
-}
-
 // RN_f of 16 float32 sums known exact, as f's bits, in the lanes where that
 // result is a normal number of f (the returned mask): round_normal_bits,
 // rounds_to_normal and encode_normal of float_format.h with float32's 24
@@ -265,34 +313,12 @@ CARBON_SCATTER_V4 uint32_t block_fp32_v4(const T* __restrict__ self, const T* __
                                          int64_t width, typename F::Bits* __restrict__ out) {
   static_assert(sizeof(typename F::Bits) == 2, "16-bit formats only");
   constexpr int kVectors = 4;
-  const __m512 zero = _mm512_setzero_ps(), inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
   const __m512 scale = _mm512_set1_ps(exact_scale_fp32<T>());
   uint32_t failed = 0;
   for (int64_t c0 = 0; c0 < width; c0 += 16 * kVectors) {
     __mmask16 mask[kVectors];
     __m512 vs[kVectors], va[kVectors], vm[kVectors];
-    for (int v = 0; v < kVectors; ++v) {
-      mask[v] = lanes16_below(c0 + 16 * v, width);
-      if (self) {
-        const __m512 x = widen16(self + c0 + 16 * v, mask[v]);
-        vs[v] = x;
-        va[v] = _mm512_abs_ps(x);
-        vm[v] = _mm512_mask_mov_ps(inf, _mm512_cmp_ps_mask(x, zero, _CMP_NEQ_OQ), va[v]);
-      } else {
-        vs[v] = va[v] = zero;
-        vm[v] = inf;
-      }
-    }
-    for (int64_t p = 0; p < count; ++p) {
-      const T* row = source + order[p] * inner + c0;
-      for (int v = 0; v < kVectors; ++v) {
-        const __m512 x = widen16(row + 16 * v, mask[v]);
-        const __m512 ax = _mm512_abs_ps(x);
-        vs[v] = _mm512_add_ps(vs[v], x);
-        va[v] = _mm512_add_ps(va[v], ax);
-        vm[v] = _mm512_mask_min_ps(vm[v], _mm512_cmp_ps_mask(x, zero, _CMP_NEQ_OQ), ax, vm[v]);
-      }
-    }
+    accumulate_group<Fp32Lanes, kVectors>(self, source, order, count, inner, c0, width, mask, vs, va, vm);
     for (int v = 0; v < kVectors; ++v) {
       if (!mask[v]) continue;
       __m256i bits;
