@@ -65,6 +65,15 @@ def test_adam_matches_reference(dtype, kind, weight_decay, maximize):
             same_bits(st["exp_avg_sq"], from_values(rv, p, torch.float32), f"step {step} exp_avg_sq {i}")
 
 
+def assert_amsgrad_state(p, state, ref, dtype, label):
+    """The parameter and the three float32 states of an AMSGrad step, bit for
+    bit, against the reference's (p, m, v, v_max) values."""
+    rp, rm, rv, rw = ref
+    same_bits(p.detach(), from_values(rp, p, dtype), f"{label} param")
+    for name, values_ in (("exp_avg", rm), ("exp_avg_sq", rv), ("max_exp_avg_sq", rw)):
+        same_bits(state[name], from_values(values_, p, torch.float32), f"{label} {name}")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["AdamW", "Adam"])
 @pytest.mark.parametrize("weight_decay,maximize", [(0.0, False), (0.1, True)])
@@ -90,11 +99,7 @@ def test_amsgrad_matches_reference(dtype, kind, weight_decay, maximize):
         ref = new_ref
         opt.step()
         for i, (p, (rp, rm, rv, rw)) in enumerate(zip(params, ref)):
-            st = opt.state[p]
-            same_bits(p.detach(), from_values(rp, p, dtype), f"step {step} param {i}")
-            same_bits(st["exp_avg"], from_values(rm, p, torch.float32), f"step {step} exp_avg {i}")
-            same_bits(st["exp_avg_sq"], from_values(rv, p, torch.float32), f"step {step} exp_avg_sq {i}")
-            same_bits(st["max_exp_avg_sq"], from_values(rw, p, torch.float32), f"step {step} max_exp_avg_sq {i}")
+            assert_amsgrad_state(p, opt.state[p], (rp, rm, rv, rw), dtype, f"step {step} param {i}")
             held += sum(w > v for v, w in zip(rv, rw))
     assert held > 40  # of 4 x 68 element updates
 
@@ -422,11 +427,7 @@ def test_amsgrad_fast_path_blocks_match_reference(dtype, kind):
                                                     decoupled=kind == "AdamW", maximize=False, dtype=dtype,
                                                     v_max=ref_w)
         opt.step()
-        st = opt.state[p]
-        same_bits(p.detach(), from_values(ref_p, p, dtype), f"{kind} step {step} param")
-        same_bits(st["exp_avg"], from_values(ref_m, p, torch.float32), f"step {step} exp_avg")
-        same_bits(st["exp_avg_sq"], from_values(ref_v, p, torch.float32), f"step {step} exp_avg_sq")
-        same_bits(st["max_exp_avg_sq"], from_values(ref_w, p, torch.float32), f"step {step} max_exp_avg_sq")
+        assert_amsgrad_state(p, opt.state[p], (ref_p, ref_m, ref_v, ref_w), dtype, f"{kind} step {step}")
         held += sum(w > v for v, w in zip(ref_v, ref_w))
     assert held > n // 8
 
