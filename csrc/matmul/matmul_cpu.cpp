@@ -20,21 +20,45 @@ namespace carbon {
 
 namespace {
 
+// The statistics of one row from its accumulators: part, the eight lanes'
+// partial sums of squares; set / clear, the OR of the elements' bits and of
+// their complements (sign bits seen, in bit 63); e, the smallest biased
+// exponent of a nonzero element (0x7FF when none: zeros count as 0x7FF;
+// infinities and NaNs make the norm non-finite, and then the quantum is
+// never used); [nonzero_first, nonzero_end), the nonzero elements' span
+// (nonzero_end == 0 when none).
+inline void finish_row_stats(const double part[8], uint64_t set, uint64_t clear, int64_t e, int64_t nonzero_first,
+                             int64_t nonzero_end, int precision, double scale, double* norm, uint8_t* sign,
+                             double* quantum, int32_t* span) {
+  const double sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  *norm = std::sqrt(sum);
+  *sign = static_cast<uint8_t>(((clear >> 63) ? kSomePositive : 0) | ((set >> 63) ? kSomeNegative : 0));
+  // Every element is a value of a format of `precision` bits, exact in
+  // double; one with exponent E (unbiased, >= e - 1023) is a multiple of
+  // 2^(E - precision + 1) (its last significand bit; a subnormal value of
+  // the format is a multiple of the format's quantum, which is a multiple
+  // of that power for every E below the format's normal range). So
+  // 2^(e - 1023 - precision + 1) divides the whole row. Double values
+  // of a supported format are never subnormal doubles (e >= 1).
+  *quantum = e == 0x7FF ? 0.0 : scale * std::ldexp(1.0, static_cast<int>(e) - 1023 - precision + 1);
+  // The GEMM skips the zero ends of the rows (triangular in causal attention).
+  span[0] = static_cast<int32_t>(nonzero_end == 0 ? 0 : nonzero_first);
+  span[1] = static_cast<int32_t>(nonzero_end);
+}
+
 // The statistics of one row of K doubles (see widen_operand_cpu), and the
 // span [first, end) of its nonzero elements ({0, 0} when every element is a
 // zero; NaNs and infinities count as nonzero). Eight lanes of independent
 // partial sums and minima (the bound allows any order of the sum of
-// squares), branch-free, so the loop vectorizes.
-__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void stats_of_row(
+// squares; lane l sums the elements k = l mod 8 of the whole 8-blocks, lane
+// 0 then the rest in order), branch-free, so the loop vectorizes.
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void stats_of_row_generic(
     const double* row, int64_t K, int precision, double scale, double* norm, uint8_t* sign, double* quantum,
     int32_t* span) {
   constexpr int kLanes = 8;
   double part[kLanes] = {};
-  // The smallest biased exponent of a nonzero element (0x7FF when none:
-  // zeros count as 0x7FF; infinities and NaNs make the norm non-finite,
-  // and then the quantum is never used).
   int64_t emin[kLanes];
-  uint64_t any_set[kLanes] = {}, any_clear[kLanes] = {};  // sign bits seen, in bit 63
+  uint64_t any_set[kLanes] = {}, any_clear[kLanes] = {};
   // The first index of a nonzero element and one past the last one.
   int64_t first[kLanes], end[kLanes] = {};
   for (int l = 0; l < kLanes; ++l) emin[l] = 0x7FF, first[l] = K;
@@ -56,8 +80,6 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void stats_o
   for (; k + kLanes <= K; k += kLanes)
     for (int l = 0; l < kLanes; ++l) add(l, k + l);
   for (; k < K; ++k) add(0, k);
-  const double sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-  *norm = std::sqrt(sum);
   uint64_t set = 0, clear = 0;
   int64_t e = 0x7FF, nonzero_first = K, nonzero_end = 0;
   for (int l = 0; l < kLanes; ++l) {
@@ -67,18 +89,61 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void stats_o
     nonzero_first = std::min(nonzero_first, first[l]);
     nonzero_end = std::max(nonzero_end, end[l]);
   }
-  *sign = static_cast<uint8_t>(((clear >> 63) ? kSomePositive : 0) | ((set >> 63) ? kSomeNegative : 0));
-  // Every element is a value of a format of `precision` bits, exact in
-  // double; one with exponent E (unbiased, >= e - 1023) is a multiple of
-  // 2^(E - precision + 1) (its last significand bit; a subnormal value of
-  // the format is a multiple of the format's quantum, which is a multiple
-  // of that power for every E below the format's normal range). So
-  // 2^(e - 1023 - precision + 1) divides the whole row. Double values
-  // of a supported format are never subnormal doubles (e >= 1).
-  *quantum = e == 0x7FF ? 0.0 : scale * std::ldexp(1.0, static_cast<int>(e) - 1023 - precision + 1);
-  // The GEMM skips the zero ends of the rows (triangular in causal attention).
-  span[0] = static_cast<int32_t>(nonzero_end == 0 ? 0 : nonzero_first);
-  span[1] = static_cast<int32_t>(nonzero_end);
+  finish_row_stats(part, set, clear, e, nonzero_first, nonzero_end, precision, scale, norm, sign, quantum, span);
+}
+
+// stats_of_row_generic on AVX-512 with the same lanes (so the same sums:
+// a product, then an addition, per element, no fma), 512-bit vectors, and
+// the span from each 8-block's mask of nonzero elements (the compiler's
+// version tracks it per lane with blends, in 256-bit vectors).
+__attribute__((target("avx512f"))) void stats_of_row_avx512(const double* row, int64_t K, int precision, double scale,
+                                                           double* norm, uint8_t* sign, double* quantum,
+                                                           int32_t* span) {
+  __m512d acc = _mm512_setzero_pd();
+  __m512i set = _mm512_setzero_si512(), clear = _mm512_setzero_si512();
+  const __m512i exp_mask = _mm512_set1_epi64(0x7FF), magnitude = _mm512_set1_epi64(static_cast<int64_t>(~kSignBit));
+  __m512i emin = exp_mask;
+  int64_t nonzero_first = K, nonzero_end = 0;
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    const __m512d x = _mm512_loadu_pd(row + k);
+    acc = _mm512_add_pd(acc, _mm512_mul_pd(x, x));
+    const __m512i u = _mm512_castpd_si512(x);
+    set = _mm512_or_si512(set, u);
+    clear = _mm512_or_si512(clear, _mm512_xor_si512(u, _mm512_set1_epi64(-1)));
+    const __m512i e = _mm512_and_si512(_mm512_srli_epi64(u, 52), exp_mask);
+    const __m512i e_nonzero = _mm512_mask_mov_epi64(e, _mm512_cmpeq_epi64_mask(e, _mm512_setzero_si512()), exp_mask);
+    emin = _mm512_min_epu64(emin, e_nonzero);
+    const unsigned nonzero = _mm512_test_epi64_mask(u, magnitude);
+    if (nonzero != 0) {
+      if (nonzero_first == K) nonzero_first = k + __builtin_ctz(nonzero);
+      nonzero_end = k + 32 - __builtin_clz(nonzero);
+    }
+  }
+  alignas(64) double part[8];
+  alignas(64) uint64_t sets[8], clears[8], emins[8];
+  _mm512_store_pd(part, acc);
+  _mm512_store_si512(sets, set);
+  _mm512_store_si512(clears, clear);
+  _mm512_store_si512(emins, emin);
+  uint64_t any_set = 0, any_clear = 0;
+  int64_t e = 0x7FF;
+  for (int l = 0; l < 8; ++l) any_set |= sets[l], any_clear |= clears[l], e = std::min<int64_t>(e, emins[l]);
+  for (; k < K; ++k) {  // the rest in lane 0, as stats_of_row_generic
+    const double x = row[k];
+    part[0] = part[0] + x * x;
+    const uint64_t u = double_to_bits(x);
+    any_set |= u;
+    any_clear |= ~u;
+    const int64_t ek = static_cast<int64_t>((u >> 52) & 0x7FF);
+    e = std::min(e, ek == 0 ? int64_t{0x7FF} : ek);
+    if ((u & ~kSignBit) != 0) {
+      nonzero_first = std::min(nonzero_first, k);
+      nonzero_end = k + 1;
+    }
+  }
+  finish_row_stats(part, any_set, any_clear, e, nonzero_first, nonzero_end, precision, scale, norm, sign, quantum,
+                   span);
 }
 
 template <typename T>
@@ -120,6 +185,11 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void transpo
 bool has_avx512() {
   static const bool yes = __builtin_cpu_supports("avx512f");
   return yes;
+}
+
+void stats_of_row(const double* row, int64_t K, int precision, double scale, double* norm, uint8_t* sign,
+                  double* quantum, int32_t* span) {
+  (has_avx512() ? stats_of_row_avx512 : stats_of_row_generic)(row, K, precision, scale, norm, sign, quantum, span);
 }
 
 // Eight consecutive elements as doubles, exactly (as element_value: the
