@@ -323,14 +323,15 @@ KRange block_span(const int32_t* spans, int64_t r0, int64_t r1) {
 
 KRange intersect(KRange x, KRange y) { return {std::max(x.begin, y.begin), std::min(x.end, y.end)}; }
 
-// c[r * ldc + j] = sum_{kb <= k < ke} a[r * ld + k] * bt[j * ld + k] for r < rows,
-// j < cols (gemm_nt_avx512, below): the fp64 GEMM of one block on AVX-512, for operands already
-// laid out as dot products (rows of a and of bt contiguous, as widening
-// writes them), so nothing is packed and C is written once. Tiles of 4 x 4
-// outputs, each a sum of 8-lane fma chains over k (zero-filled lanes past
-// the tile's last k) folded at the end. Any fp64 evaluation order is fine for tier 1 (its
-// bound covers every order and the fused multiply-adds, whose products are
-// exact here anyway); a tile at an edge repeats the last row or column and
+// c[r * ldc + j] = sum_{kb <= k < ke} a[r * ld + k] * bt[j * ld + k] for
+// r < rows, j < cols (gemm_nt_avx512, below): the fp64 GEMM of one block on
+// AVX-512, for operands already laid out as dot products (rows of a and of
+// bt contiguous, as widening writes them), so nothing is packed and C is
+// written once. Tiles of 4 x 4 outputs, each a sum of 8-lane fma chains over
+// k (zero-filled lanes past the tile's last k) folded at the end. Any fp64
+// evaluation order is fine for tier 1 (its bound covers every order and the
+// fused multiply-adds, whose products are exact here anyway); a tile at an
+// edge repeats the last row or column and
 // stores only the outputs that exist.
 // The vector of the sums of the lanes of v0, ..., v7, in that order: pair
 // sums within 128-bit lanes, then two rounds of adding 128-bit lanes (a
@@ -369,7 +370,7 @@ inline KRange span_union(const int32_t* spans, int n) {
 // ~5/8 with 64-wide blocks. lower_only: tiles whose outputs all have
 // j > i (row r0 + i, column c0 + j, here diag = c0 - r0 of the whole
 // product) are not computed; their C entries are left as they are and never
-// read (round_all rounds j <= i only).
+// read (round_rows rounds j <= i only).
 __attribute__((target("avx512f"))) void gemm_nt_avx512(const double* a, const double* bt, int64_t ld, int64_t rows,
                                                       int64_t cols, int64_t kb, int64_t ke, const int32_t* a_spans,
                                                       const int32_t* b_spans, bool lower_only, int64_t diag,
