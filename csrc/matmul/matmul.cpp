@@ -55,12 +55,12 @@ void matmul_into(const at::Tensor& a3, const at::Tensor& b3, const at::Tensor& b
   at::Tensor b_signs = at::empty({B * N}, stat_options.dtype(at::kByte));
   at::Tensor a_quantum, b_quantum;
   const at::Tensor b3t = b3.transpose(1, 2);
-  at::Tensor a64, bt64, approx;
+  at::Tensor a64, bt64, approx, a_spans, b_spans;
   if (a3.is_cpu()) {
     a_quantum = at::empty({B * M}, stat_options);
     b_quantum = at::empty({B * N}, stat_options);
     const auto span_options = stat_options.dtype(at::kInt);
-    at::Tensor a_spans = at::empty({B * M, 2}, span_options), b_spans = at::empty({B * N, 2}, span_options);
+    a_spans = at::empty({B * M, 2}, span_options), b_spans = at::empty({B * N, 2}, span_options);
     auto widen = [&](const at::Tensor& x, at::Tensor& norm, at::Tensor& signs, double scale, at::Tensor& quanta,
                      at::Tensor& spans) {
       at::Tensor x64 = scratch_doubles(x.sizes());
@@ -69,10 +69,8 @@ void matmul_into(const at::Tensor& a3, const at::Tensor& b3, const at::Tensor& b
     };
     a64 = widen(a3, a_norm, a_signs, 0x1p53, a_quantum, a_spans);
     bt64 = widen(b3t, b_norm, b_signs, 1.0, b_quantum, b_spans);
-    // Tier 1's approximation. Any fp64 GEMM is fine: the bound covers every
-    // summation order, so the BLAS's blocking and threading cannot matter.
+    // Tier 1's approximation, computed below (fp64_gemm_cpu).
     approx = scratch_doubles({B, M, N});
-    fp64_gemm_cpu(a64, bt64, a_spans, b_spans, approx, lower_only);
   } else {
     a64 = contiguous_double(a3);
     bt64 = contiguous_double(b3t);
@@ -108,7 +106,16 @@ void matmul_into(const at::Tensor& a3, const at::Tensor& b3, const at::Tensor& b
   v.a_signs = a_signs.const_data_ptr<uint8_t>();
   v.b_signs = b_signs.const_data_ptr<uint8_t>();
   if (a3.is_cpu()) {
-    matmul_round_rows_cpu(v, f, out, lower_only);
+    // Tier 1's approximation. Any fp64 GEMM is fine: the bound covers every
+    // summation order, so the BLAS's blocking and threading cannot matter.
+    // Each row is rounded on its own, so rounding the GEMM's rows as they
+    // are done (while in the cache) or all of them after it gives the same
+    // bits.
+    const bool rounded = fp64_gemm_cpu(a64, bt64, a_spans, b_spans, approx, lower_only,
+                                       [&](int64_t begin, int64_t end) {
+                                         matmul_round_row_range_cpu(v, f, out, lower_only, begin, end);
+                                       });
+    if (!rounded) matmul_round_rows_cpu(v, f, out, lower_only);
   } else {
 #ifdef CARBON_WITH_CUDA
     matmul_round_cuda(v, f, out);

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <functional>
+#include <type_traits>
 #include <vector>
 
 #include "../dtypes.h"
@@ -18,21 +20,45 @@ namespace carbon {
 
 namespace {
 
+// The statistics of one row from its accumulators: part, the eight lanes'
+// partial sums of squares; set / clear, the OR of the elements' bits and of
+// their complements (sign bits seen, in bit 63); e, the smallest biased
+// exponent of a nonzero element (0x7FF when none: zeros count as 0x7FF;
+// infinities and NaNs make the norm non-finite, and then the quantum is
+// never used); [nonzero_first, nonzero_end), the nonzero elements' span
+// (nonzero_end == 0 when none).
+inline void finish_row_stats(const double part[8], uint64_t set, uint64_t clear, int64_t e, int64_t nonzero_first,
+                             int64_t nonzero_end, int precision, double scale, double* norm, uint8_t* sign,
+                             double* quantum, int32_t* span) {
+  const double sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  *norm = std::sqrt(sum);
+  *sign = static_cast<uint8_t>(((clear >> 63) ? kSomePositive : 0) | ((set >> 63) ? kSomeNegative : 0));
+  // Every element is a value of a format of `precision` bits, exact in
+  // double; one with exponent E (unbiased, >= e - 1023) is a multiple of
+  // 2^(E - precision + 1) (its last significand bit; a subnormal value of
+  // the format is a multiple of the format's quantum, which is a multiple
+  // of that power for every E below the format's normal range). So
+  // 2^(e - 1023 - precision + 1) divides the whole row. Double values
+  // of a supported format are never subnormal doubles (e >= 1).
+  *quantum = e == 0x7FF ? 0.0 : scale * std::ldexp(1.0, static_cast<int>(e) - 1023 - precision + 1);
+  // The GEMM skips the zero ends of the rows (triangular in causal attention).
+  span[0] = static_cast<int32_t>(nonzero_end == 0 ? 0 : nonzero_first);
+  span[1] = static_cast<int32_t>(nonzero_end);
+}
+
 // The statistics of one row of K doubles (see widen_operand_cpu), and the
 // span [first, end) of its nonzero elements ({0, 0} when every element is a
 // zero; NaNs and infinities count as nonzero). Eight lanes of independent
 // partial sums and minima (the bound allows any order of the sum of
-// squares), branch-free, so the loop vectorizes.
-__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void stats_of_row(
+// squares; lane l sums the elements k = l mod 8 of the whole 8-blocks, lane
+// 0 then the rest in order), branch-free, so the loop vectorizes.
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void stats_of_row_generic(
     const double* row, int64_t K, int precision, double scale, double* norm, uint8_t* sign, double* quantum,
     int32_t* span) {
   constexpr int kLanes = 8;
   double part[kLanes] = {};
-  // The smallest biased exponent of a nonzero element (0x7FF when none:
-  // zeros count as 0x7FF; infinities and NaNs make the norm non-finite,
-  // and then the quantum is never used).
   int64_t emin[kLanes];
-  uint64_t any_set[kLanes] = {}, any_clear[kLanes] = {};  // sign bits seen, in bit 63
+  uint64_t any_set[kLanes] = {}, any_clear[kLanes] = {};
   // The first index of a nonzero element and one past the last one.
   int64_t first[kLanes], end[kLanes] = {};
   for (int l = 0; l < kLanes; ++l) emin[l] = 0x7FF, first[l] = K;
@@ -54,8 +80,6 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void stats_o
   for (; k + kLanes <= K; k += kLanes)
     for (int l = 0; l < kLanes; ++l) add(l, k + l);
   for (; k < K; ++k) add(0, k);
-  const double sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-  *norm = std::sqrt(sum);
   uint64_t set = 0, clear = 0;
   int64_t e = 0x7FF, nonzero_first = K, nonzero_end = 0;
   for (int l = 0; l < kLanes; ++l) {
@@ -65,18 +89,61 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void stats_o
     nonzero_first = std::min(nonzero_first, first[l]);
     nonzero_end = std::max(nonzero_end, end[l]);
   }
-  *sign = static_cast<uint8_t>(((clear >> 63) ? kSomePositive : 0) | ((set >> 63) ? kSomeNegative : 0));
-  // Every element is a value of a format of `precision` bits, exact in
-  // double; one with exponent E (unbiased, >= e - 1023) is a multiple of
-  // 2^(E - precision + 1) (its last significand bit; a subnormal value of
-  // the format is a multiple of the format's quantum, which is a multiple
-  // of that power for every E below the format's normal range). So
-  // 2^(e - 1023 - precision + 1) divides the whole row. Double values
-  // of a supported format are never subnormal doubles (e >= 1).
-  *quantum = e == 0x7FF ? 0.0 : scale * std::ldexp(1.0, static_cast<int>(e) - 1023 - precision + 1);
-  // The GEMM skips the zero ends of the rows (triangular in causal attention).
-  span[0] = static_cast<int32_t>(nonzero_end == 0 ? 0 : nonzero_first);
-  span[1] = static_cast<int32_t>(nonzero_end);
+  finish_row_stats(part, set, clear, e, nonzero_first, nonzero_end, precision, scale, norm, sign, quantum, span);
+}
+
+// stats_of_row_generic on AVX-512 with the same lanes (so the same sums:
+// a product, then an addition, per element, no fma), 512-bit vectors, and
+// the span from each 8-block's mask of nonzero elements (the compiler's
+// version tracks it per lane with blends, in 256-bit vectors).
+__attribute__((target("avx512f"))) void stats_of_row_avx512(const double* row, int64_t K, int precision, double scale,
+                                                           double* norm, uint8_t* sign, double* quantum,
+                                                           int32_t* span) {
+  __m512d acc = _mm512_setzero_pd();
+  __m512i set = _mm512_setzero_si512(), clear = _mm512_setzero_si512();
+  const __m512i exp_mask = _mm512_set1_epi64(0x7FF), magnitude = _mm512_set1_epi64(static_cast<int64_t>(~kSignBit));
+  __m512i emin = exp_mask;
+  int64_t nonzero_first = K, nonzero_end = 0;
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    const __m512d x = _mm512_loadu_pd(row + k);
+    acc = _mm512_add_pd(acc, _mm512_mul_pd(x, x));
+    const __m512i u = _mm512_castpd_si512(x);
+    set = _mm512_or_si512(set, u);
+    clear = _mm512_or_si512(clear, _mm512_xor_si512(u, _mm512_set1_epi64(-1)));
+    const __m512i e = _mm512_and_si512(_mm512_srli_epi64(u, 52), exp_mask);
+    const __m512i e_nonzero = _mm512_mask_mov_epi64(e, _mm512_cmpeq_epi64_mask(e, _mm512_setzero_si512()), exp_mask);
+    emin = _mm512_min_epu64(emin, e_nonzero);
+    const unsigned nonzero = _mm512_test_epi64_mask(u, magnitude);
+    if (nonzero != 0) {
+      if (nonzero_first == K) nonzero_first = k + __builtin_ctz(nonzero);
+      nonzero_end = k + 32 - __builtin_clz(nonzero);
+    }
+  }
+  alignas(64) double part[8];
+  alignas(64) uint64_t sets[8], clears[8], emins[8];
+  _mm512_store_pd(part, acc);
+  _mm512_store_si512(sets, set);
+  _mm512_store_si512(clears, clear);
+  _mm512_store_si512(emins, emin);
+  uint64_t any_set = 0, any_clear = 0;
+  int64_t e = 0x7FF;
+  for (int l = 0; l < 8; ++l) any_set |= sets[l], any_clear |= clears[l], e = std::min<int64_t>(e, emins[l]);
+  for (; k < K; ++k) {  // the rest in lane 0, as stats_of_row_generic
+    const double x = row[k];
+    part[0] = part[0] + x * x;
+    const uint64_t u = double_to_bits(x);
+    any_set |= u;
+    any_clear |= ~u;
+    const int64_t ek = static_cast<int64_t>((u >> 52) & 0x7FF);
+    e = std::min(e, ek == 0 ? int64_t{0x7FF} : ek);
+    if ((u & ~kSignBit) != 0) {
+      nonzero_first = std::min(nonzero_first, k);
+      nonzero_end = k + 1;
+    }
+  }
+  finish_row_stats(part, any_set, any_clear, e, nonzero_first, nonzero_end, precision, scale, norm, sign, quantum,
+                   span);
 }
 
 template <typename T>
@@ -115,6 +182,80 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void transpo
     for (int64_t r = r0; r < r1; ++r) dst[r * K + k] = element_value(x[r * sr + k * sk]);
 }
 
+bool has_avx512() {
+  static const bool yes = __builtin_cpu_supports("avx512f");
+  return yes;
+}
+
+void stats_of_row(const double* row, int64_t K, int precision, double scale, double* norm, uint8_t* sign,
+                  double* quantum, int32_t* span) {
+  (has_avx512() ? stats_of_row_avx512 : stats_of_row_generic)(row, K, precision, scale, norm, sign, quantum, span);
+}
+
+// Eight consecutive elements as doubles, exactly (as element_value: the
+// hardware float -> double conversion; bfloat16 is the top half of a float).
+__attribute__((target("avx512f"))) inline __m512d widen8(const float* x) {
+  return _mm512_cvtps_pd(_mm256_loadu_ps(x));
+}
+__attribute__((target("avx512f"))) inline __m512d widen8(const c10::BFloat16* x) {
+  const __m256i bits = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x))), 16);
+  return _mm512_cvtps_pd(_mm256_castsi256_ps(bits));
+}
+
+// transpose_panel for a unit row stride (x's rows are the columns of a
+// contiguous tensor) on AVX-512: each 8 x 8 block is eight vector loads of
+// eight consecutive rows at one k, transposed in registers (unpack, then
+// two rounds of lane permutes), and eight vector stores of eight
+// consecutive k of one row. A plain copy: the same doubles as
+// transpose_panel (the compiler's version went through the stack).
+template <typename T>
+__attribute__((target("avx512f"))) void transpose_panel_avx512(const T* x, int64_t sk, int64_t r0, int64_t r1,
+                                                               int64_t K, double* dst) {
+  constexpr int64_t kB = 8;
+  const __m512i pick_even = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+  const __m512i pick_odd = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+  int64_t k = 0;
+  for (; k + kB <= K; k += kB) {
+    int64_t r = r0;
+    for (; r + kB <= r1; r += kB) {
+      __m512d v[kB];  // v[kk] = the eight rows r.. at k + kk
+      for (int64_t kk = 0; kk < kB; ++kk) v[kk] = widen8(x + r + (k + kk) * sk);
+      __m512d u[kB];  // u[2i] = (v[2i][0], v[2i+1][0], v[2i][2], v[2i+1][2], ...), u[2i+1] the odd elements
+      for (int i = 0; i < 4; ++i) {
+        u[2 * i] = _mm512_unpacklo_pd(v[2 * i], v[2 * i + 1]);
+        u[2 * i + 1] = _mm512_unpackhi_pd(v[2 * i], v[2 * i + 1]);
+      }
+      // w[..]: four consecutive k of rows (0, 4), (1, 5), (2, 6), (3, 7),
+      // for k.. k + 3 (w[0..3]) and k + 4.. k + 7 (w[4..7]).
+      __m512d w[kB];
+      for (int h = 0; h < 2; ++h) {
+        w[4 * h + 0] = _mm512_permutex2var_pd(u[4 * h + 0], pick_even, u[4 * h + 2]);  // rows 0, 4
+        w[4 * h + 1] = _mm512_permutex2var_pd(u[4 * h + 1], pick_even, u[4 * h + 3]);  // rows 1, 5
+        w[4 * h + 2] = _mm512_permutex2var_pd(u[4 * h + 0], pick_odd, u[4 * h + 2]);   // rows 2, 6
+        w[4 * h + 3] = _mm512_permutex2var_pd(u[4 * h + 1], pick_odd, u[4 * h + 3]);   // rows 3, 7
+      }
+      for (int j = 0; j < 4; ++j) {
+        // Row j: lanes 0-1 of w[j] (k.. k + 3) then of w[4 + j] (k + 4..);
+        // row j + 4: lanes 2-3 of each.
+        _mm512_storeu_pd(dst + (r + j) * K + k, _mm512_shuffle_f64x2(w[j], w[4 + j], _MM_SHUFFLE(1, 0, 1, 0)));
+        _mm512_storeu_pd(dst + (r + j + 4) * K + k, _mm512_shuffle_f64x2(w[j], w[4 + j], _MM_SHUFFLE(3, 2, 3, 2)));
+      }
+    }
+    for (; r < r1; ++r)
+      for (int64_t kk = 0; kk < kB; ++kk) dst[r * K + k + kk] = element_value(x[r + (k + kk) * sk]);
+  }
+  for (; k < K; ++k)
+    for (int64_t r = r0; r < r1; ++r) dst[r * K + k] = element_value(x[r + k * sk]);
+}
+
+template <typename T>
+void transpose_panel_unit(const T* x, int64_t sk, int64_t r0, int64_t r1, int64_t K, double* dst) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
+    if (has_avx512()) return transpose_panel_avx512(x, sk, r0, r1, K, dst);
+  }
+  transpose_panel<T, true>(x, 1, sk, r0, r1, K, dst);
+}
+
 }  // namespace
 
 void widen_operand_cpu(const at::Tensor& x, at::Tensor& out, at::Tensor& norms, at::Tensor& signs,
@@ -149,7 +290,11 @@ void widen_operand_cpu(const at::Tensor& x, at::Tensor& out, at::Tensor& norms, 
     at::parallel_for(0, B * panels, 1, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const int64_t b = t / panels, r0 = (t % panels) * kPanelRows, r1 = std::min(R, r0 + kPanelRows);
-        (sr == 1 ? transpose_panel<T, true> : transpose_panel<T, false>)(in + b * sb, sr, sk, r0, r1, K, o + b * R * K);
+        if (sr == 1) {
+          transpose_panel_unit(in + b * sb, sk, r0, r1, K, o + b * R * K);
+        } else {
+          transpose_panel<T, false>(in + b * sb, sr, sk, r0, r1, K, o + b * R * K);
+        }
         for (int64_t r = r0; r < r1; ++r) summarize(b * R + r);
       }
     });
@@ -178,14 +323,15 @@ KRange block_span(const int32_t* spans, int64_t r0, int64_t r1) {
 
 KRange intersect(KRange x, KRange y) { return {std::max(x.begin, y.begin), std::min(x.end, y.end)}; }
 
-// c[r * ldc + j] = sum_{k < kk} a[r * ld + k] * bt[j * ld + k] for r < rows,
-// j < cols: the fp64 GEMM of one block on AVX-512, for operands already
-// laid out as dot products (rows of a and of bt contiguous, as widening
-// writes them), so nothing is packed and C is written once. Tiles of 4 x 4
-// outputs, each a sum of 8-lane fma chains over k (zero-filled lanes past
-// kk) folded at the end. Any fp64 evaluation order is fine for tier 1 (its
-// bound covers every order and the fused multiply-adds, whose products are
-// exact here anyway); a tile at an edge repeats the last row or column and
+// c[r * ldc + j] = sum_{kb <= k < ke} a[r * ld + k] * bt[j * ld + k] for
+// r < rows, j < cols (gemm_nt_avx512, below): the fp64 GEMM of one block on
+// AVX-512, for operands already laid out as dot products (rows of a and of
+// bt contiguous, as widening writes them), so nothing is packed and C is
+// written once. Tiles of 4 x 4 outputs, each a sum of 8-lane fma chains over
+// k (zero-filled lanes past the tile's last k) folded at the end. Any fp64
+// evaluation order is fine for tier 1 (its bound covers every order and the
+// fused multiply-adds, whose products are exact here anyway); a tile at an
+// edge repeats the last row or column and
 // stores only the outputs that exist.
 // The vector of the sums of the lanes of v0, ..., v7, in that order: pair
 // sums within 128-bit lanes, then two rounds of adding 128-bit lanes (a
@@ -206,32 +352,58 @@ __attribute__((target("avx512f"))) inline __m512d sum8(__m512d v0, __m512d v1, _
   return sum_lanes(sum_lanes(sum_pairs(v0, v1), sum_pairs(v2, v3)), sum_lanes(sum_pairs(v4, v5), sum_pairs(v6, v7)));
 }
 
+// The union of the nonzero spans of n rows (spans as widen_operand_cpu
+// writes them; an empty span {0, 0} only widens the union, which is safe).
+inline KRange span_union(const int32_t* spans, int n) {
+  KRange k{spans[0], spans[1]};
+  for (int i = 1; i < n; ++i) k.begin = std::min(k.begin, spans[2 * i]), k.end = std::max(k.end, spans[2 * i + 1]);
+  return k;
+}
+
+// a_spans, b_spans: the nonzero spans of the block's rows of a and of bt
+// (first row r0, c0). Each tile sums only over k in [kb, ke) intersected
+// with the union of its rows' spans and of its columns' spans: the products
+// left out are exact zeros, or the output is never decided by tier 1 (a NaN
+// or infinity is inside its row's span and makes that row's norm
+// non-finite), as for the blocks (fp64_gemm_cpu). Causal attention's
+// triangular operands then cost about half of a dense product instead of
+// ~5/8 with 64-wide blocks. lower_only: tiles whose outputs all have
+// j > i (row r0 + i, column c0 + j, here diag = c0 - r0 of the whole
+// product) are not computed; their C entries are left as they are and never
+// read (round_rows rounds j <= i only).
 __attribute__((target("avx512f"))) void gemm_nt_avx512(const double* a, const double* bt, int64_t ld, int64_t rows,
-                                                      int64_t cols, int64_t kk, double* c, int64_t ldc) {
+                                                      int64_t cols, int64_t kb, int64_t ke, const int32_t* a_spans,
+                                                      const int32_t* b_spans, bool lower_only, int64_t diag,
+                                                      double* c, int64_t ldc) {
   constexpr int kR = 4;
-  const int64_t kv = kk - kk % 8;
-  const __mmask8 tail = static_cast<__mmask8>((1u << (kk % 8)) - 1);
   // Columns in chunks of ~128 KiB of bt, which stay in the L2 cache while
   // every row of the block passes over them.
-  const int64_t chunk = std::max<int64_t>(kR, (16384 / std::max<int64_t>(kk, 1)) / kR * kR);
+  const int64_t chunk = std::max<int64_t>(kR, (16384 / std::max<int64_t>(ke - kb, 1)) / kR * kR);
   for (int64_t cc = 0; cc < cols; cc += chunk)
   for (int64_t r0 = 0; r0 < rows; r0 += kR) {
     const double* ar[kR];
     for (int i = 0; i < kR; ++i) ar[i] = a + std::min(r0 + i, rows - 1) * ld;
+    const KRange a_k = span_union(a_spans + 2 * r0, static_cast<int>(std::min<int64_t>(kR, rows - r0)));
     for (int64_t c0 = cc; c0 < std::min(cols, cc + chunk); c0 += kR) {
+      if (lower_only && c0 + diag > r0 + kR - 1) break;  // this tile and the rest of the row: all j > i
       const double* bc[kR];
       for (int j = 0; j < kR; ++j) bc[j] = bt + std::min(c0 + j, cols - 1) * ld;
+      const KRange b_k = span_union(b_spans + 2 * c0, static_cast<int>(std::min<int64_t>(kR, cols - c0)));
+      const int64_t k0 = std::max<int64_t>(kb, std::max(a_k.begin, b_k.begin));
+      const int64_t k1 = std::min<int64_t>(ke, std::min(a_k.end, b_k.end));
+      const int64_t kv = k0 + std::max<int64_t>(0, k1 - k0) / 8 * 8;
       __m512d acc[kR][kR];
       for (int i = 0; i < kR; ++i)
         for (int j = 0; j < kR; ++j) acc[i][j] = _mm512_setzero_pd();
-      for (int64_t k = 0; k < kv; k += 8) {
+      for (int64_t k = k0; k < kv; k += 8) {
         __m512d x[kR], y[kR];
         for (int i = 0; i < kR; ++i) x[i] = _mm512_loadu_pd(ar[i] + k);
         for (int j = 0; j < kR; ++j) y[j] = _mm512_loadu_pd(bc[j] + k);
         for (int i = 0; i < kR; ++i)
           for (int j = 0; j < kR; ++j) acc[i][j] = _mm512_fmadd_pd(x[i], y[j], acc[i][j]);
       }
-      if (tail != 0) {
+      if (kv < k1) {
+        const __mmask8 tail = static_cast<__mmask8>((1u << (k1 - kv)) - 1);
         __m512d x[kR], y[kR];
         for (int i = 0; i < kR; ++i) x[i] = _mm512_maskz_loadu_pd(tail, ar[i] + kv);
         for (int j = 0; j < kR; ++j) y[j] = _mm512_maskz_loadu_pd(tail, bc[j] + kv);
@@ -264,11 +436,6 @@ __attribute__((target("avx512f"))) void gemm_nt_avx512(const double* a, const do
 // C by beta = 0 before adding to it).
 constexpr int64_t kOwnKernelMaxK = 1024;
 
-bool has_avx512() {
-  static const bool yes = __builtin_cpu_supports("avx512f");
-  return yes;
-}
-
 }  // namespace
 }  // namespace carbon
 
@@ -280,8 +447,9 @@ extern "C" void dgemm_(const char* transa, const char* transb, const int* m, con
 
 namespace carbon {
 
-void fp64_gemm_cpu(const at::Tensor& a64, const at::Tensor& bt64, const at::Tensor& a_spans,
-                   const at::Tensor& b_spans, at::Tensor& approx, bool lower_only) {
+bool fp64_gemm_cpu(const at::Tensor& a64, const at::Tensor& bt64, const at::Tensor& a_spans,
+                   const at::Tensor& b_spans, at::Tensor& approx, bool lower_only,
+                   const std::function<void(int64_t, int64_t)>& rows_done) {
   const int64_t B = a64.size(0), M = a64.size(1), K = a64.size(2), N = bt64.size(1);
   const int64_t mb = (M + kGemmBlock - 1) / kGemmBlock, nb = (N + kGemmBlock - 1) / kGemmBlock;
   const int32_t* as = a_spans.const_data_ptr<int32_t>();
@@ -321,7 +489,7 @@ void fp64_gemm_cpu(const at::Tensor& a64, const at::Tensor& bt64, const at::Tens
     } else {
       at::bmm_out(approx, a64, bt64.transpose(1, 2));
     }
-    return;
+    return false;
   }
 
   const double* a = a64.const_data_ptr<double>();
@@ -357,15 +525,18 @@ void fp64_gemm_cpu(const at::Tensor& a64, const at::Tensor& bt64, const at::Tens
           const double* a_block = a + (b * M + r0) * K + k.begin;
           const double* bt_block = bt + (b * N + c0) * K + k.begin;
           if (use_own_kernel) {
-            gemm_nt_avx512(a_block, bt_block, K, rows, cols, kk, out, N);
+            gemm_nt_avx512(a + (b * M + r0) * K, bt + (b * N + c0) * K, K, rows, cols, k.begin, k.end,
+                           as + 2 * (b * M + r0), bs + 2 * (b * N + c0), lower_only, c0 - r0, out, N);
           } else {
             dgemm_("T", "N", &m, &n, &kk, &one, bt_block, &ld, a_block, &ld, &zero, out, &ldc);
           }
         }
         j = j_end;
       }
+      if (rows_done) rows_done(b * M + r0, b * M + r0 + rows);
     }
   });
+  return static_cast<bool>(rows_done);
 }
 
 // Scratch memory. The exact fp64 copies of the operands and the fp64 GEMM's
@@ -491,36 +662,49 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) static bool 
   return any_pending != 0;
 }
 
-// lower_only: row i rounds its outputs j <= i and sets the others to +0.
+// Rows [begin, end) of the B * M output rows, on this thread. lower_only:
+// row i rounds its outputs j <= i and sets the others to +0.
+template <typename F>
+static void round_rows(const MatmulView& v, typename F::Bits* out, bool lower_only, int64_t begin, int64_t end) {
+  constexpr FloatFormat f = F::get();
+  std::vector<uint8_t> pending(v.N);
+  for (int64_t row = begin; row < end; ++row) {
+    const int64_t b = row / v.M, i = row % v.M;
+    const int64_t N = lower_only ? std::min(v.N, i + 1) : v.N;
+    if (N < v.N) std::fill(out + row * v.N + N, out + (row + 1) * v.N, typename F::Bits{0});
+    const double* bias = v.bias ? v.bias + b * v.bias_stride_b + i * v.bias_stride_m : nullptr;
+    const bool any_pending = (bias ? round_row_normal<F, true> : round_row_normal<F, false>)(
+        v.approx + row * v.N, v.b_norm + b * v.N, v.a_norm[row], v.gemm_gamma, bias, v.bias_stride_n,
+        v.b_quantum + b * v.N, v.a_quantum53[row], N, out + row * v.N, pending.data());
+    if (!any_pending) continue;
+    for (int64_t j = 0; j < N; ++j) {
+      if (!pending[j]) continue;
+      double r;
+      if (!matmul_round_fast(v, b, i, j, f, &r)) r = matmul_round_exact(v, b, i, j, f);
+      out[row * v.N + j] = static_cast<typename F::Bits>(encode(r, f));
+    }
+  }
+}
+
 template <typename F>
 static void round_all(const MatmulView& v, typename F::Bits* out, bool lower_only) {
-  constexpr FloatFormat f = F::get();
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(v.N, 1));
-  at::parallel_for(0, v.B * v.M, grain, [&](int64_t begin, int64_t end) {
-    std::vector<uint8_t> pending(v.N);
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t b = row / v.M, i = row % v.M;
-      const int64_t N = lower_only ? std::min(v.N, i + 1) : v.N;
-      if (N < v.N) std::fill(out + row * v.N + N, out + (row + 1) * v.N, typename F::Bits{0});
-      const double* bias = v.bias ? v.bias + b * v.bias_stride_b + i * v.bias_stride_m : nullptr;
-      const bool any_pending = (bias ? round_row_normal<F, true> : round_row_normal<F, false>)(
-          v.approx + row * v.N, v.b_norm + b * v.N, v.a_norm[row], v.gemm_gamma, bias, v.bias_stride_n,
-          v.b_quantum + b * v.N, v.a_quantum53[row], N, out + row * v.N, pending.data());
-      if (!any_pending) continue;
-      for (int64_t j = 0; j < N; ++j) {
-        if (!pending[j]) continue;
-        double r;
-        if (!matmul_round_fast(v, b, i, j, f, &r)) r = matmul_round_exact(v, b, i, j, f);
-        out[row * v.N + j] = static_cast<typename F::Bits>(encode(r, f));
-      }
-    }
-  });
+  at::parallel_for(0, v.B * v.M, grain,
+                   [&](int64_t begin, int64_t end) { round_rows<F>(v, out, lower_only, begin, end); });
 }
 
 void matmul_round_rows_cpu(const MatmulView& v, FormatId format, at::Tensor& out, bool lower_only) {
   with_format(format, [&](auto fmt) {
     using F = decltype(fmt);
     round_all<F>(v, static_cast<typename F::Bits*>(out.mutable_data_ptr()), lower_only);
+  });
+}
+
+void matmul_round_row_range_cpu(const MatmulView& v, FormatId format, at::Tensor& out, bool lower_only,
+                                int64_t begin, int64_t end) {
+  with_format(format, [&](auto fmt) {
+    using F = decltype(fmt);
+    round_rows<F>(v, static_cast<typename F::Bits*>(out.mutable_data_ptr()), lower_only, begin, end);
   });
 }
 

@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
+
 #include "matmul_kernel.h"
 
 namespace carbon {
@@ -21,14 +23,26 @@ void widen_operand_cpu(const at::Tensor& x, at::Tensor& out, at::Tensor& norms, 
 // Tier 1's fp64 GEMM: approx [B, M, N] (contiguous) = a64 [B, M, K] times
 // bt64 [B, N, K] transposed, skipping the blocks of products that the spans
 // show to be exact zeros.
-// With lower_only, only the blocks of 64 x 64 outputs that hold an output
-// j <= i are computed; the others are left as they are (uninitialized).
-void fp64_gemm_cpu(const at::Tensor& a64, const at::Tensor& bt64, const at::Tensor& a_spans,
-                   const at::Tensor& b_spans, at::Tensor& approx, bool lower_only);
+// With lower_only, only the blocks of 64 x 64 outputs (4 x 4 tiles within
+// them) that hold an output j <= i are computed; the others are left as they
+// are (uninitialized).
+// rows_done (may be empty): called, on the computing thread, with each range
+// [begin, end) of the B * M rows of approx as soon as those rows are final,
+// while they are still in the cache (the caller rounds them there). Returns
+// whether it was called for every row; false when the GEMM went to the BLAS
+// in one call (dense operands), and then never.
+bool fp64_gemm_cpu(const at::Tensor& a64, const at::Tensor& bt64, const at::Tensor& a_spans,
+                   const at::Tensor& b_spans, at::Tensor& approx, bool lower_only,
+                   const std::function<void(int64_t, int64_t)>& rows_done);
 
 // matmul_round_cpu (matmul.h); with lower_only, only the outputs j <= i are
 // rounded (they need only those GEMM values) and the others are set to +0.
 void matmul_round_rows_cpu(const MatmulView& v, FormatId format, at::Tensor& out, bool lower_only);
+
+// The same for rows [begin, end) of the B * M output rows only, on the
+// calling thread.
+void matmul_round_row_range_cpu(const MatmulView& v, FormatId format, at::Tensor& out, bool lower_only,
+                                int64_t begin, int64_t end);
 
 // carbon.bmm(a, b) for CPU operands, rounded to out's dtype and written into
 // out (contiguous [B, M, N]). With lower_only, only the outputs j <= i are
