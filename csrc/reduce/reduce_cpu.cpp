@@ -84,32 +84,41 @@ CARBON_REDUCE_V4 inline double fold_registers(__m512d r0, __m512d r1, __m512d r2
 // operations per 8); the bound is looser (n max |x| against sum |x|),
 // which only widens the interval of the rounding test. The product n * max
 // is rounded once (relative error 2^-53), which kBoundSlack covers.
-CARBON_REDUCE_V4 inline __m512i max_magnitudes(__m512i m, const float* p, __mmask16 lo, __mmask16 hi) {
+//
+// max_magnitudes keeps, per lane, the largest magnitude of the elements of
+// `lanes` among 32 consecutive ones: for float32 elements 0-15 in lo's
+// lanes and 16-31 in hi's, for 16-bit formats all 32 in lo's (hi unused),
+// so a lane is a column when the 32 elements are 32 columns of a row; for
+// doubles (the partial sums of a long row, whose lanes are never columns)
+// elements 0-15 fold into lo and 16-31 into hi.
+CARBON_REDUCE_V4 inline void max_magnitudes(const float* p, uint32_t lanes, __m512i& lo, __m512i& hi) {
   const __m512i mask = _mm512_set1_epi32(0x7fffffff);
-  m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_maskz_loadu_epi32(lo, p), mask));
-  return _mm512_max_epu32(m, _mm512_and_si512(_mm512_maskz_loadu_epi32(hi, p + 16), mask));
+  lo = _mm512_max_epu32(lo, _mm512_and_si512(_mm512_maskz_loadu_epi32(static_cast<__mmask16>(lanes), p), mask));
+  hi = _mm512_max_epu32(hi, _mm512_and_si512(_mm512_maskz_loadu_epi32(static_cast<__mmask16>(lanes >> 16), p + 16),
+                                               mask));
 }
-CARBON_REDUCE_V4 inline __m512i max_magnitudes16(__m512i m, const void* p, __mmask32 lanes) {
-  return _mm512_max_epu16(m, _mm512_and_si512(_mm512_maskz_loadu_epi16(lanes, p), _mm512_set1_epi16(0x7fff)));
+CARBON_REDUCE_V4 inline void max_magnitudes16(const void* p, uint32_t lanes, __m512i& lo) {
+  lo = _mm512_max_epu16(lo, _mm512_and_si512(_mm512_maskz_loadu_epi16(lanes, p), _mm512_set1_epi16(0x7fff)));
 }
-CARBON_REDUCE_V4 inline __m512i max_magnitudes(__m512i m, const c10::BFloat16* p, __mmask16 lo, __mmask16 hi) {
-  return max_magnitudes16(m, p, _mm512_kunpackw(hi, lo));
+CARBON_REDUCE_V4 inline void max_magnitudes(const c10::BFloat16* p, uint32_t lanes, __m512i& lo, __m512i&) {
+  max_magnitudes16(p, lanes, lo);
 }
-CARBON_REDUCE_V4 inline __m512i max_magnitudes(__m512i m, const c10::Half* p, __mmask16 lo, __mmask16 hi) {
-  return max_magnitudes16(m, p, _mm512_kunpackw(hi, lo));
+CARBON_REDUCE_V4 inline void max_magnitudes(const c10::Half* p, uint32_t lanes, __m512i& lo, __m512i&) {
+  max_magnitudes16(p, lanes, lo);
 }
-CARBON_REDUCE_V4 inline __m512i max_magnitudes(__m512i m, const double* p, __mmask16 lo, __mmask16 hi) {
+CARBON_REDUCE_V4 inline void max_magnitudes(const double* p, uint32_t lanes, __m512i& lo, __m512i& hi) {
   const __m512i mask = _mm512_set1_epi64(0x7fffffffffffffffll);
   for (int q = 0; q < 4; ++q) {
-    const __mmask8 lanes = static_cast<__mmask8>((q < 2 ? lo : hi) >> (8 * (q % 2)));
-    m = _mm512_max_epu64(m, _mm512_and_si512(_mm512_maskz_loadu_epi64(lanes, p + 8 * q), mask));
+    const __m512i bits =
+        _mm512_and_si512(_mm512_maskz_loadu_epi64(static_cast<__mmask8>(lanes >> (8 * q)), p + 8 * q), mask);
+    __m512i& m = q < 2 ? lo : hi;
+    m = _mm512_max_epu64(m, bits);
   }
-  return m;
 }
 
-// The largest magnitude, from the lanes of max_magnitudes.
-CARBON_REDUCE_V4 inline double largest_magnitude(__m512i m, const float*) {
-  const uint32_t bits = _mm512_reduce_max_epu32(m);
+// The largest magnitude over all lanes of max_magnitudes' lo and hi.
+CARBON_REDUCE_V4 inline double largest_magnitude(__m512i lo, __m512i hi, const float*) {
+  const uint32_t bits = _mm512_reduce_max_epu32(_mm512_max_epu32(lo, hi));
   float value;
   std::memcpy(&value, &bits, sizeof value);
   return element_value(value);
@@ -118,14 +127,14 @@ CARBON_REDUCE_V4 inline double largest_magnitude16(__m512i m) {
   const __m512i hi = _mm512_srli_epi32(m, 16), lo = _mm512_and_si512(m, _mm512_set1_epi32(0xffff));
   return static_cast<double>(_mm512_reduce_max_epu32(_mm512_max_epu32(hi, lo)));
 }
-CARBON_REDUCE_V4 inline double largest_magnitude(__m512i m, const c10::BFloat16*) {
-  return element_value(c10::BFloat16(static_cast<uint16_t>(largest_magnitude16(m)), c10::BFloat16::from_bits()));
+CARBON_REDUCE_V4 inline double largest_magnitude(__m512i lo, __m512i, const c10::BFloat16*) {
+  return element_value(c10::BFloat16(static_cast<uint16_t>(largest_magnitude16(lo)), c10::BFloat16::from_bits()));
 }
-CARBON_REDUCE_V4 inline double largest_magnitude(__m512i m, const c10::Half*) {
-  return element_value(c10::Half(static_cast<uint16_t>(largest_magnitude16(m)), c10::Half::from_bits()));
+CARBON_REDUCE_V4 inline double largest_magnitude(__m512i lo, __m512i, const c10::Half*) {
+  return element_value(c10::Half(static_cast<uint16_t>(largest_magnitude16(lo)), c10::Half::from_bits()));
 }
-CARBON_REDUCE_V4 inline double largest_magnitude(__m512i m, const double*) {
-  return bits_to_double(_mm512_reduce_max_epu64(m));
+CARBON_REDUCE_V4 inline double largest_magnitude(__m512i lo, __m512i hi, const double*) {
+  return bits_to_double(_mm512_reduce_max_epu64(_mm512_max_epu64(lo, hi)));
 }
 
 // The AVX-512 rows' tree: kRowChains = 32 chains in four registers of 8
@@ -144,14 +153,14 @@ constexpr int kRowChains = 32;
 template <typename T>
 CARBON_REDUCE_V4 Sums chain_sums_v4(const T* x, int64_t n) {
   __m512d s0 = _mm512_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
-  __m512i m = _mm512_setzero_si512();
+  __m512i lo = _mm512_setzero_si512(), hi = lo;
   int64_t k = 0;
   for (; k + kRowChains <= n; k += kRowChains) {
     s0 = _mm512_add_pd(s0, widen8(x + k));
     s1 = _mm512_add_pd(s1, widen8(x + k + 8));
     s2 = _mm512_add_pd(s2, widen8(x + k + 16));
     s3 = _mm512_add_pd(s3, widen8(x + k + 24));
-    m = max_magnitudes(m, x + k, 0xffff, 0xffff);
+    max_magnitudes(x + k, 0xffffffffu, lo, hi);
   }
   if (k < n) {  // the last r < 32 elements, masked (lanes past the row read nothing and add +0)
     const uint32_t lanes = static_cast<uint32_t>((1ull << (n - k)) - 1);
@@ -159,9 +168,9 @@ CARBON_REDUCE_V4 Sums chain_sums_v4(const T* x, int64_t n) {
     s1 = _mm512_add_pd(s1, widen8(x + k + 8, static_cast<__mmask8>(lanes >> 8)));
     s2 = _mm512_add_pd(s2, widen8(x + k + 16, static_cast<__mmask8>(lanes >> 16)));
     s3 = _mm512_add_pd(s3, widen8(x + k + 24, static_cast<__mmask8>(lanes >> 24)));
-    m = max_magnitudes(m, x + k, static_cast<__mmask16>(lanes), static_cast<__mmask16>(lanes >> 16));
+    max_magnitudes(x + k, lanes, lo, hi);
   }
-  const double bound = static_cast<double>(n) * largest_magnitude(m, x);
+  const double bound = static_cast<double>(n) * largest_magnitude(lo, hi, x);
   return {fold_registers(s0, s1, s2, s3), bound, chain_depth<kRowChains>(n)};
 }
 
@@ -319,30 +328,15 @@ __attribute__((target_clones("avx2", "default"))) void column_chunk_sums(const T
   }
 }
 
+constexpr int64_t kRowStep = 64;       // rows per pass over the block's column groups
+constexpr int64_t kPrefetchRows = 8;   // how far ahead the column walk fetches
+
 // column_chunk_sums on AVX-512, 32 columns at a time held in registers
 // while the rows stream past: each column's sum is the same one chain in
 // row order (so the same depth), and abs_part[j] is the bound
 // rows * max_r |x[r][j]| >= sum_r |x[r][j]| (as chain_sums_v4's: the
-// largest magnitude from the elements' bits, non-finite for a NaN or inf).
-CARBON_REDUCE_V4 inline void column_max(const float* p, uint32_t lanes, __m512i& lo, __m512i& hi) {
-  const __m512i mask = _mm512_set1_epi32(0x7fffffff);
-  lo = _mm512_max_epu32(lo, _mm512_and_si512(_mm512_maskz_loadu_epi32(static_cast<__mmask16>(lanes), p), mask));
-  hi = _mm512_max_epu32(hi, _mm512_and_si512(_mm512_maskz_loadu_epi32(static_cast<__mmask16>(lanes >> 16), p + 16),
-                                               mask));
-}
-CARBON_REDUCE_V4 inline void column_max16(const void* p, uint32_t lanes, __m512i& lo) {
-  lo = _mm512_max_epu16(lo, _mm512_and_si512(_mm512_maskz_loadu_epi16(lanes, p), _mm512_set1_epi16(0x7fff)));
-}
-CARBON_REDUCE_V4 inline void column_max(const c10::BFloat16* p, uint32_t lanes, __m512i& lo, __m512i&) {
-  column_max16(p, lanes, lo);
-}
-CARBON_REDUCE_V4 inline void column_max(const c10::Half* p, uint32_t lanes, __m512i& lo, __m512i&) {
-  column_max16(p, lanes, lo);
-}
-
-constexpr int64_t kRowStep = 64;       // rows per pass over the block's column groups
-constexpr int64_t kPrefetchRows = 8;   // how far ahead the column walk fetches
-
+// largest magnitude from the elements' bits, non-finite for a NaN or inf;
+// max_magnitudes' lanes are the columns).
 template <typename T>
 CARBON_REDUCE_V4 void column_chunk_sums_v4(const T* x, int64_t rows, int64_t cols, int64_t width, double* part,
                                            double* abs_part) {
@@ -376,7 +370,7 @@ CARBON_REDUCE_V4 void column_chunk_sums_v4(const T* x, int64_t rows, int64_t col
         s1 = _mm512_add_pd(s1, widen8(p + 8, l1));
         s2 = _mm512_add_pd(s2, widen8(p + 16, l2));
         s3 = _mm512_add_pd(s3, widen8(p + 24, l3));
-        column_max(p, lanes, lo, hi);
+        max_magnitudes(p, lanes, lo, hi);
       }
       _mm512_mask_storeu_pd(part + j, l0, s0);
       _mm512_mask_storeu_pd(part + j + 8, l1, s1);
