@@ -309,3 +309,30 @@ def test_newer_functions_known_values():
         t = torch.tensor([at], requires_grad=True)
         (grad,) = torch.autograd.grad(getattr(carbon, name)(t), t, torch.ones(1))
         assert grad.tolist() == [want], name
+
+
+@pytest.mark.parametrize("name", ["sigmoid", "silu", "gelu_tanh"])
+def test_tiny_arguments_beside_ordinary_ones(name):
+    """The CPU evaluates these functions' main formula for a whole block of
+    elements at once and their Taylor form near 0 (|x| < 2^-10, where
+    1/2 + x/4 or x/2 + x^2/4 can be an exact rounding midpoint) only for the
+    elements that need it: tiny midpoint-critical arguments are interleaved
+    here with ordinary ones, at every position of the 256-element blocks, and
+    each result (value and gradient, g = 1) must be exactly RN(f(x))."""
+    from fractions import Fraction
+    rng = random.Random(f"tiny beside ordinary {name}")
+    tiny = [s * k * 2.0**e for k in range(1, 60, 2) for e in (-23, -24, -11) for s in (1, -1)]
+    xs = []
+    for i in range(700):
+        xs.append(rng.choice(tiny) if rng.random() < 0.3 else rng.gauss(0, 2))
+    x = torch.tensor(xs, dtype=torch.float32, requires_grad=True)
+    xs = x.detach().double().tolist()
+    strict = Fraction(1, 2**200)
+    got = as_bits(call(name, x.detach())).tolist()
+    bad = [(v, bits_to_float(g & 0xFFFFFFFF, torch.float32)) for v, g in zip(xs, got)
+           if g & 0xFFFFFFFF not in expected_bits(name, v, torch.float32, rel=strict)]
+    assert not bad, f"{name}: {len(bad)} of {len(xs)} wrong, e.g. {bad[:4]}"
+    (grad,) = torch.autograd.grad(call(name, x), x, torch.ones_like(x))
+    bad = [(v, bits_to_float(g & 0xFFFFFFFF, torch.float32)) for v, g in zip(xs, as_bits(grad).tolist())
+           if g & 0xFFFFFFFF not in grad_expected_bits(name, 1.0, v, torch.float32, rel=strict, abs_slack=strict)]
+    assert not bad, f"d{name}: {len(bad)} of {len(xs)} wrong, e.g. {bad[:4]}"

@@ -18,7 +18,7 @@ namespace {
 constexpr int64_t kBlock = 256;
 
 template <math::Fn kFn, bool kBackward, typename F>
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void elementwise_range(
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void elementwise_range(
     const typename F::Bits* __restrict__ x, const typename F::Bits* __restrict__ g, typename F::Bits* __restrict__ out,
     int64_t begin, int64_t end) {
   constexpr FloatFormat f = F::get();
@@ -32,7 +32,24 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void elementwise_ran
     }
     if (!all_normal)
       for (int64_t i = 0; i < n; ++i) v[i] = decode(x[b + i], f);
-    if constexpr (kBackward) {
+    if constexpr (math::has_main_branch<kFn, kBackward>()) {
+      // The branch-free main branch for every element (vectorizes), then
+      // the core for the few it flags (tiny arguments): the core's bits.
+      double w[kBlock];
+      uint32_t small[kBlock], any_small = 0;
+      for (int64_t i = 0; i < n; ++i) w[i] = math::main_branch<kFn, kBackward>(v[i]);
+      for (int64_t i = 0; i < n; ++i) {  // a loop of its own: fused, gelu_tanh's gradient did not vectorize
+        small[i] = math::takes_rare_branch<kFn, kBackward>(v[i]);
+        any_small |= small[i];
+      }
+      if (any_small)
+        for (int64_t i = 0; i < n; ++i)
+          if (small[i]) w[i] = kBackward ? math::grad_core<kFn>(v[i]) : math::forward_core<kFn>(v[i]);
+      if constexpr (kBackward)
+        for (int64_t i = 0; i < n; ++i) v[i] = decode(g[b + i], f) * w[i];
+      else
+        for (int64_t i = 0; i < n; ++i) v[i] = w[i];
+    } else if constexpr (kBackward) {
       for (int64_t i = 0; i < n; ++i) v[i] = math::grad_core<kFn>(v[i]);
       for (int64_t i = 0; i < n; ++i) v[i] = decode(g[b + i], f) * v[i];
     } else if constexpr (kFn == math::Fn::kExp) {

@@ -239,16 +239,23 @@ CARBON_HD double sigmoid_small_tail(double x, double z) {
 // exactly a rounding midpoint (x = odd * 2^-23 or 2^-24) and the tail, below
 // double's resolution there, decides: 1/2 + x/4 by an exact two-sum, and the
 // rest as a correction (with_correction).
+//
+// sigmoid_large is the main branch (|x| >= 2^-10, NaN, +-inf) on its own,
+// without branches, so that CPU loops over it vectorize (main_branch below).
+CARBON_HD double sigmoid_large(double x) {
+  const double E = exp_core(-abs_value(x));
+  const double d = 1.0 + E;
+  return (x < 0.0 ? E : 1.0) / d;  // NaN: E is NaN
+}
+CARBON_HD bool sigmoid_is_small(double x) { return abs_value(x) < 0x1p-10; }
 CARBON_HD double sigmoid_core(double x) {
-  if (abs_value(x) < 0x1p-10) {
+  if (sigmoid_is_small(x)) {
     const double q = 0.25 * x;
     const double s = 0.5 + q;
     const double err = (q - (s - 0.5)) + sigmoid_small_tail(x, x * x);  // Fast2Sum: 0.5 >= |q|
     return with_correction(s, err);
   }
-  const double E = exp_core(-abs_value(x));
-  const double d = 1.0 + E;
-  return x < 0.0 ? E / d : 1.0 / d;  // NaN: E is NaN
+  return sigmoid_large(x);
 }
 
 // |x| < 0.55: tanh = em/(em+2) with em = expm1(2|x|) (positive terms, no
@@ -306,8 +313,9 @@ CARBON_HD double erfcx_large(double u) {
       0x1.03f6fa839192dp-1,  0x1.3967fa672c478p-3,
   };
   const double uc = u < 10.625 ? u : 10.625;  // NaN: 10.625 (the caller's exp carries the NaN)
-  if (uc < 2.125) return horner(kMid, uc - 1.3125);
-  return horner(kLarge, 1.0 / uc - 0.28125);
+  // Both fits, then a select (not a branch): CPU loops over it vectorize.
+  const double mid = horner(kMid, uc - 1.3125), large = horner(kLarge, 1.0 / uc - 0.28125);
+  return uc < 2.125 ? mid : large;
 }
 
 // erfc(u) for u >= 0.5 (or NaN), given u2 = u^2 exactly (the caller knows it
@@ -336,12 +344,15 @@ CARBON_HD double phi_cdf(double x) {
   const double a = abs_value(x);
   const double u = a * kInvSqrt2;
   const double u2 = 0.5 * (a * a);
-  if (u < 0.5) {
-    const double half_erf = 0.5 * erf_small(u, u2);
-    return sign_bit(x) ? 0.5 - half_erf : 0.5 + half_erf;
-  }
+  // Both branches, then selects (not branches): CPU loops over gelu and its
+  // derivative vectorize. (erfc_large of a small u, or erf_small of a large
+  // one, is finite or NaN and is discarded.)
+  const bool negative = sign_bit(x);
+  const double half_erf = 0.5 * erf_small(u, u2);
+  const double small = negative ? 0.5 - half_erf : 0.5 + half_erf;
   const double half_erfc = 0.5 * erfc_large(u, u2);
-  return sign_bit(x) ? half_erfc : 1.0 - half_erfc;
+  const double large = negative ? half_erfc : 1.0 - half_erfc;
+  return u < 0.5 ? small : large;
 }
 
 // phi(x) = exp(-x^2/2)/sqrt(2 pi): exact argument, < 2^-49.
@@ -391,21 +402,31 @@ CARBON_HD double gelu_tanh_core(double x) {
   const double xc = x < -1e10 ? -1e10 : x;
   return above_half_x(x, xc * sigmoid_core(gelu_tanh_y(xc)));
 }
+// gelu_tanh_core where sigmoid takes its main branch (|y| >= 2^-10), and
+// whether it does not.
+CARBON_HD double gelu_tanh_large(double x) {
+  const double xc = x < -1e10 ? -1e10 : x;
+  return above_half_x(x, xc * sigmoid_large(gelu_tanh_y(xc)));
+}
+CARBON_HD bool gelu_tanh_is_small(double x) { return sigmoid_is_small(gelu_tanh_y(clamp(x, -1e10, 1e10))); }
 
 // silu(x) = x sigmoid(x): < 2^-49. For |x| < 2^-10 silu(x) = x/2 + x^2/4 -
 // x^4/48 + ..., where x/2 + x^2/4 can be exactly a rounding midpoint: it is
 // formed by an exact two-sum (x^2 exact for float x) and the rest passed as
 // a correction, as for sigmoid. (This includes |x| < 2^-60, x/2 + tiny.)
+CARBON_HD double silu_large(double x) {  // |x| >= 2^-10, NaN, +-inf
+  const double xc = x < -1e10 ? -1e10 : x;
+  return xc * sigmoid_large(xc);
+}
 CARBON_HD double silu_core(double x) {
-  if (abs_value(x) < 0x1p-10) {
+  if (sigmoid_is_small(x)) {
     if (x == 0.0) return x;  // silu(-0) = -0
     const double h = 0.5 * x, q = 0.25 * (x * x);
     const double s = h + q;
     const double err = (q - (s - h)) + x * sigmoid_small_tail(x, x * x);  // Fast2Sum: |h| >= q
     return with_correction(s, err);
   }
-  const double xc = x < -1e10 ? -1e10 : x;
-  return xc * sigmoid_core(xc);
+  return silu_large(x);
 }
 
 // ---- derivatives -----------------------------------------------------------------
@@ -456,13 +477,26 @@ CARBON_HD double gelu_tanh_grad_core(double x) {
   const double dy = kTwoSqrt2OverPi * fma(kThreeA, xc * xc, 1.0);
   return sigmoid_core(y) + xc * sigmoid_grad_core(y) * dy;
 }
+// gelu_tanh_grad_core where sigmoid takes its main branch (|y| >= 2^-10).
+CARBON_HD double gelu_tanh_grad_large(double x) {
+  constexpr double kTwoSqrt2OverPi = 0x1.9884533d43651p+0;
+  constexpr double kThreeA = 3.0 * 0.044715;
+  const double xc = clamp(x, -1e10, 1e10);
+  const double y = gelu_tanh_y(xc);
+  const double dy = kTwoSqrt2OverPi * fma(kThreeA, xc * xc, 1.0);
+  return sigmoid_large(y) + xc * sigmoid_grad_core(y) * dy;
+}
 
 // silu'(x) = s (1 + x (1 - s)) = s + x s (1 - s). For |x| < 2^-10 it is
 // 1/2 + x/2 - x^3/12 + x^5/80 - 17 x^7/10080 + ... (truncation < 2^-100),
 // where 1/2 + x/2 can be exactly a rounding midpoint: exact two-sum plus a
 // correction, as for sigmoid.
+CARBON_HD double silu_grad_large(double x) {  // |x| >= 2^-10, NaN, +-inf
+  const double xc = clamp(x, -1e10, 1e10);
+  return sigmoid_large(xc) + xc * sigmoid_grad_core(xc);
+}
 CARBON_HD double silu_grad_core(double x) {
-  if (abs_value(x) < 0x1p-10) {
+  if (sigmoid_is_small(x)) {
     constexpr double kC3 = -0x1.5555555555555p-4;  // -1/12
     constexpr double kC5 = 0x1.999999999999ap-7;   // 1/80
     constexpr double kC7 = -0x1.ba1ba1ba1ba1cp-10; // -17/10080
@@ -472,8 +506,7 @@ CARBON_HD double silu_grad_core(double x) {
     const double err = (h - (s - 0.5)) + x * z * fma(z, fma(z, kC7, kC5), kC3);  // Fast2Sum: 0.5 >= |h|
     return with_correction(s, err);
   }
-  const double xc = clamp(x, -1e10, 1e10);
-  return sigmoid_core(xc) + xc * sigmoid_grad_core(xc);
+  return silu_grad_large(x);
 }
 
 // ---- cos(2 pi u), for the normal distribution (csrc/random/philox.h) --------
@@ -939,6 +972,35 @@ CARBON_HD double grad_core(double x) {
   if constexpr (kFn == Fn::kAcos) return acos_grad_core(x);
 }
 
+// ---- main branches, for vector loops ------------------------------------------
+// Where a core takes a rare branch only for tiny arguments (sigmoid's Taylor
+// form for |x| < 2^-10, which silu and gelu_tanh reach through it), the CPU
+// evaluates main_branch over a whole block -- it has no branches, so the loop
+// vectorizes -- and then the core itself for the elements flagged `small`.
+// main_branch performs the core's own operations wherever it does not flag
+// the element (each core above calls the same *_large function), so the bits
+// are the core's. has_main_branch says which functions have one.
+template <Fn kFn, bool kBackward>
+constexpr bool has_main_branch() {
+  return kFn == Fn::kSigmoid ? !kBackward : (kFn == Fn::kSilu || kFn == Fn::kGeluTanh);
+}
+
+template <Fn kFn, bool kBackward>
+CARBON_HD double main_branch(double x) {
+  if constexpr (kFn == Fn::kSigmoid && !kBackward) return sigmoid_large(x);
+  if constexpr (kFn == Fn::kSilu) return kBackward ? silu_grad_large(x) : silu_large(x);
+  if constexpr (kFn == Fn::kGeluTanh) return kBackward ? gelu_tanh_grad_large(x) : gelu_tanh_large(x);
+  return x;
+}
+
+// Whether the core takes another branch than main_branch for x. (gelu_tanh
+// and its derivative clamp x to +-1e10 and -1e10 alike before y: x below
+// -1e10 gives the same y either way.)
+template <Fn kFn, bool kBackward>
+CARBON_HD bool takes_rare_branch(double x) {
+  if constexpr (kFn == Fn::kGeluTanh) return gelu_tanh_is_small(x);
+  return sigmoid_is_small(x);
+}
 
 }  // namespace math
 }  // namespace carbon
