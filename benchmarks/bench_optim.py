@@ -2,12 +2,22 @@
 foreach and fused implementations, on a GPT-2-small-shaped parameter set.
 
     python benchmarks/bench_optim.py [--device cpu|cuda|all] [--budget S]
+    python benchmarks/bench_optim.py --per-element [--sizes N,N] [--reps R]
 
 CUDA: the full GPT-2 small shapes (~124M float32 parameters); CPU: the same
 layer shapes with 2 layers and an 8192-token vocabulary (~20M). Each row
 times one step (or one clip) of every implementation in interleaved rounds
 (benchmarks/_timing.py) and prints median ms and carbon / best-torch.
 Target (issue 4): carbon <= 1.5x torch's fused / foreach step.
+
+--per-element: one CPU thread, ns per element of one AdamW step
+(``opt.step()``, Python included) on one tensor of each size, for float32 /
+bfloat16 / float16 parameters, amsgrad off and on: torch fused, torch
+foreach and carbon on the same data and sizes in one process, timed in
+interleaved rounds by CPU time (time.process_time, steadier than the wall
+clock on a shared machine); medians. torch keeps its states in the
+parameter's dtype, carbon in float32 (more bytes per element for 16-bit
+parameters).
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ import argparse
 import os
 import statistics
 import sys
+import time
 from typing import List, Optional
 
 import torch
@@ -97,11 +108,59 @@ def bench(device: str, budget_s: float) -> List[str]:
     return lines + [""] + ratios
 
 
+def per_element(sizes: List[int], reps: int) -> List[str]:
+    """One thread, ns per element of one AdamW step (lr 1e-4, wd 0.1; p ~
+    0.02 N, g ~ 0.01 N), torch fused / foreach / carbon interleaved."""
+    torch.set_num_threads(1)
+    kinds = [("torch fused", torch.optim.AdamW, dict(fused=True)),
+             ("torch foreach", torch.optim.AdamW, dict(foreach=True)),
+             ("carbon", carbon.optim.AdamW, {})]
+    lines = [f"one thread, ns per element (CPU time, median of {reps} interleaved rounds)",
+             "| dtype | amsgrad | elements | torch fused | torch foreach | carbon | carbon / torch fused |",
+             "|---|---|---|---|---|---|---|"]
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for amsgrad in (False, True):
+            for n in sizes:
+                gen = torch.Generator().manual_seed(0)
+                p0 = 0.02 * torch.randn(n, generator=gen)
+                g0 = 0.01 * torch.randn(n, generator=gen)
+                # calls per timed sample: ~4M elements' worth, so that the
+                # clock's resolution and the call overhead's jitter stay small
+                calls = max(1, (1 << 22) // n)
+                steps = []
+                for _, cls, kw in kinds:
+                    p = torch.nn.Parameter(p0.to(dtype))
+                    p.grad = g0.to(dtype)
+                    opt = cls([p], lr=1e-4, weight_decay=0.1, amsgrad=amsgrad, **kw)
+                    opt.step()  # allocate the states
+                    steps.append(opt.step)
+                times: List[List[float]] = [[] for _ in kinds]
+                for _ in range(reps):
+                    for t, step in zip(times, steps):
+                        t0 = time.process_time()
+                        for _ in range(calls):
+                            step()
+                        t.append((time.process_time() - t0) / calls / n * 1e9)
+                ns = [statistics.median(t) for t in times]
+                lines.append(f"| {str(dtype).replace('torch.', '')} | {'on' if amsgrad else 'off'} | {n} | "
+                             f"{ns[0]:.2f} | {ns[1]:.2f} | {ns[2]:.2f} | {ns[2] / ns[0]:.2f}x |")
+    return lines
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
     parser.add_argument("--budget", type=float, default=2.0, help="seconds of timing per row")
+    parser.add_argument("--per-element", action="store_true",
+                        help="one-thread ns per element table of the AdamW step (CPU) instead")
+    parser.add_argument("--sizes", default="65536,4194304", help="--per-element: tensor sizes")
+    parser.add_argument("--reps", type=int, default=9, help="--per-element: interleaved rounds")
     args = parser.parse_args(argv)
+    if args.per_element:
+        print(f"torch {torch.__version__}, carbon {carbon.__version__}, load {machine_load()}")
+        print("\n".join(per_element([int(x) for x in args.sizes.split(",")], args.reps)))
+        print(f"load {machine_load()}")
+        return 0
     devices = ["cpu"] if args.device == "cpu" else (["cuda"] if args.device == "cuda" else ["cpu", "cuda"])
     devices = [d for d in devices if d == "cpu" or torch.cuda.is_available()]
     print(f"torch {torch.__version__}, carbon {carbon.__version__}, {torch.get_num_threads()} CPU threads, "
