@@ -2,6 +2,7 @@
 foreach and fused implementations, on a GPT-2-small-shaped parameter set.
 
     python benchmarks/bench_optim.py [--device cpu|cuda|all] [--budget S]
+        [--adam-dtypes float32,bfloat16,float16] [--amsgrad]
     python benchmarks/bench_optim.py --per-element [--sizes N,N] [--reps R]
 
 CUDA: the full GPT-2 small shapes (~124M float32 parameters); CPU: the same
@@ -48,17 +49,17 @@ def gpt2_shapes(vocab: int, layers: int, d: int = 768, ctx: int = 1024) -> List[
     return shapes + [(d,), (d,)]
 
 
-def make_params(shapes, device):
+def make_params(shapes, device, dtype=torch.float32):
     g = torch.Generator(device=device).manual_seed(0)  # generated on the device: fast for 124M
-    params = [torch.nn.Parameter(0.02 * torch.randn(s, generator=g, device=device)) for s in shapes]
+    params = [torch.nn.Parameter((0.02 * torch.randn(s, generator=g, device=device)).to(dtype)) for s in shapes]
     for p in params:
-        p.grad = 0.01 * torch.randn(p.shape, generator=g, device=device)
+        p.grad = (0.01 * torch.randn(p.shape, generator=g, device=device)).to(dtype)
     return params
 
 
-def variants(kind: str, device: str):
+def variants(kind: str, device: str, amsgrad: bool = False):
     """(label, optimizer class, kwargs) for torch foreach, torch fused, carbon."""
-    hp = dict(lr=1e-4, weight_decay=0.1) if kind == "AdamW" else dict(lr=1e-3, momentum=0.9)
+    hp = dict(lr=1e-4, weight_decay=0.1, amsgrad=amsgrad) if kind == "AdamW" else dict(lr=1e-3, momentum=0.9)
     out = [("torch foreach", getattr(torch.optim, kind), dict(hp, foreach=True))]
     if device == "cuda" or kind in ("AdamW", "SGD"):
         out.append(("torch fused", getattr(torch.optim, kind), dict(hp, fused=True)))
@@ -66,15 +67,16 @@ def variants(kind: str, device: str):
     return out
 
 
-def bench(device: str, budget_s: float) -> List[str]:
+def bench(device: str, budget_s: float, adam_cases=(("float32", False),)) -> List[str]:
     shapes = gpt2_shapes(50257, 12) if device == "cuda" else gpt2_shapes(8192, 2)
     n = sum(torch.Size(s).numel() for s in shapes)
     rows = []
-    for kind in ("AdamW", "SGD"):
+    cases = [("AdamW", dtype, amsgrad) for dtype, amsgrad in adam_cases] + [("SGD", "float32", False)]
+    for kind, dtype, amsgrad in cases:
         labels, fns = [], []
-        for label, cls, kw in variants(kind, device):
+        for label, cls, kw in variants(kind, device, amsgrad):
             try:
-                params = make_params(shapes, device)
+                params = make_params(shapes, device, getattr(torch, dtype))
                 opt = cls(params, **kw)
                 opt.step()  # allocate states
             except (RuntimeError, ValueError) as e:  # e.g. fused not available here
@@ -84,7 +86,8 @@ def bench(device: str, budget_s: float) -> List[str]:
             fns.append(opt.step)
         times = time_interleaved(fns, device, budget_s, 30)
         ms = [statistics.median(t) for t in times]
-        rows.append((f"{kind} step", labels, ms))
+        suffix = "" if (dtype, amsgrad) == ("float32", False) else f" ({dtype}{', amsgrad' if amsgrad else ''})"
+        rows.append((f"{kind} step{suffix}", labels, ms))
         del fns
     # gradient clipping
     params = make_params(shapes, device)
@@ -93,7 +96,7 @@ def bench(device: str, budget_s: float) -> List[str]:
     times = time_interleaved(fns, device, budget_s, 30)
     rows.append(("clip_grad_norm_", ["torch foreach", "carbon"], [statistics.median(t) for t in times]))
 
-    lines = [f"device {device}, {len(shapes)} tensors, {n / 1e6:.1f}M float32 parameters",
+    lines = [f"device {device}, {len(shapes)} tensors, {n / 1e6:.1f}M parameters",
              "| device | op | torch foreach ms | torch fused ms | carbon ms | carbon / best torch |",
              "|---|---|---|---|---|---|"]
     ratios = []
@@ -151,6 +154,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
     parser.add_argument("--budget", type=float, default=2.0, help="seconds of timing per row")
+    parser.add_argument("--adam-dtypes", default="float32",
+                        help="parameter dtypes of the AdamW rows (comma-separated: float32,bfloat16,float16)")
+    parser.add_argument("--amsgrad", action="store_true", help="AdamW rows with amsgrad=True as well")
     parser.add_argument("--per-element", action="store_true",
                         help="one-thread ns per element table of the AdamW step (CPU) instead")
     parser.add_argument("--sizes", default="65536,4194304", help="--per-element: tensor sizes")
@@ -165,8 +171,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     devices = [d for d in devices if d == "cpu" or torch.cuda.is_available()]
     print(f"torch {torch.__version__}, carbon {carbon.__version__}, {torch.get_num_threads()} CPU threads, "
           f"load {machine_load()}")
+    adam_cases = [(d, a) for d in args.adam_dtypes.split(",") for a in ((False, True) if args.amsgrad else (False,))]
     for device in devices:
-        print("\n".join(bench(device, args.budget)))
+        print("\n".join(bench(device, args.budget, adam_cases)))
     return 0
 
 

@@ -276,7 +276,14 @@ CARBON_ADAM_AVX512_TARGET __attribute__((always_inline)) inline void store_param
       maybe_midpoint = _mm256_cmpeq_epi32_mask(low, _mm256_set1_epi32(0x1000)) | subnormal;
     }
     if (__builtin_expect((maybe_midpoint & lanes) != 0, 0)) return store_param8_odd<T, kFull>(x, lanes, value);
-    store8_16<T, kFull>(x, lanes, nearest16<T>(bits));
+    if constexpr (kIsBFloat16<T>) {
+      // No lane is a midpoint (low 16 bits 0x8000): rounding half up is
+      // rounding to nearest (a carry into the exponent, up to inf, included).
+      const __m256i rounded = _mm256_add_epi32(bits, _mm256_set1_epi32(0x8000));
+      store8_16<T, kFull>(x, lanes, _mm256_cvtepi32_epi16(_mm256_srli_epi32(rounded, 16)));
+    } else {
+      store8_16<T, kFull>(x, lanes, nearest16<T>(bits));
+    }
   }
 }
 
