@@ -33,19 +33,21 @@
 // Speed (one thread of the 2-core AVX-512 VM, a Zen 4 at ~3.5 GHz,
 // docs/benchmarks.md): ~1.0 ns per element for float32 in cache, against
 // ~2.1 ns for the generic branch-free blocks, which spend most of their time
-// in the integer roundings and range checks (bfloat16 / float16: ~1.25-1.3
+// in the integer roundings and range checks (bfloat16 / float16: ~1.2-1.3
 // ns here, 2.8 / 3.2 ns in the blocks, and far more there when float16
 // values are subnormal). Two resources bound this loop about equally: the
 // fp64 divider (a zmm square root ~15.5 cycles, a division ~8.6: 24 cycles
-// per 8 elements, ~0.87 ns per element) and the other fp64 vector work (~25
-// cycles per 8 elements with the square root and divisions taken out; the
-// conversions and the additions share two pipes). So the loop overlaps
+// per 8 elements, ~0.87 ns per element) and the other vector work (~25
+// cycles per 8 elements with the square root and divisions taken out;
+// each operation less saves ~0.5 cycle). So the loop overlaps
 // square roots with earlier groups' divisions and replaces the division by
 // c2s with a checked reciprocal (quotient_by_c2s), and keeps per-group work
 // small: NaNs are fixed outside the loop, 16-bit results round once through
 // float32. Measured no gain: additions written as fmas (a * 1 + b, the same
 // bits on the multiply pipes), software prefetch, unrolling by 3 (the
-// register moves of the pipelining), the plain division by c2s (1.18 ns).
+// register moves of the pipelining), the plain division by c2s (1.18 ns),
+// a check |r1| < RN(q1 |c2s| 2^-54) in quotient_by_c2s (3 operations fewer,
+// but up to 2x tighter: ~25% of the lanes divided, 1.32 ns).
 #pragma once
 
 #if defined(__x86_64__) && defined(__GNUC__)
