@@ -111,7 +111,7 @@ def bench(device: str, budget_s: float, adam_cases=(("float32", False),)) -> Lis
     return lines + [""] + ratios
 
 
-def per_element(sizes: List[int], reps: int) -> List[str]:
+def per_element(sizes: List[int], reps: int, dtypes: List[str]) -> List[str]:
     """One thread, ns per element of one AdamW step (lr 1e-4, wd 0.1; p ~
     0.02 N, g ~ 0.01 N), torch fused / foreach / carbon interleaved."""
     torch.set_num_threads(1)
@@ -121,7 +121,7 @@ def per_element(sizes: List[int], reps: int) -> List[str]:
     lines = [f"one thread, ns per element (CPU time, median of {reps} interleaved rounds)",
              "| dtype | amsgrad | elements | torch fused | torch foreach | carbon | carbon / torch fused |",
              "|---|---|---|---|---|---|---|"]
-    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    for dtype in (getattr(torch, d) for d in dtypes):
         for amsgrad in (False, True):
             for n in sizes:
                 gen = torch.Generator().manual_seed(0)
@@ -132,8 +132,9 @@ def per_element(sizes: List[int], reps: int) -> List[str]:
                 calls = max(1, (1 << 22) // n)
                 steps = []
                 for _, cls, kw in kinds:
-                    p = torch.nn.Parameter(p0.to(dtype))
-                    p.grad = g0.to(dtype)
+                    # own copies: .to(float32) of a float32 tensor is the same tensor
+                    p = torch.nn.Parameter(p0.to(dtype).clone())
+                    p.grad = g0.to(dtype).clone()
                     opt = cls([p], lr=1e-4, weight_decay=0.1, amsgrad=amsgrad, **kw)
                     opt.step()  # allocate the states
                     steps.append(opt.step)
@@ -154,8 +155,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
     parser.add_argument("--budget", type=float, default=2.0, help="seconds of timing per row")
-    parser.add_argument("--adam-dtypes", default="float32",
-                        help="parameter dtypes of the AdamW rows (comma-separated: float32,bfloat16,float16)")
+    parser.add_argument("--adam-dtypes", default=None,
+                        help="parameter dtypes of the AdamW rows (comma-separated: float32,bfloat16,float16; "
+                             "default float32, and all three with --per-element)")
     parser.add_argument("--amsgrad", action="store_true", help="AdamW rows with amsgrad=True as well")
     parser.add_argument("--per-element", action="store_true",
                         help="one-thread ns per element table of the AdamW step (CPU) instead")
@@ -164,14 +166,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.per_element:
         print(f"torch {torch.__version__}, carbon {carbon.__version__}, load {machine_load()}")
-        print("\n".join(per_element([int(x) for x in args.sizes.split(",")], args.reps)))
+        dtypes = (args.adam_dtypes or "float32,bfloat16,float16").split(",")
+        print("\n".join(per_element([int(x) for x in args.sizes.split(",")], args.reps, dtypes)))
         print(f"load {machine_load()}")
         return 0
     devices = ["cpu"] if args.device == "cpu" else (["cuda"] if args.device == "cuda" else ["cpu", "cuda"])
     devices = [d for d in devices if d == "cpu" or torch.cuda.is_available()]
     print(f"torch {torch.__version__}, carbon {carbon.__version__}, {torch.get_num_threads()} CPU threads, "
           f"load {machine_load()}")
-    adam_cases = [(d, a) for d in args.adam_dtypes.split(",") for a in ((False, True) if args.amsgrad else (False,))]
+    adam_dtypes = (args.adam_dtypes or "float32").split(",")
+    adam_cases = [(d, a) for d in adam_dtypes for a in ((False, True) if args.amsgrad else (False,))]
     for device in devices:
         print("\n".join(bench(device, args.budget, adam_cases)))
     return 0
