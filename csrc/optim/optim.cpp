@@ -180,8 +180,8 @@ void adam_range(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, c
   float* wp = kAmsgrad ? w->mutable_data_ptr<float>() : nullptr;
 #ifdef CARBON_ADAM_AVX512
   // The AVX-512 loop, whose hardware roundings are RN32 under the default
-  // MXCSR and RN_T after a round to odd (adam_avx512.h); the same bits as
-  // below.
+  // MXCSR and RN_T through float32 (to nearest, or to odd where the float32
+  // is a midpoint of T; adam_avx512.h); the same bits as below.
   if (adam_avx512::available() && adam_avx512::fp32_conversion_is_rn32())
     return adam_avx512::step<kAmsgrad>(pp + begin, gp + begin, mp + begin, vp + begin, wp ? wp + begin : nullptr,
                                        end - begin, c);
