@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <type_traits>
 #include <vector>
@@ -184,6 +185,16 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void transpo
 
 bool has_avx512() {
   static const bool yes = __builtin_cpu_supports("avx512f");
+  return yes;
+}
+
+// AVX-512 with its byte/word, doubleword/quadword and 128/256-bit forms
+// (the rounding rows' kernel; every AVX-512 CPU since Skylake-X has them).
+// CARBON_MATMUL_PORTABLE set: the compiled loops instead (to compare).
+bool has_avx512_bw() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+                          std::getenv("CARBON_MATMUL_PORTABLE") == nullptr;
   return yes;
 }
 
@@ -662,23 +673,138 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) static bool 
   return any_pending != 0;
 }
 
+// round_row_normal<F, false> on AVX-512, 8 outputs per step in 512-bit
+// vectors (GCC's x86-64-v4 clone used 256-bit ones, and its integer
+// selects went through blends of halves). The same operations on the same
+// values in the same order per output: y = approx + 0, beta = gamma *
+// (a_norm * b_norm + 0), the integer rounding of round_normal_bits, the
+// signed 64-bit comparisons and exact_gemm_value's product; so the same
+// bits, and the same outputs left to the general path.
+#define CARBON_ROUND_V4 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw")))
+
+// round_normal_bits of 8 magnitudes, kDrop = 53 - precision.
+template <int kDrop>
+CARBON_ROUND_V4 static inline __m512i round_normal_bits8(__m512i mag) {
+  const __m512i last_kept = _mm512_and_si512(_mm512_srli_epi64(mag, kDrop), _mm512_set1_epi64(1));
+  const __m512i half_less_one = _mm512_set1_epi64(static_cast<int64_t>((1ull << (kDrop - 1)) - 1));
+  const __m512i keep = _mm512_set1_epi64(static_cast<int64_t>(~((1ull << kDrop) - 1)));
+  return _mm512_and_si512(_mm512_add_epi64(_mm512_add_epi64(mag, half_less_one), last_kept), keep);
+}
+
+// Outputs j.. j + 7 of the row, those in `lanes` (nothing else is read or
+// written); returns the lanes left to the general path.
+template <typename F>
+CARBON_ROUND_V4 __attribute__((always_inline)) static inline __mmask8 round8_normal_avx512(
+    const double* approx, const double* b_norm, __m512d a_norm, __m512d gamma, const double* b_quantum,
+    __m512d a_quantum53, int64_t j, __mmask8 lanes, typename F::Bits* out) {
+  constexpr FloatFormat f = F::get();
+  constexpr int drop = 53 - f.precision;
+  const __m512i sign_bit = _mm512_set1_epi64(static_cast<int64_t>(kSignBit));
+  const __m512i normal_min = _mm512_set1_epi64(static_cast<int64_t>(normal_min_bits(f)));
+  const __m512i overflow = _mm512_set1_epi64(static_cast<int64_t>(overflow_bits(f)));
+  const __m512i one = _mm512_set1_epi64(1);
+  const __m512i rebias = _mm512_set1_epi64(static_cast<int64_t>(static_cast<uint64_t>(1023 - f.max_exp)
+                                                                << (f.precision - 1)));
+  const __m512d zero = _mm512_setzero_pd();
+  const __m512d y = _mm512_add_pd(_mm512_maskz_loadu_pd(lanes, approx + j), zero);
+  const __m512d prod = _mm512_mul_pd(a_norm, _mm512_maskz_loadu_pd(lanes, b_norm + j));
+  const __m512d beta = _mm512_mul_pd(gamma, _mm512_add_pd(prod, zero));
+  const __m512i lo = _mm512_castpd_si512(_mm512_sub_pd(y, beta)), hi = _mm512_castpd_si512(_mm512_add_pd(y, beta));
+  const __m512i mag_lo = _mm512_andnot_si512(sign_bit, lo), mag_hi = _mm512_andnot_si512(sign_bit, hi);
+  const __m512i inner = _mm512_sub_epi64(_mm512_min_epi64(mag_lo, mag_hi), one);
+  const __m512i outer = _mm512_add_epi64(_mm512_max_epi64(mag_lo, mag_hi), one);
+  const __m512i r_inner = round_normal_bits8<drop>(inner), r_outer = round_normal_bits8<drop>(outer);
+  __mmask8 bounded = _mm512_testn_epi64_mask(_mm512_xor_si512(lo, hi), sign_bit);
+  bounded = _mm512_mask_cmpge_epi64_mask(bounded, inner, normal_min);
+  bounded = _mm512_mask_cmplt_epi64_mask(bounded, outer, overflow);
+  bounded = _mm512_mask_cmpeq_epi64_mask(bounded, r_inner, r_outer);
+  bounded = _mm512_mask_cmplt_epi64_mask(bounded, r_outer, overflow);
+  const __m512i y_bits = _mm512_castpd_si512(y);
+  const __m512i mag_y = _mm512_andnot_si512(sign_bit, y_bits);
+  const __m512i r_y = round_normal_bits8<drop>(mag_y);
+  const __m512d quanta = _mm512_mul_pd(a_quantum53, _mm512_maskz_loadu_pd(lanes, b_quantum + j));
+  const __m512d slack2 = _mm512_set1_pd(kBoundSlack * kBoundSlack);
+  __mmask8 exact = _mm512_cmp_pd_mask(_mm512_mul_pd(prod, slack2), quanta, _CMP_LT_OQ);
+  exact = _mm512_mask_cmpge_epi64_mask(exact, mag_y, normal_min);
+  exact = _mm512_mask_cmplt_epi64_mask(exact, r_y, overflow);
+  const __mmask8 decided = _kor_mask8(bounded, exact);
+  const __m512i r = _mm512_mask_blend_epi64(bounded, r_y, r_inner);
+  const __m512i sign = _mm512_slli_epi64(_mm512_srli_epi64(y_bits, 63), f.total_bits - 1);
+  const __m512i bits = _mm512_maskz_or_epi64(decided, sign, _mm512_sub_epi64(_mm512_srli_epi64(r, drop), rebias));
+  if constexpr (sizeof(typename F::Bits) == 4) {
+    _mm512_mask_cvtepi64_storeu_epi32(out + j, lanes, bits);
+  } else {
+    _mm512_mask_cvtepi64_storeu_epi16(out + j, lanes, bits);
+  }
+  return _kandn_mask8(decided, lanes);
+}
+
+// Returns the number of outputs left to the general path, their indices in
+// `pending`.
+template <typename F>
+CARBON_ROUND_V4 static int64_t round_row_normal_avx512(const double* approx, const double* b_norm, double a_norm,
+                                                       double gamma, const double* b_quantum, double a_quantum53,
+                                                       int64_t N, typename F::Bits* out, int32_t* pending) {
+  const __m512d a_n = _mm512_set1_pd(a_norm), g = _mm512_set1_pd(gamma), a_q = _mm512_set1_pd(a_quantum53);
+  int64_t count = 0;
+  auto record = [&](int64_t j, unsigned left) {
+    for (; left != 0; left &= left - 1) pending[count++] = static_cast<int32_t>(j + __builtin_ctz(left));
+  };
+  int64_t j = 0;
+  for (; j + 8 <= N; j += 8) {
+    const __mmask8 left = round8_normal_avx512<F>(approx, b_norm, a_n, g, b_quantum, a_q, j, 0xFF, out);
+    if (left != 0) record(j, left);
+  }
+  if (j < N) {
+    const __mmask8 lanes = static_cast<__mmask8>((1u << (N - j)) - 1);
+    const __mmask8 left = round8_normal_avx512<F>(approx, b_norm, a_n, g, b_quantum, a_q, j, lanes, out);
+    if (left != 0) record(j, left);
+  }
+  return count;
+}
+
+// Tier 1's fast path for one row without a bias: the outputs it decides are
+// written; returns how many it left, their indices in `pending` (N of
+// them at most); flags: scratch of N bytes.
+template <typename F>
+static int64_t round_row_normal_no_bias(const double* approx, const double* b_norm, double a_norm, double gamma,
+                                        const double* b_quantum, double a_quantum53, int64_t N, typename F::Bits* out,
+                                        int32_t* pending, uint8_t* flags) {
+  if (has_avx512_bw())
+    return round_row_normal_avx512<F>(approx, b_norm, a_norm, gamma, b_quantum, a_quantum53, N, out, pending);
+  int64_t count = 0;
+  if (round_row_normal<F, false>(approx, b_norm, a_norm, gamma, nullptr, 0, b_quantum, a_quantum53, N, out, flags))
+    for (int64_t j = 0; j < N; ++j)
+      if (flags[j]) pending[count++] = static_cast<int32_t>(j);
+  return count;
+}
+
 // Rows [begin, end) of the B * M output rows, on this thread. lower_only:
 // row i rounds its outputs j <= i and sets the others to +0.
 template <typename F>
 static void round_rows(const MatmulView& v, typename F::Bits* out, bool lower_only, int64_t begin, int64_t end) {
   constexpr FloatFormat f = F::get();
-  std::vector<uint8_t> pending(v.N);
+  std::vector<uint8_t> flags(v.N);
+  std::vector<int32_t> pending(v.N);  // indices of the outputs tier 1's fast path left
   for (int64_t row = begin; row < end; ++row) {
     const int64_t b = row / v.M, i = row % v.M;
     const int64_t N = lower_only ? std::min(v.N, i + 1) : v.N;
     if (N < v.N) std::fill(out + row * v.N + N, out + (row + 1) * v.N, typename F::Bits{0});
     const double* bias = v.bias ? v.bias + b * v.bias_stride_b + i * v.bias_stride_m : nullptr;
-    const bool any_pending = (bias ? round_row_normal<F, true> : round_row_normal<F, false>)(
-        v.approx + row * v.N, v.b_norm + b * v.N, v.a_norm[row], v.gemm_gamma, bias, v.bias_stride_n,
-        v.b_quantum + b * v.N, v.a_quantum53[row], N, out + row * v.N, pending.data());
-    if (!any_pending) continue;
-    for (int64_t j = 0; j < N; ++j) {
-      if (!pending[j]) continue;
+    int64_t count = 0;
+    if (bias) {
+      if (round_row_normal<F, true>(v.approx + row * v.N, v.b_norm + b * v.N, v.a_norm[row], v.gemm_gamma, bias,
+                                    v.bias_stride_n, v.b_quantum + b * v.N, v.a_quantum53[row], N, out + row * v.N,
+                                    flags.data()))
+        for (int64_t j = 0; j < N; ++j)
+          if (flags[j]) pending[count++] = static_cast<int32_t>(j);
+    } else {
+      count = round_row_normal_no_bias<F>(v.approx + row * v.N, v.b_norm + b * v.N, v.a_norm[row], v.gemm_gamma,
+                                          v.b_quantum + b * v.N, v.a_quantum53[row], N, out + row * v.N,
+                                          pending.data(), flags.data());
+    }
+    for (int64_t t = 0; t < count; ++t) {
+      const int64_t j = pending[t];
       double r;
       if (!matmul_round_fast(v, b, i, j, f, &r)) r = matmul_round_exact(v, b, i, j, f);
       out[row * v.N + j] = static_cast<typename F::Bits>(encode(r, f));
