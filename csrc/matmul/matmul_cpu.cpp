@@ -720,15 +720,21 @@ CARBON_ROUND_V4 __attribute__((always_inline)) static inline __mmask8 round8_nor
   bounded = _mm512_mask_cmpeq_epi64_mask(bounded, r_inner, r_outer);
   bounded = _mm512_mask_cmplt_epi64_mask(bounded, r_outer, overflow);
   const __m512i y_bits = _mm512_castpd_si512(y);
-  const __m512i mag_y = _mm512_andnot_si512(sign_bit, y_bits);
-  const __m512i r_y = round_normal_bits8<drop>(mag_y);
-  const __m512d quanta = _mm512_mul_pd(a_quantum53, _mm512_maskz_loadu_pd(lanes, b_quantum + j));
-  const __m512d slack2 = _mm512_set1_pd(kBoundSlack * kBoundSlack);
-  __mmask8 exact = _mm512_cmp_pd_mask(_mm512_mul_pd(prod, slack2), quanta, _CMP_LT_OQ);
-  exact = _mm512_mask_cmpge_epi64_mask(exact, mag_y, normal_min);
-  exact = _mm512_mask_cmplt_epi64_mask(exact, r_y, overflow);
-  const __mmask8 decided = _kor_mask8(bounded, exact);
-  const __m512i r = _mm512_mask_blend_epi64(bounded, r_y, r_inner);
+  __mmask8 decided = bounded;
+  __m512i r = r_inner;
+  // Outputs that the bound leaves may still be exact GEMM values (inputs of
+  // few bits); when every lane is bounded that test cannot change anything.
+  if ((bounded & lanes) != lanes) {
+    const __m512i mag_y = _mm512_andnot_si512(sign_bit, y_bits);
+    const __m512i r_y = round_normal_bits8<drop>(mag_y);
+    const __m512d quanta = _mm512_mul_pd(a_quantum53, _mm512_maskz_loadu_pd(lanes, b_quantum + j));
+    const __m512d slack2 = _mm512_set1_pd(kBoundSlack * kBoundSlack);
+    __mmask8 exact = _mm512_cmp_pd_mask(_mm512_mul_pd(prod, slack2), quanta, _CMP_LT_OQ);
+    exact = _mm512_mask_cmpge_epi64_mask(exact, mag_y, normal_min);
+    exact = _mm512_mask_cmplt_epi64_mask(exact, r_y, overflow);
+    decided = _kor_mask8(bounded, exact);
+    r = _mm512_mask_blend_epi64(bounded, r_y, r_inner);
+  }
   const __m512i sign = _mm512_slli_epi64(_mm512_srli_epi64(y_bits, 63), f.total_bits - 1);
   const __m512i bits = _mm512_maskz_or_epi64(decided, sign, _mm512_sub_epi64(_mm512_srli_epi64(r, drop), rebias));
   if constexpr (sizeof(typename F::Bits) == 4) {
@@ -779,6 +785,27 @@ static int64_t round_row_normal_no_bias(const double* approx, const double* b_no
   return count;
 }
 
+// The exact sum when row i of a or column j of b is all zeros (norm 0) and
+// the other is finite, without a bias: every product is a signed zero, of
+// sign bit a_k's XOR b_k's, so the sum is -0 exactly when there is a product
+// and every one is -0 (the exact accumulator's rule: exact_zero). Tier 1
+// decides such outputs from the sign summaries unless both the row and the
+// column hold both signs; this answers those without the exact tiers' two
+// passes (causal attention: row 0 of the scores' gradient is such a row of
+// zeros of both signs, one per head, and so is every output of its row of
+// q's gradient). Returns false when it does not apply.
+static bool zero_products_sum(const MatmulView& v, int64_t b, int64_t i, int64_t j, double* out) {
+  if (v.bias != nullptr) return false;
+  const double na = v.a_norm[b * v.M + i], nb = v.b_norm[b * v.N + j];
+  if (!(std::isfinite(na) && std::isfinite(nb) && (na == 0.0 || nb == 0.0))) return false;
+  const double* a = v.a + (b * v.M + i) * v.K;
+  const double* bt = v.bt + (b * v.N + j) * v.K;
+  uint64_t all_negative = v.K > 0 ? 1 : 0;
+  for (int64_t k = 0; k < v.K; ++k) all_negative &= (double_to_bits(a[k]) ^ double_to_bits(bt[k])) >> 63;
+  *out = all_negative ? -0.0 : 0.0;
+  return true;
+}
+
 // Rows [begin, end) of the B * M output rows, on this thread. lower_only:
 // row i rounds its outputs j <= i and sets the others to +0.
 template <typename F>
@@ -806,7 +833,8 @@ static void round_rows(const MatmulView& v, typename F::Bits* out, bool lower_on
     for (int64_t t = 0; t < count; ++t) {
       const int64_t j = pending[t];
       double r;
-      if (!matmul_round_fast(v, b, i, j, f, &r)) r = matmul_round_exact(v, b, i, j, f);
+      if (!matmul_round_fast(v, b, i, j, f, &r) && !zero_products_sum(v, b, i, j, &r))
+        r = matmul_round_exact(v, b, i, j, f);
       out[row * v.N + j] = static_cast<typename F::Bits>(encode(r, f));
     }
   }
