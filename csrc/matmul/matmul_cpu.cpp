@@ -93,60 +93,6 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void stats_o
   finish_row_stats(part, set, clear, e, nonzero_first, nonzero_end, precision, scale, norm, sign, quantum, span);
 }
 
-// stats_of_row_generic on AVX-512 with the same lanes (so the same sums:
-// a product, then an addition, per element, no fma), 512-bit vectors, and
-// the span from each 8-block's mask of nonzero elements (the compiler's
-// version tracks it per lane with blends, in 256-bit vectors).
-__attribute__((target("avx512f"))) void stats_of_row_avx512(const double* row, int64_t K, int precision, double scale,
-                                                           double* norm, uint8_t* sign, double* quantum,
-                                                           int32_t* span) {
-  __m512d acc = _mm512_setzero_pd();
-  __m512i set = _mm512_setzero_si512(), clear = _mm512_setzero_si512();
-  const __m512i exp_mask = _mm512_set1_epi64(0x7FF), magnitude = _mm512_set1_epi64(static_cast<int64_t>(~kSignBit));
-  __m512i emin = exp_mask;
-  int64_t nonzero_first = K, nonzero_end = 0;
-  int64_t k = 0;
-  for (; k + 8 <= K; k += 8) {
-    const __m512d x = _mm512_loadu_pd(row + k);
-    acc = _mm512_add_pd(acc, _mm512_mul_pd(x, x));
-    const __m512i u = _mm512_castpd_si512(x);
-    set = _mm512_or_si512(set, u);
-    clear = _mm512_or_si512(clear, _mm512_xor_si512(u, _mm512_set1_epi64(-1)));
-    const __m512i e = _mm512_and_si512(_mm512_srli_epi64(u, 52), exp_mask);
-    const __m512i e_nonzero = _mm512_mask_mov_epi64(e, _mm512_cmpeq_epi64_mask(e, _mm512_setzero_si512()), exp_mask);
-    emin = _mm512_min_epu64(emin, e_nonzero);
-    const unsigned nonzero = _mm512_test_epi64_mask(u, magnitude);
-    if (nonzero != 0) {
-      if (nonzero_first == K) nonzero_first = k + __builtin_ctz(nonzero);
-      nonzero_end = k + 32 - __builtin_clz(nonzero);
-    }
-  }
-  alignas(64) double part[8];
-  alignas(64) uint64_t sets[8], clears[8], emins[8];
-  _mm512_store_pd(part, acc);
-  _mm512_store_si512(sets, set);
-  _mm512_store_si512(clears, clear);
-  _mm512_store_si512(emins, emin);
-  uint64_t any_set = 0, any_clear = 0;
-  int64_t e = 0x7FF;
-  for (int l = 0; l < 8; ++l) any_set |= sets[l], any_clear |= clears[l], e = std::min<int64_t>(e, emins[l]);
-  for (; k < K; ++k) {  // the rest in lane 0, as stats_of_row_generic
-    const double x = row[k];
-    part[0] = part[0] + x * x;
-    const uint64_t u = double_to_bits(x);
-    any_set |= u;
-    any_clear |= ~u;
-    const int64_t ek = static_cast<int64_t>((u >> 52) & 0x7FF);
-    e = std::min(e, ek == 0 ? int64_t{0x7FF} : ek);
-    if ((u & ~kSignBit) != 0) {
-      nonzero_first = std::min(nonzero_first, k);
-      nonzero_end = k + 1;
-    }
-  }
-  finish_row_stats(part, any_set, any_clear, e, nonzero_first, nonzero_end, precision, scale, norm, sign, quantum,
-                   span);
-}
-
 template <typename T>
 __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void widen_row(const T* x, int64_t K, double* out) {
   for (int64_t k = 0; k < K; ++k) out[k] = element_value(x[k]);
@@ -198,6 +144,9 @@ bool has_avx512_bw() {
   return yes;
 }
 
+void stats_of_row_avx512(const double* row, int64_t K, int precision, double scale, double* norm, uint8_t* sign,
+                         double* quantum, int32_t* span);
+
 void stats_of_row(const double* row, int64_t K, int precision, double scale, double* norm, uint8_t* sign,
                   double* quantum, int32_t* span) {
   (has_avx512() ? stats_of_row_avx512 : stats_of_row_generic)(row, K, precision, scale, norm, sign, quantum, span);
@@ -213,6 +162,77 @@ __attribute__((target("avx512f"))) inline __m512d widen8(const c10::BFloat16* x)
   return _mm512_cvtps_pd(_mm256_castsi256_ps(bits));
 }
 
+// stats_of_row_generic on AVX-512 with the same lanes (so the same sums:
+// a product, then an addition, per element, no fma), 512-bit vectors, and
+// the span from each 8-block's mask of nonzero elements (the compiler's
+// version tracks it per lane with blends, in 256-bit vectors).
+// T = double: the statistics of `row` (src == row). T = float or bfloat16:
+// also widens src into row on the way (widen_row, exactly: each vector of 8
+// elements is converted, stored and summarized from the register), with the
+// same statistics as widen_row then stats_of_row.
+template <typename T>
+__attribute__((target("avx512f"))) void widen_stats_row_avx512(const T* src, double* row, int64_t K, int precision,
+                                                              double scale, double* norm, uint8_t* sign,
+                                                              double* quantum, int32_t* span) {
+  __m512d acc = _mm512_setzero_pd();
+  __m512i set = _mm512_setzero_si512(), clear = _mm512_setzero_si512();
+  const __m512i exp_mask = _mm512_set1_epi64(0x7FF), magnitude = _mm512_set1_epi64(static_cast<int64_t>(~kSignBit));
+  __m512i emin = exp_mask;
+  int64_t nonzero_first = K, nonzero_end = 0;
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m512d x;
+    if constexpr (std::is_same_v<T, double>) {
+      x = _mm512_loadu_pd(row + k);
+    } else {
+      x = widen8(src + k);
+      _mm512_storeu_pd(row + k, x);
+    }
+    acc = _mm512_add_pd(acc, _mm512_mul_pd(x, x));
+    const __m512i u = _mm512_castpd_si512(x);
+    set = _mm512_or_si512(set, u);
+    clear = _mm512_or_si512(clear, _mm512_xor_si512(u, _mm512_set1_epi64(-1)));
+    const __m512i e = _mm512_and_si512(_mm512_srli_epi64(u, 52), exp_mask);
+    const __m512i e_nonzero = _mm512_mask_mov_epi64(e, _mm512_cmpeq_epi64_mask(e, _mm512_setzero_si512()), exp_mask);
+    emin = _mm512_min_epu64(emin, e_nonzero);
+    const unsigned nonzero = _mm512_test_epi64_mask(u, magnitude);
+    if (nonzero != 0) {
+      if (nonzero_first == K) nonzero_first = k + __builtin_ctz(nonzero);
+      nonzero_end = k + 32 - __builtin_clz(nonzero);
+    }
+  }
+  alignas(64) double part[8];
+  alignas(64) uint64_t sets[8], clears[8], emins[8];
+  _mm512_store_pd(part, acc);
+  _mm512_store_si512(sets, set);
+  _mm512_store_si512(clears, clear);
+  _mm512_store_si512(emins, emin);
+  uint64_t any_set = 0, any_clear = 0;
+  int64_t e = 0x7FF;
+  for (int l = 0; l < 8; ++l) any_set |= sets[l], any_clear |= clears[l], e = std::min<int64_t>(e, emins[l]);
+  for (; k < K; ++k) {  // the rest in lane 0, as stats_of_row_generic
+    if constexpr (!std::is_same_v<T, double>) row[k] = element_value(src[k]);
+    const double x = row[k];
+    part[0] = part[0] + x * x;
+    const uint64_t u = double_to_bits(x);
+    any_set |= u;
+    any_clear |= ~u;
+    const int64_t ek = static_cast<int64_t>((u >> 52) & 0x7FF);
+    e = std::min(e, ek == 0 ? int64_t{0x7FF} : ek);
+    if ((u & ~kSignBit) != 0) {
+      nonzero_first = std::min(nonzero_first, k);
+      nonzero_end = k + 1;
+    }
+  }
+  finish_row_stats(part, any_set, any_clear, e, nonzero_first, nonzero_end, precision, scale, norm, sign, quantum,
+                   span);
+}
+
+void stats_of_row_avx512(const double* row, int64_t K, int precision, double scale, double* norm, uint8_t* sign,
+                         double* quantum, int32_t* span) {
+  widen_stats_row_avx512<double>(row, const_cast<double*>(row), K, precision, scale, norm, sign, quantum, span);
+}
+
 // transpose_panel for a unit row stride (x's rows are the columns of a
 // contiguous tensor) on AVX-512: each 8 x 8 block is eight vector loads of
 // eight consecutive rows at one k, transposed in registers (unpack, then
@@ -225,10 +245,12 @@ __attribute__((target("avx512f"))) void transpose_panel_avx512(const T* x, int64
   constexpr int64_t kB = 8;
   const __m512i pick_even = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
   const __m512i pick_odd = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-  int64_t k = 0;
-  for (; k + kB <= K; k += kB) {
-    int64_t r = r0;
-    for (; r + kB <= r1; r += kB) {
+  const int64_t kv = K / kB * kB;
+  // Blocks of eight rows in turn, each along all of k: the stores fill the
+  // eight rows of dst in order, and the loads walk down the columns.
+  int64_t r = r0;
+  for (; r + kB <= r1; r += kB) {
+    for (int64_t k = 0; k < kv; k += kB) {
       __m512d v[kB];  // v[kk] = the eight rows r.. at k + kk
       for (int64_t kk = 0; kk < kB; ++kk) v[kk] = widen8(x + r + (k + kk) * sk);
       __m512d u[kB];  // u[2i] = (v[2i][0], v[2i+1][0], v[2i][2], v[2i+1][2], ...), u[2i+1] the odd elements
@@ -252,11 +274,11 @@ __attribute__((target("avx512f"))) void transpose_panel_avx512(const T* x, int64
         _mm512_storeu_pd(dst + (r + j + 4) * K + k, _mm512_shuffle_f64x2(w[j], w[4 + j], _MM_SHUFFLE(3, 2, 3, 2)));
       }
     }
-    for (; r < r1; ++r)
-      for (int64_t kk = 0; kk < kB; ++kk) dst[r * K + k + kk] = element_value(x[r + (k + kk) * sk]);
   }
-  for (; k < K; ++k)
-    for (int64_t r = r0; r < r1; ++r) dst[r * K + k] = element_value(x[r + k * sk]);
+  for (; r < r1; ++r)
+    for (int64_t k = 0; k < kv; ++k) dst[r * K + k] = element_value(x[r + k * sk]);
+  for (int64_t k = kv; k < K; ++k)
+    for (int64_t rr = r0; rr < r1; ++rr) dst[rr * K + k] = element_value(x[rr + k * sk]);
 }
 
 template <typename T>
@@ -288,7 +310,15 @@ void widen_operand_cpu(const at::Tensor& x, at::Tensor& out, at::Tensor& norms, 
       const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(K, 1));
       at::parallel_for(0, B * R, grain, [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
-          widen_row(in + (r / R) * sb + (r % R) * sr, K, o + r * K);  // exact (element_value)
+          const T* src = in + (r / R) * sb + (r % R) * sr;
+          if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
+            if (has_avx512()) {
+              widen_stats_row_avx512(src, o + r * K, K, precision, scale, norm + r, sign + r, quantum + r,
+                                     span + 2 * r);
+              continue;
+            }
+          }
+          widen_row(src, K, o + r * K);  // exact (element_value)
           summarize(r);
         }
       });
