@@ -129,18 +129,19 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void transpo
     for (int64_t r = r0; r < r1; ++r) dst[r * K + k] = element_value(x[r * sr + k * sk]);
 }
 
+// CARBON_MATMUL_PORTABLE set: no hand-written AVX-512 kernel at all (the
+// compiled loops and the BLAS's GEMM instead; to compare, as every path must
+// give the same bits).
 bool has_avx512() {
-  static const bool yes = __builtin_cpu_supports("avx512f");
+  static const bool yes = __builtin_cpu_supports("avx512f") && std::getenv("CARBON_MATMUL_PORTABLE") == nullptr;
   return yes;
 }
 
 // AVX-512 with its byte/word, doubleword/quadword and 128/256-bit forms
 // (the rounding rows' kernel; every AVX-512 CPU since Skylake-X has them).
-// CARBON_MATMUL_PORTABLE set: the compiled loops instead (to compare).
 bool has_avx512_bw() {
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
-                          std::getenv("CARBON_MATMUL_PORTABLE") == nullptr;
+  static const bool yes = has_avx512() && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512bw");
   return yes;
 }
 
