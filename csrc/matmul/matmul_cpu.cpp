@@ -705,12 +705,12 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) static bool 
 }
 
 // round_row_normal<F, false> on AVX-512, 8 outputs per step in 512-bit
-// vectors (GCC's x86-64-v4 clone used 256-bit ones, and its integer
-// selects went through blends of halves). The same operations on the same
-// values in the same order per output: y = approx + 0, beta = gamma *
-// (a_norm * b_norm + 0), the integer rounding of round_normal_bits, the
-// signed 64-bit comparisons and exact_gemm_value's product; so the same
-// bits, and the same outputs left to the general path.
+// vectors with mask registers (GCC's x86-64-v4 clone used 256-bit ones).
+// The same operations on the same values in the same order per output:
+// y = approx + 0, beta = gamma * (a_norm * b_norm + 0), the integer
+// rounding of round_normal_bits, the signed 64-bit comparisons and
+// exact_gemm_value's product; so the same bits, and the same outputs left
+// to the general path.
 #define CARBON_ROUND_V4 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw")))
 
 // round_normal_bits of 8 magnitudes, kDrop = 53 - precision.
