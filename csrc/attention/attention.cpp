@@ -4,7 +4,10 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -80,13 +83,79 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
   for (int64_t j = limit; j < Tk; ++j) o[j] = -INFINITY;  // attention_logit's causal case
 }
 
+// The accessor of "no mask": m = -0 (see with_mask_rows).
+struct NoMask {
+  double operator()(int64_t) const { return -0.0; }
+};
+
+// CARBON_ATTENTION_PORTABLE set: the compiled loops instead (to compare).
+bool logits_avx512_available() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512vl") && std::getenv("CARBON_ATTENTION_PORTABLE") == nullptr;
+  return yes;
+}
+
+// logits_row's first pass without a mask on AVX-512, 8 logits per step in
+// 512-bit vectors (GCC's x86-64-v4 clone used 256-bit ones): the same
+// operations per element (the exact float -> double conversion, the
+// product, + -0, round_normal_bits, the same selects), so the same bits;
+// returns logits_row's `ok` (false: the caller redoes the row by
+// attention_logit).
+// (GCC 12 reports the intrinsics' internal undefined vectors as "may be
+// used uninitialized" here: a false positive in avx512fintrin.h.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f,avx512dq,avx512vl"))) bool logits_row_avx512(const float* in, double scale,
+                                                                             int64_t limit, float* o) {
+  constexpr FloatFormat f = Format<FormatId::kFloat32>::get();
+  constexpr int drop = 53 - f.precision;
+  const __m512i sign_bit = _mm512_set1_epi64(static_cast<int64_t>(kSignBit));
+  const __m512i one = _mm512_set1_epi64(1);
+  const __m512i half_less_one = _mm512_set1_epi64((int64_t{1} << (drop - 1)) - 1);
+  const __m512i keep = _mm512_set1_epi64(static_cast<int64_t>(~((uint64_t{1} << drop) - 1)));
+  const __m512i normal_min = _mm512_set1_epi64(static_cast<int64_t>(normal_min_bits(f)));
+  const __m512i exp_mask = _mm512_set1_epi64(static_cast<int64_t>(kExpMask));
+  const __m512i overflow = _mm512_set1_epi64(static_cast<int64_t>(overflow_bits(f)));
+  const __m512i inf_bits = _mm512_set1_epi64(0x7F800000);
+  const __m512i rebias = _mm512_set1_epi64(static_cast<int64_t>(static_cast<uint64_t>(1023 - f.max_exp)
+                                                                << (f.precision - 1)));
+  const __m512d sc = _mm512_set1_pd(scale), minus_zero = _mm512_set1_pd(-0.0);
+  __mmask8 ok = 0xFF;
+  for (int64_t j = 0; j < limit; j += 8) {
+    const __mmask8 lanes = limit - j >= 8 ? __mmask8{0xFF} : static_cast<__mmask8>((1u << (limit - j)) - 1);
+    const __m512d v = _mm512_add_pd(_mm512_mul_pd(_mm512_cvtps_pd(_mm256_maskz_loadu_ps(lanes, in + j)), sc), minus_zero);
+    const __m512i u = _mm512_castpd_si512(v), mag = _mm512_andnot_si512(sign_bit, u);
+    const __m512i last_kept = _mm512_and_si512(_mm512_srli_epi64(mag, drop), one);
+    const __m512i rounded = _mm512_and_si512(_mm512_add_epi64(_mm512_add_epi64(mag, half_less_one), last_kept), keep);
+    // Unsigned comparisons, as logits_row's (mag < 2^63, rounded <= 2^63).
+    const __mmask8 zero = _mm512_cmpeq_epi64_mask(mag, _mm512_setzero_si512());
+    const __mmask8 big = _mm512_cmpge_epu64_mask(mag, normal_min) & _mm512_cmple_epu64_mask(mag, exp_mask);
+    ok &= static_cast<__mmask8>((zero | big) | ~lanes);
+    const __m512i encoded = _mm512_sub_epi64(_mm512_srli_epi64(rounded, drop), rebias);
+    const __m512i magbits = _mm512_mask_blend_epi64(_mm512_cmpge_epu64_mask(rounded, overflow), encoded, inf_bits);
+    const __m512i bits = _mm512_or_si512(_mm512_slli_epi64(_mm512_srli_epi64(u, 63), 31),
+                                         _mm512_maskz_mov_epi64(static_cast<__mmask8>(~zero), magbits));
+    _mm512_mask_cvtepi64_storeu_epi32(o + j, lanes, bits);
+  }
+  return ok == 0xFF;
+}
+#pragma GCC diagnostic pop
+
+// logits_row without a mask: on AVX-512 by logits_row_avx512.
+void logits_row(const float* in, double scale, NoMask mask_at, int64_t limit, int64_t Tk, float* o) {
+  if (!logits_avx512_available()) return logits_row<NoMask>(in, scale, mask_at, limit, Tk, o);
+  if (!logits_row_avx512(in, scale, limit, o))
+    for (int64_t j = 0; j < limit; ++j) o[j] = static_cast<float>(attention_logit(in[j], scale, -0.0, false));
+  for (int64_t j = limit; j < Tk; ++j) o[j] = -INFINITY;  // attention_logit's causal case
+}
+
 
 // Calls run(mask_row), where mask_row(b, i) returns the accessor j -> m_bij
 // (a double) of the mask's row (b, i). Without a mask m = -0: x + -0 == x,
 // signed zeros included.
 template <typename Run>
 void with_mask_rows(const at::Tensor& mask, Run run) {
-  if (!mask.defined()) return run([](int64_t, int64_t) { return [](int64_t) { return -0.0; }; });
+  if (!mask.defined()) return run([](int64_t, int64_t) { return NoMask{}; });
   with_element_type(mask.scalar_type(), [&](auto element) {
     using T = decltype(element);
     const T* m = mask.const_data_ptr<T>();
@@ -263,7 +332,7 @@ at::Tensor attention_probs_backward(const at::Tensor& grad, const at::Tensor& pr
                                 dz_rows.at(0, rows, S));
       // attention_logits's gradient: the same step without a mask.
       for (int64_t r = 0; r < rows; ++r)
-        logits_row(dz.data() + r * S, scale, [](int64_t) { return -0.0; }, S, S, o + (r0 + r) * S);
+        logits_row(dz.data() + r * S, scale, NoMask{}, S, S, o + (r0 + r) * S);
     }
   });
   return ds;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <type_traits>
 #include <vector>
@@ -92,60 +93,6 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void stats_o
   finish_row_stats(part, set, clear, e, nonzero_first, nonzero_end, precision, scale, norm, sign, quantum, span);
 }
 
-// stats_of_row_generic on AVX-512 with the same lanes (so the same sums:
-// a product, then an addition, per element, no fma), 512-bit vectors, and
-// the span from each 8-block's mask of nonzero elements (the compiler's
-// version tracks it per lane with blends, in 256-bit vectors).
-__attribute__((target("avx512f"))) void stats_of_row_avx512(const double* row, int64_t K, int precision, double scale,
-                                                           double* norm, uint8_t* sign, double* quantum,
-                                                           int32_t* span) {
-  __m512d acc = _mm512_setzero_pd();
-  __m512i set = _mm512_setzero_si512(), clear = _mm512_setzero_si512();
-  const __m512i exp_mask = _mm512_set1_epi64(0x7FF), magnitude = _mm512_set1_epi64(static_cast<int64_t>(~kSignBit));
-  __m512i emin = exp_mask;
-  int64_t nonzero_first = K, nonzero_end = 0;
-  int64_t k = 0;
-  for (; k + 8 <= K; k += 8) {
-    const __m512d x = _mm512_loadu_pd(row + k);
-    acc = _mm512_add_pd(acc, _mm512_mul_pd(x, x));
-    const __m512i u = _mm512_castpd_si512(x);
-    set = _mm512_or_si512(set, u);
-    clear = _mm512_or_si512(clear, _mm512_xor_si512(u, _mm512_set1_epi64(-1)));
-    const __m512i e = _mm512_and_si512(_mm512_srli_epi64(u, 52), exp_mask);
-    const __m512i e_nonzero = _mm512_mask_mov_epi64(e, _mm512_cmpeq_epi64_mask(e, _mm512_setzero_si512()), exp_mask);
-    emin = _mm512_min_epu64(emin, e_nonzero);
-    const unsigned nonzero = _mm512_test_epi64_mask(u, magnitude);
-    if (nonzero != 0) {
-      if (nonzero_first == K) nonzero_first = k + __builtin_ctz(nonzero);
-      nonzero_end = k + 32 - __builtin_clz(nonzero);
-    }
-  }
-  alignas(64) double part[8];
-  alignas(64) uint64_t sets[8], clears[8], emins[8];
-  _mm512_store_pd(part, acc);
-  _mm512_store_si512(sets, set);
-  _mm512_store_si512(clears, clear);
-  _mm512_store_si512(emins, emin);
-  uint64_t any_set = 0, any_clear = 0;
-  int64_t e = 0x7FF;
-  for (int l = 0; l < 8; ++l) any_set |= sets[l], any_clear |= clears[l], e = std::min<int64_t>(e, emins[l]);
-  for (; k < K; ++k) {  // the rest in lane 0, as stats_of_row_generic
-    const double x = row[k];
-    part[0] = part[0] + x * x;
-    const uint64_t u = double_to_bits(x);
-    any_set |= u;
-    any_clear |= ~u;
-    const int64_t ek = static_cast<int64_t>((u >> 52) & 0x7FF);
-    e = std::min(e, ek == 0 ? int64_t{0x7FF} : ek);
-    if ((u & ~kSignBit) != 0) {
-      nonzero_first = std::min(nonzero_first, k);
-      nonzero_end = k + 1;
-    }
-  }
-  finish_row_stats(part, any_set, any_clear, e, nonzero_first, nonzero_end, precision, scale, norm, sign, quantum,
-                   span);
-}
-
 template <typename T>
 __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void widen_row(const T* x, int64_t K, double* out) {
   for (int64_t k = 0; k < K; ++k) out[k] = element_value(x[k]);
@@ -182,10 +129,24 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void transpo
     for (int64_t r = r0; r < r1; ++r) dst[r * K + k] = element_value(x[r * sr + k * sk]);
 }
 
+// CARBON_MATMUL_PORTABLE set: no hand-written AVX-512 kernel at all (the
+// compiled loops and the BLAS's GEMM instead; to compare, as every path must
+// give the same bits).
 bool has_avx512() {
-  static const bool yes = __builtin_cpu_supports("avx512f");
+  static const bool yes = __builtin_cpu_supports("avx512f") && std::getenv("CARBON_MATMUL_PORTABLE") == nullptr;
   return yes;
 }
+
+// AVX-512 with its byte/word, doubleword/quadword and 128/256-bit forms
+// (the rounding rows' kernel; every AVX-512 CPU since Skylake-X has them).
+bool has_avx512_bw() {
+  static const bool yes = has_avx512() && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512bw");
+  return yes;
+}
+
+void stats_of_row_avx512(const double* row, int64_t K, int precision, double scale, double* norm, uint8_t* sign,
+                         double* quantum, int32_t* span);
 
 void stats_of_row(const double* row, int64_t K, int precision, double scale, double* norm, uint8_t* sign,
                   double* quantum, int32_t* span) {
@@ -202,6 +163,77 @@ __attribute__((target("avx512f"))) inline __m512d widen8(const c10::BFloat16* x)
   return _mm512_cvtps_pd(_mm256_castsi256_ps(bits));
 }
 
+// stats_of_row_generic on AVX-512 with the same lanes (so the same sums:
+// a product, then an addition, per element, no fma), 512-bit vectors, and
+// the span from each 8-block's mask of nonzero elements (the compiler's
+// version tracks it per lane with blends, in 256-bit vectors).
+// T = double: the statistics of `row` (src == row). T = float or bfloat16:
+// also widens src into row on the way (widen_row, exactly: each vector of 8
+// elements is converted, stored and summarized from the register), with the
+// same statistics as widen_row then stats_of_row.
+template <typename T>
+__attribute__((target("avx512f"))) void widen_stats_row_avx512(const T* src, double* row, int64_t K, int precision,
+                                                              double scale, double* norm, uint8_t* sign,
+                                                              double* quantum, int32_t* span) {
+  __m512d acc = _mm512_setzero_pd();
+  __m512i set = _mm512_setzero_si512(), clear = _mm512_setzero_si512();
+  const __m512i exp_mask = _mm512_set1_epi64(0x7FF), magnitude = _mm512_set1_epi64(static_cast<int64_t>(~kSignBit));
+  __m512i emin = exp_mask;
+  int64_t nonzero_first = K, nonzero_end = 0;
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m512d x;
+    if constexpr (std::is_same_v<T, double>) {
+      x = _mm512_loadu_pd(row + k);
+    } else {
+      x = widen8(src + k);
+      _mm512_storeu_pd(row + k, x);
+    }
+    acc = _mm512_add_pd(acc, _mm512_mul_pd(x, x));
+    const __m512i u = _mm512_castpd_si512(x);
+    set = _mm512_or_si512(set, u);
+    clear = _mm512_or_si512(clear, _mm512_xor_si512(u, _mm512_set1_epi64(-1)));
+    const __m512i e = _mm512_and_si512(_mm512_srli_epi64(u, 52), exp_mask);
+    const __m512i e_nonzero = _mm512_mask_mov_epi64(e, _mm512_cmpeq_epi64_mask(e, _mm512_setzero_si512()), exp_mask);
+    emin = _mm512_min_epu64(emin, e_nonzero);
+    const unsigned nonzero = _mm512_test_epi64_mask(u, magnitude);
+    if (nonzero != 0) {
+      if (nonzero_first == K) nonzero_first = k + __builtin_ctz(nonzero);
+      nonzero_end = k + 32 - __builtin_clz(nonzero);
+    }
+  }
+  alignas(64) double part[8];
+  alignas(64) uint64_t sets[8], clears[8], emins[8];
+  _mm512_store_pd(part, acc);
+  _mm512_store_si512(sets, set);
+  _mm512_store_si512(clears, clear);
+  _mm512_store_si512(emins, emin);
+  uint64_t any_set = 0, any_clear = 0;
+  int64_t e = 0x7FF;
+  for (int l = 0; l < 8; ++l) any_set |= sets[l], any_clear |= clears[l], e = std::min<int64_t>(e, emins[l]);
+  for (; k < K; ++k) {  // the rest in lane 0, as stats_of_row_generic
+    if constexpr (!std::is_same_v<T, double>) row[k] = element_value(src[k]);
+    const double x = row[k];
+    part[0] = part[0] + x * x;
+    const uint64_t u = double_to_bits(x);
+    any_set |= u;
+    any_clear |= ~u;
+    const int64_t ek = static_cast<int64_t>((u >> 52) & 0x7FF);
+    e = std::min(e, ek == 0 ? int64_t{0x7FF} : ek);
+    if ((u & ~kSignBit) != 0) {
+      nonzero_first = std::min(nonzero_first, k);
+      nonzero_end = k + 1;
+    }
+  }
+  finish_row_stats(part, any_set, any_clear, e, nonzero_first, nonzero_end, precision, scale, norm, sign, quantum,
+                   span);
+}
+
+void stats_of_row_avx512(const double* row, int64_t K, int precision, double scale, double* norm, uint8_t* sign,
+                         double* quantum, int32_t* span) {
+  widen_stats_row_avx512<double>(row, const_cast<double*>(row), K, precision, scale, norm, sign, quantum, span);
+}
+
 // transpose_panel for a unit row stride (x's rows are the columns of a
 // contiguous tensor) on AVX-512: each 8 x 8 block is eight vector loads of
 // eight consecutive rows at one k, transposed in registers (unpack, then
@@ -214,10 +246,12 @@ __attribute__((target("avx512f"))) void transpose_panel_avx512(const T* x, int64
   constexpr int64_t kB = 8;
   const __m512i pick_even = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
   const __m512i pick_odd = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-  int64_t k = 0;
-  for (; k + kB <= K; k += kB) {
-    int64_t r = r0;
-    for (; r + kB <= r1; r += kB) {
+  const int64_t kv = K / kB * kB;
+  // Blocks of eight rows in turn, each along all of k: the stores fill the
+  // eight rows of dst in order, and the loads walk down the columns.
+  int64_t r = r0;
+  for (; r + kB <= r1; r += kB) {
+    for (int64_t k = 0; k < kv; k += kB) {
       __m512d v[kB];  // v[kk] = the eight rows r.. at k + kk
       for (int64_t kk = 0; kk < kB; ++kk) v[kk] = widen8(x + r + (k + kk) * sk);
       __m512d u[kB];  // u[2i] = (v[2i][0], v[2i+1][0], v[2i][2], v[2i+1][2], ...), u[2i+1] the odd elements
@@ -241,11 +275,11 @@ __attribute__((target("avx512f"))) void transpose_panel_avx512(const T* x, int64
         _mm512_storeu_pd(dst + (r + j + 4) * K + k, _mm512_shuffle_f64x2(w[j], w[4 + j], _MM_SHUFFLE(3, 2, 3, 2)));
       }
     }
-    for (; r < r1; ++r)
-      for (int64_t kk = 0; kk < kB; ++kk) dst[r * K + k + kk] = element_value(x[r + (k + kk) * sk]);
   }
-  for (; k < K; ++k)
-    for (int64_t r = r0; r < r1; ++r) dst[r * K + k] = element_value(x[r + k * sk]);
+  for (; r < r1; ++r)
+    for (int64_t k = 0; k < kv; ++k) dst[r * K + k] = element_value(x[r + k * sk]);
+  for (int64_t k = kv; k < K; ++k)
+    for (int64_t rr = r0; rr < r1; ++rr) dst[rr * K + k] = element_value(x[rr + k * sk]);
 }
 
 template <typename T>
@@ -277,7 +311,15 @@ void widen_operand_cpu(const at::Tensor& x, at::Tensor& out, at::Tensor& norms, 
       const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(K, 1));
       at::parallel_for(0, B * R, grain, [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
-          widen_row(in + (r / R) * sb + (r % R) * sr, K, o + r * K);  // exact (element_value)
+          const T* src = in + (r / R) * sb + (r % R) * sr;
+          if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
+            if (has_avx512()) {
+              widen_stats_row_avx512(src, o + r * K, K, precision, scale, norm + r, sign + r, quantum + r,
+                                     span + 2 * r);
+              continue;
+            }
+          }
+          widen_row(src, K, o + r * K);  // exact (element_value)
           summarize(r);
         }
       });
@@ -662,25 +704,168 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) static bool 
   return any_pending != 0;
 }
 
+// round_row_normal<F, false> on AVX-512, 8 outputs per step in 512-bit
+// vectors with mask registers (GCC's x86-64-v4 clone used 256-bit ones).
+// The same operations on the same values in the same order per output:
+// y = approx + 0, beta = gamma * (a_norm * b_norm + 0), the integer
+// rounding of round_normal_bits, the signed 64-bit comparisons and
+// exact_gemm_value's product; so the same bits, and the same outputs left
+// to the general path.
+#define CARBON_ROUND_V4 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw")))
+
+// round_normal_bits of 8 magnitudes, kDrop = 53 - precision.
+template <int kDrop>
+CARBON_ROUND_V4 static inline __m512i round_normal_bits8(__m512i mag) {
+  const __m512i last_kept = _mm512_and_si512(_mm512_srli_epi64(mag, kDrop), _mm512_set1_epi64(1));
+  const __m512i half_less_one = _mm512_set1_epi64(static_cast<int64_t>((1ull << (kDrop - 1)) - 1));
+  const __m512i keep = _mm512_set1_epi64(static_cast<int64_t>(~((1ull << kDrop) - 1)));
+  return _mm512_and_si512(_mm512_add_epi64(_mm512_add_epi64(mag, half_less_one), last_kept), keep);
+}
+
+// Outputs j.. j + 7 of the row, those in `lanes` (nothing else is read or
+// written); returns the lanes left to the general path.
+template <typename F>
+CARBON_ROUND_V4 __attribute__((always_inline)) static inline __mmask8 round8_normal_avx512(
+    const double* approx, const double* b_norm, __m512d a_norm, __m512d gamma, const double* b_quantum,
+    __m512d a_quantum53, int64_t j, __mmask8 lanes, typename F::Bits* out) {
+  constexpr FloatFormat f = F::get();
+  constexpr int drop = 53 - f.precision;
+  const __m512i sign_bit = _mm512_set1_epi64(static_cast<int64_t>(kSignBit));
+  const __m512i normal_min = _mm512_set1_epi64(static_cast<int64_t>(normal_min_bits(f)));
+  const __m512i overflow = _mm512_set1_epi64(static_cast<int64_t>(overflow_bits(f)));
+  const __m512i one = _mm512_set1_epi64(1);
+  const __m512i rebias = _mm512_set1_epi64(static_cast<int64_t>(static_cast<uint64_t>(1023 - f.max_exp)
+                                                                << (f.precision - 1)));
+  const __m512d zero = _mm512_setzero_pd();
+  const __m512d y = _mm512_add_pd(_mm512_maskz_loadu_pd(lanes, approx + j), zero);
+  const __m512d prod = _mm512_mul_pd(a_norm, _mm512_maskz_loadu_pd(lanes, b_norm + j));
+  const __m512d beta = _mm512_mul_pd(gamma, _mm512_add_pd(prod, zero));
+  const __m512i lo = _mm512_castpd_si512(_mm512_sub_pd(y, beta)), hi = _mm512_castpd_si512(_mm512_add_pd(y, beta));
+  const __m512i mag_lo = _mm512_andnot_si512(sign_bit, lo), mag_hi = _mm512_andnot_si512(sign_bit, hi);
+  const __m512i inner = _mm512_sub_epi64(_mm512_min_epi64(mag_lo, mag_hi), one);
+  const __m512i outer = _mm512_add_epi64(_mm512_max_epi64(mag_lo, mag_hi), one);
+  const __m512i r_inner = round_normal_bits8<drop>(inner), r_outer = round_normal_bits8<drop>(outer);
+  __mmask8 bounded = _mm512_testn_epi64_mask(_mm512_xor_si512(lo, hi), sign_bit);
+  bounded = _mm512_mask_cmpge_epi64_mask(bounded, inner, normal_min);
+  bounded = _mm512_mask_cmplt_epi64_mask(bounded, outer, overflow);
+  bounded = _mm512_mask_cmpeq_epi64_mask(bounded, r_inner, r_outer);
+  bounded = _mm512_mask_cmplt_epi64_mask(bounded, r_outer, overflow);
+  const __m512i y_bits = _mm512_castpd_si512(y);
+  __mmask8 decided = bounded;
+  __m512i r = r_inner;
+  // Outputs that the bound leaves may still be exact GEMM values (inputs of
+  // few bits); when every lane is bounded that test cannot change anything.
+  if ((bounded & lanes) != lanes) {
+    const __m512i mag_y = _mm512_andnot_si512(sign_bit, y_bits);
+    const __m512i r_y = round_normal_bits8<drop>(mag_y);
+    const __m512d quanta = _mm512_mul_pd(a_quantum53, _mm512_maskz_loadu_pd(lanes, b_quantum + j));
+    const __m512d slack2 = _mm512_set1_pd(kBoundSlack * kBoundSlack);
+    __mmask8 exact = _mm512_cmp_pd_mask(_mm512_mul_pd(prod, slack2), quanta, _CMP_LT_OQ);
+    exact = _mm512_mask_cmpge_epi64_mask(exact, mag_y, normal_min);
+    exact = _mm512_mask_cmplt_epi64_mask(exact, r_y, overflow);
+    decided = _kor_mask8(bounded, exact);
+    r = _mm512_mask_blend_epi64(bounded, r_y, r_inner);
+  }
+  const __m512i sign = _mm512_slli_epi64(_mm512_srli_epi64(y_bits, 63), f.total_bits - 1);
+  const __m512i bits = _mm512_maskz_or_epi64(decided, sign, _mm512_sub_epi64(_mm512_srli_epi64(r, drop), rebias));
+  if constexpr (sizeof(typename F::Bits) == 4) {
+    _mm512_mask_cvtepi64_storeu_epi32(out + j, lanes, bits);
+  } else {
+    _mm512_mask_cvtepi64_storeu_epi16(out + j, lanes, bits);
+  }
+  return _kandn_mask8(decided, lanes);
+}
+
+// Returns the number of outputs left to the general path, their indices in
+// `pending`.
+template <typename F>
+CARBON_ROUND_V4 static int64_t round_row_normal_avx512(const double* approx, const double* b_norm, double a_norm,
+                                                       double gamma, const double* b_quantum, double a_quantum53,
+                                                       int64_t N, typename F::Bits* out, int32_t* pending) {
+  const __m512d a_n = _mm512_set1_pd(a_norm), g = _mm512_set1_pd(gamma), a_q = _mm512_set1_pd(a_quantum53);
+  int64_t count = 0;
+  auto record = [&](int64_t j, unsigned left) {
+    for (; left != 0; left &= left - 1) pending[count++] = static_cast<int32_t>(j + __builtin_ctz(left));
+  };
+  int64_t j = 0;
+  for (; j + 8 <= N; j += 8) {
+    const __mmask8 left = round8_normal_avx512<F>(approx, b_norm, a_n, g, b_quantum, a_q, j, 0xFF, out);
+    if (left != 0) record(j, left);
+  }
+  if (j < N) {
+    const __mmask8 lanes = static_cast<__mmask8>((1u << (N - j)) - 1);
+    const __mmask8 left = round8_normal_avx512<F>(approx, b_norm, a_n, g, b_quantum, a_q, j, lanes, out);
+    if (left != 0) record(j, left);
+  }
+  return count;
+}
+
+// Tier 1's fast path for one row without a bias: the outputs it decides are
+// written; returns how many it left, their indices in `pending` (N of
+// them at most); flags: scratch of N bytes.
+template <typename F>
+static int64_t round_row_normal_no_bias(const double* approx, const double* b_norm, double a_norm, double gamma,
+                                        const double* b_quantum, double a_quantum53, int64_t N, typename F::Bits* out,
+                                        int32_t* pending, uint8_t* flags) {
+  if (has_avx512_bw())
+    return round_row_normal_avx512<F>(approx, b_norm, a_norm, gamma, b_quantum, a_quantum53, N, out, pending);
+  int64_t count = 0;
+  if (round_row_normal<F, false>(approx, b_norm, a_norm, gamma, nullptr, 0, b_quantum, a_quantum53, N, out, flags))
+    for (int64_t j = 0; j < N; ++j)
+      if (flags[j]) pending[count++] = static_cast<int32_t>(j);
+  return count;
+}
+
+// The exact sum when row i of a or column j of b is all zeros (norm 0) and
+// the other is finite, without a bias: every product is a signed zero, of
+// sign bit a_k's XOR b_k's, so the sum is -0 exactly when there is a product
+// and every one is -0 (the exact accumulator's rule: exact_zero). Tier 1
+// decides such outputs from the sign summaries unless both the row and the
+// column hold both signs; this answers those without the exact tiers' two
+// passes (causal attention: row 0 of the scores' gradient is such a row of
+// zeros of both signs, one per head, and so is every output of its row of
+// q's gradient). Returns false when it does not apply.
+static bool zero_products_sum(const MatmulView& v, int64_t b, int64_t i, int64_t j, double* out) {
+  if (v.bias != nullptr) return false;
+  const double na = v.a_norm[b * v.M + i], nb = v.b_norm[b * v.N + j];
+  if (!(std::isfinite(na) && std::isfinite(nb) && (na == 0.0 || nb == 0.0))) return false;
+  const double* a = v.a + (b * v.M + i) * v.K;
+  const double* bt = v.bt + (b * v.N + j) * v.K;
+  uint64_t all_negative = v.K > 0 ? 1 : 0;
+  for (int64_t k = 0; k < v.K; ++k) all_negative &= (double_to_bits(a[k]) ^ double_to_bits(bt[k])) >> 63;
+  *out = all_negative ? -0.0 : 0.0;
+  return true;
+}
+
 // Rows [begin, end) of the B * M output rows, on this thread. lower_only:
 // row i rounds its outputs j <= i and sets the others to +0.
 template <typename F>
 static void round_rows(const MatmulView& v, typename F::Bits* out, bool lower_only, int64_t begin, int64_t end) {
   constexpr FloatFormat f = F::get();
-  std::vector<uint8_t> pending(v.N);
+  std::vector<uint8_t> flags(v.N);
+  std::vector<int32_t> pending(v.N);  // indices of the outputs tier 1's fast path left
   for (int64_t row = begin; row < end; ++row) {
     const int64_t b = row / v.M, i = row % v.M;
     const int64_t N = lower_only ? std::min(v.N, i + 1) : v.N;
     if (N < v.N) std::fill(out + row * v.N + N, out + (row + 1) * v.N, typename F::Bits{0});
     const double* bias = v.bias ? v.bias + b * v.bias_stride_b + i * v.bias_stride_m : nullptr;
-    const bool any_pending = (bias ? round_row_normal<F, true> : round_row_normal<F, false>)(
-        v.approx + row * v.N, v.b_norm + b * v.N, v.a_norm[row], v.gemm_gamma, bias, v.bias_stride_n,
-        v.b_quantum + b * v.N, v.a_quantum53[row], N, out + row * v.N, pending.data());
-    if (!any_pending) continue;
-    for (int64_t j = 0; j < N; ++j) {
-      if (!pending[j]) continue;
+    int64_t count = 0;
+    if (bias) {
+      if (round_row_normal<F, true>(v.approx + row * v.N, v.b_norm + b * v.N, v.a_norm[row], v.gemm_gamma, bias,
+                                    v.bias_stride_n, v.b_quantum + b * v.N, v.a_quantum53[row], N, out + row * v.N,
+                                    flags.data()))
+        for (int64_t j = 0; j < N; ++j)
+          if (flags[j]) pending[count++] = static_cast<int32_t>(j);
+    } else {
+      count = round_row_normal_no_bias<F>(v.approx + row * v.N, v.b_norm + b * v.N, v.a_norm[row], v.gemm_gamma,
+                                          v.b_quantum + b * v.N, v.a_quantum53[row], N, out + row * v.N,
+                                          pending.data(), flags.data());
+    }
+    for (int64_t t = 0; t < count; ++t) {
+      const int64_t j = pending[t];
       double r;
-      if (!matmul_round_fast(v, b, i, j, f, &r)) r = matmul_round_exact(v, b, i, j, f);
+      if (!matmul_round_fast(v, b, i, j, f, &r) && !zero_products_sum(v, b, i, j, &r))
+        r = matmul_round_exact(v, b, i, j, f);
       out[row * v.N + j] = static_cast<typename F::Bits>(encode(r, f));
     }
   }

@@ -1,0 +1,62 @@
+"""Causal attention's and the matmul's two CPU implementations give the same bits: the AVX-512
+kernels (tier 1's rounding rows of the matmul, attention's logits rows, the fused widening of
+float32 / bfloat16 rows) against the compiled portable loops, which CARBON_MATMUL_PORTABLE and
+CARBON_ATTENTION_PORTABLE select in a fresh process. On a CPU without AVX-512 both runs take the
+portable loops and the test checks only that they are deterministic."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+SCRIPT = r'''
+import sys, torch, carbon
+gen = torch.Generator().manual_seed(0)
+results = []
+for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    for (B, H, L, E) in ((1, 2, 7, 8), (2, 3, 70, 16), (1, 2, 257, 64)):
+        q, k, v, g = (torch.randn(B, H, L, E, generator=gen).to(dtype) for _ in range(4))
+        q[0, 0, 3] = 0.0
+        k[0, 1, :, 2] = -0.0
+        v[0, 0, 1, 1] = float("nan")
+        q[-1, -1, -1] *= 1e4 if dtype == torch.float16 else 1e30
+        for causal, scale in ((True, None), (False, 0.5), (True, -3.0)):
+            qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+            out = carbon.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, scale=scale)
+            out.backward(g)
+            results += [out.detach(), qq.grad, kk.grad, vv.grad]
+    a = torch.randn(3, 200, 130, generator=gen).to(dtype)
+    b = torch.randn(3, 130, 90, generator=gen).to(dtype)
+    a[1, ::4] = 0.0
+    a[1, 1::4] = -0.0
+    b[2, :, 5] = 0.0
+    for out_dtype in (torch.float32, torch.bfloat16, torch.float16):
+        results.append(carbon.bmm(a, b, out_dtype=out_dtype))
+        results.append(carbon.baddbmm(torch.randn(90, generator=gen).to(dtype), a, b, out_dtype=out_dtype))
+torch.save(results, sys.argv[1])
+'''
+
+VARIABLES = ("CARBON_MATMUL_PORTABLE", "CARBON_ATTENTION_PORTABLE")
+
+
+def _run(path: Path, portable: bool) -> list:
+    env = dict(os.environ)
+    for name in VARIABLES:
+        env.pop(name, None)
+        if portable:
+            env[name] = "1"
+    subprocess.run([sys.executable, "-c", SCRIPT, str(path)], check=True, env=env, timeout=600)
+    return torch.load(path)
+
+
+def test_portable_and_avx512_attention_kernels_give_the_same_bits(tmp_path):
+    fast = _run(tmp_path / "fast.pt", False)
+    portable = _run(tmp_path / "portable.pt", True)
+    assert len(fast) == len(portable) > 0
+    for k, (a, b) in enumerate(zip(fast, portable)):
+        bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[a.dtype]
+        assert torch.equal(a.view(bits), b.view(bits)), f"result {k}"
