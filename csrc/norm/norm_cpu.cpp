@@ -840,7 +840,9 @@ CARBON_NORM_V4 bool backward_row_fast_hw(const T* __restrict__ x, const T* __res
   int64_t k = 0;
   for (; k + kChains <= n; k += kChains) {
     const __m512d v = _mm512_cvtps_pd(decode_floats(x + k));
-    const __m256 h32 = _mm512_cvtpd_ps(kRms ? _mm512_mul_pd(v, vrs) : _mm512_mul_pd(_mm512_sub_pd(v, vmu), vrs));
+    // v (-) mu as fmsub(v, 1, mu) (the same value, on the multiply pipes)
+    const __m256 h32 = _mm512_cvtpd_ps(kRms ? _mm512_mul_pd(v, vrs)
+                                            : _mm512_mul_pd(_mm512_fmsub_pd(v, _mm512_set1_pd(1.0), vmu), vrs));
     bad_lanes |= nan_lanes(h32);
     const __m512d h = _mm512_cvtps_pd(h32);
     _mm512_storeu_pd(xh + k, h);
@@ -898,9 +900,13 @@ CARBON_NORM_V4 bool backward_outputs_fast_hw(const double* xh, const double* g, 
   int64_t k = 0;
   for (; k + kChains <= n; k += kChains) {
     const __m512d h = _mm512_loadu_pd(xh + k), q = _mm512_loadu_pd(g + k);
-    // rms_dx / ln_dx, the same operations lane by lane
-    const __m512d hb = _mm512_mul_pd(h, vB);
-    const __m512d dx = _mm512_mul_pd(vrs, kRms ? _mm512_sub_pd(q, hb) : _mm512_sub_pd(_mm512_sub_pd(q, vA), hb));
+    // rms_dx / ln_dx, the same operations lane by lane, on the multiply
+    // pipes (the adders are shared with the conversions): x-hat and B are
+    // float32 values, so xhat (x) B is exact and fnmadd(xhat, B, c) =
+    // RN64(c - xhat B) = c (-) (xhat (x) B), signed zeros included; and
+    // fmsub(g, 1, A) = g (-) A.
+    const __m512d c = kRms ? q : _mm512_fmsub_pd(q, _mm512_set1_pd(1.0), vA);
+    const __m512d dx = _mm512_mul_pd(vrs, _mm512_fnmadd_pd(h, vB, c));
     round_store_lanes<F>(out + k, dx, bad_lanes);
   }
   uint64_t bad = bad_lanes != 0;
