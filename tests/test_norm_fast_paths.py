@@ -6,10 +6,6 @@ their fallbacks (csrc/norm/norm_cpu.cpp), against tests/norm_reference.py:
   (ties), with the tie placed in different lanes / the tail of long rows;
 * means and mean squares on a float32 tie whose float64 sums are exact
   (rounded from that one sum) or not (the exact accumulator over the row);
-* with AVX-512 the forward decides the statistics of a block of rows at
-  once; rows the block cannot decide (exact tier, zero or non-finite
-  variance, var + eps overflowing) take the per-row path beside rows decided
-  in the block, for row counts that do not fill the last block;
 * the hardware roundings are used only in the default floating-point state:
   with flush-to-zero set (torch.set_flush_denormal), outputs that are
   float32 / float16 subnormals must still be the correctly rounded ones.
@@ -99,48 +95,6 @@ def test_ties_of_exact_float64_sums(dtype, position):
     check_layer_norm_grads(x, (n,), None, None, dy=dy, context=context)
     check_layer_norm_grads(x, (n,), w, b, dy=dy, context=context + " affine")
     check_rms_norm_grads(x, (n,), w, dy=dy, context=context + " rms")
-
-
-def _mixed_rows(rows: int, n: int, seed: int) -> torch.Tensor:
-    """Rows of different kinds in turn (float64; the caller casts): centred
-    random rows (decided from the moments), a large mean against a small
-    spread (centred pass / exact tier), constant rows (variance 0), a NaN, an
-    inf, zeros, variances near float32's largest and smallest normal values."""
-    g = generator(seed)
-    x = torch.randn((rows, n), generator=g, dtype=torch.float64)
-    kinds = ("randn", "offset", "randn", "const", "nan", "randn", "inf", "zeros", "big", "randn", "small", "offset")
-    for r in range(rows):
-        kind = kinds[(r * 5 + seed) % len(kinds)]
-        if kind == "offset":
-            x[r] = 1000.0 + 1e-3 * x[r]
-        elif kind == "const":
-            x[r] = 0.75
-        elif kind == "nan":
-            x[r, (r * 7) % n] = float("nan")
-        elif kind == "inf":
-            x[r, (r * 3) % n] = -float("inf")
-        elif kind == "zeros":
-            x[r] = 0.0
-        elif kind == "big":  # var near 3e38: var + eps may overflow float32
-            x[r] = x[r] * 1.8e19
-        elif kind == "small":  # var near 2^-126
-            x[r] = x[r] * 2.0**-63
-    return x
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", (5, 33, 768, 1100, 3000))
-def test_statistics_of_row_blocks(dtype, n):
-    # Blocks of up to 8 rows (fewer for long rows) mixing rows decided
-    # together with rows that take the per-row path; row counts below, at and
-    # past a block.
-    for rows in (1, 7, 9, 19):
-        x = _mixed_rows(rows, n, seed=rows + n).to(dtype)
-        for eps, affine in ((1e-5, "both"), (0.0, "none"), (1e38, "weight")):
-            w, b = params((n,), dtype, affine, seed=rows)
-            check_layer_norm(x, (n,), w, b, eps=eps, context=f"{dtype} n={n} rows={rows} eps={eps} {affine}")
-        if n <= 768:
-            check_layer_norm_grads(x, (n,), w, b, context=f"{dtype} n={n} rows={rows} grads")
 
 
 def test_flush_to_zero_state_keeps_subnormal_outputs():

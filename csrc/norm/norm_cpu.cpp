@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "../dtypes.h"
-#include "../exact/decide_block.h"
 #include "../reduce/chain_tree.h"
 #include "norm.h"
 #include "norm_kernel.h"
@@ -249,94 +248,6 @@ bool variance_from_moments(double T1, double TA, double T2, double mu, int64_t n
                       kBoundSlack;
   return round_quotient_if_decided(Ct, beta, static_cast<double>(n), F32::get(), out);
 }
-
-// ---------------------------------------------------------------- layer_norm statistics, rows in blocks
-//
-// The per-row statistics (mean, variance, rstd: divisions, a square root,
-// roundings and interval tests) are a serial chain of about 70 ns per row,
-// which nothing else in the row overlaps. With AVX-512 the forward decides
-// them for a block of rows at once, one row per vector lane, in branch-free
-// loops (decide_block.h's tests, restricted to float32's normal range).
-// A row that any of these tests leaves pending (a mean or variance that is
-// zero, subnormal, undecided, not finite; an overflowing var + eps) takes
-// the per-row path (layer_norm_stats) from the same sums. A decided value is
-// RN32 of the exact value, as from the per-row tests or the exact tier, so
-// which path decides never shows in the bits.
-
-// Rows whose statistics are decided together: up to 8 (one lane each), fewer
-// for long rows so that the block's decoded rows (kept for the output pass)
-// stay within about 64 KB; long rows spend little on their statistics.
-int64_t stat_block_rows(int64_t n) { return std::clamp<int64_t>(8192 / std::max<int64_t>(n, 1), 1, 8); }
-
-constexpr int64_t kMaxStatBlock = 8;
-
-
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // see the forward outputs below
-
-// round_normal_bits(mag, float32) on 8 lanes (magnitudes in float32's
-// normal range).
-CARBON_LANES_INLINE CARBON_NORM_V4 __m512i round_normal_lanes32(__m512i mag) {
-  constexpr int kDrop = 53 - 24;
-  const __m512i last = _mm512_and_si512(_mm512_srli_epi64(mag, kDrop), _mm512_set1_epi64(1));
-  const __m512i up = _mm512_add_epi64(_mm512_add_epi64(mag, _mm512_set1_epi64((1ll << (kDrop - 1)) - 1)), last);
-  return _mm512_and_si512(up, _mm512_set1_epi64(~((1ll << kDrop) - 1)));
-}
-
-// Per lane, from the first pass's fp64 sums T1 (x), TA (|x|) and T2 (x^2) by
-// a tree of depth `depth`: mu = RN32(S1 / n) (as mean_fast), var = RN32(C / n)
-// (as variance_from_moments, the same bound), rs = rstd_of(var, eps32).
-// pending[i] = 1 where the row must take the per-row path (then mu, rs
-// meaningless). Always kMaxStatBlock lanes (fixed trip counts, so the loops
-// become single vector operations); the caller pads unused lanes with any
-// finite sums and ignores them.
-CARBON_NORM_V4 void layer_norm_stats_block(const double* T1, const double* TA, const double* T2, int64_t n,
-                                           int64_t depth, double eps32, double* mu, double* rs, uint8_t* pending) {
-  constexpr int64_t B = kMaxStatBlock;
-  const double nd = static_cast<double>(n), g = gamma_n(depth);
-  uint32_t mu_bits[B], var_bits[B];
-  uint8_t mu_pending[B], var_pending[B];
-  double Ct[B], beta[B];
-  // mean_fast's bound, gamma_d |x|-sum (kBoundSlack covers the product's rounding)
-  decide_quotient_block<F32>(T1, TA, g * kBoundSlack, nd, B, mu_bits, mu_pending);
-  // variance_from_moments on each lane, with mu the decided mean (a pending
-  // lane's garbage is harmless: the lane is pending anyway). Intrinsics:
-  // GCC left these loops scalar.
-  const __m512d m = _mm512_cvtps_pd(_mm256_loadu_ps(reinterpret_cast<const float*>(mu_bits)));
-  _mm512_storeu_pd(mu, m);
-  const __m512d t1 = _mm512_loadu_pd(T1), ta = _mm512_loadu_pd(TA), t2 = _mm512_loadu_pd(T2);
-  const __m512d two_m = _mm512_mul_pd(_mm512_set1_pd(2.0), m);
-  const __m512d P = _mm512_mul_pd(two_m, t1);
-  const __m512d Q = _mm512_sub_pd(t2, P);
-  const __m512d R = _mm512_mul_pd(_mm512_set1_pd(nd), _mm512_mul_pd(m, m));
-  const __m512d C = _mm512_add_pd(Q, R);
-  const __m512d sum_abs = _mm512_add_pd(
-      _mm512_add_pd(_mm512_add_pd(_mm512_abs_pd(P), _mm512_abs_pd(Q)), _mm512_abs_pd(R)), _mm512_abs_pd(C));
-  const __m512d bound = _mm512_mul_pd(
-      _mm512_add_pd(_mm512_mul_pd(_mm512_set1_pd(g), _mm512_add_pd(t2, _mm512_mul_pd(_mm512_abs_pd(two_m), ta))),
-                    _mm512_mul_pd(_mm512_set1_pd(kUnitRoundoff), sum_abs)),
-      _mm512_set1_pd(kBoundSlack));
-  _mm512_storeu_pd(Ct, C);
-  _mm512_storeu_pd(beta, bound);
-  decide_quotient_block<F32>(Ct, beta, 1.0, nd, B, var_bits, var_pending);
-  // rstd_of on each decided (positive, normal) var: var + eps32 >= 2^-126
-  // may only overflow (flagged); sqrt of a normal float32, and 1 / that, are
-  // normal, so round_normal_bits is RN32 for both.
-  const __m512d var = _mm512_cvtps_pd(_mm256_loadu_ps(reinterpret_cast<const float*>(var_bits)));
-  const __m512i w_mag = _mm512_castpd_si512(_mm512_add_pd(var, _mm512_set1_pd(eps32)));  // var > 0, eps32 >= 0
-  constexpr FloatFormat f = F32::get();
-  const __mmask8 w_bad = _mm512_cmpge_epu64_mask(
-      _mm512_sub_epi64(w_mag, _mm512_set1_epi64(normal_min_bits(f))),
-      _mm512_set1_epi64(overflow_bits(f) - (1ull << (52 - f.precision)) - normal_min_bits(f)));  // !rounds_to_normal
-  const __m512d w = _mm512_castsi512_pd(round_normal_lanes32(w_mag));
-  const __m512d sq = _mm512_castsi512_pd(round_normal_lanes32(_mm512_castpd_si512(_mm512_sqrt_pd(w))));
-  const __m512d r = _mm512_castsi512_pd(round_normal_lanes32(_mm512_castpd_si512(_mm512_div_pd(_mm512_set1_pd(1.0), sq))));
-  _mm512_storeu_pd(rs, r);
-  for (int64_t i = 0; i < B; ++i)
-    pending[i] = static_cast<uint8_t>(mu_pending[i] | var_pending[i] | ((w_bad >> i) & 1u));
-}
-
-#pragma GCC diagnostic pop
 
 // Exact tier of RN32(sum v / n).
 double exact_mean(const double* v, int64_t n) {
@@ -721,13 +632,23 @@ CARBON_NORM_V4 inline void round_store_lanes<Format<FormatId::kFloat16>>(uint16_
                    _mm256_cvtps_ph(_mm256_castsi256_ps(u), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
-// affine() on 8 lanes: (xhat (x) w) (+) b. With both, one fused multiply-add:
-// xhat and w are float32 values, so their fp64 product is exact (48 bits, and
-// at least 2^-298 in magnitude when nonzero, never subnormal in fp64), and
-// fma(xhat, w, b) = RN64(xhat w + b) = xhat (x) w (+) b, the sign of an exact
-// zero included (IEEE 754 gives fma's zero the sign of the sum of the exact
-// product and b). The fused form runs on the multiply pipes instead of the
-// adders, which this loop shares with its three conversions (Zen 4).
+// The AVX-512 loops below are bound by the two 256-bit pipes that add and
+// convert (Zen 4; a 512-bit addition or conversion takes both for a cycle),
+// while the two multiply pipes have room: where a multiplication is exact,
+// an addition can ride in a fused multiply-add there instead, with the same
+// result. fma(a, b, c) rounds a b + c once; when the product a b is exact in
+// fp64 that is the value of a (x) b (+) c, and IEEE 754 gives an exact zero
+// the sign of the sum of the exact product and c, as the addition does.
+
+// v (-) mu as fmsub(v, 1, mu): v 1 is exact.
+CARBON_LANES_INLINE CARBON_NORM_V4 __m512d centered_lanes(__m512d v, __m512d mu) {
+  return _mm512_fmsub_pd(v, _mm512_set1_pd(1.0), mu);
+}
+
+// affine() on 8 lanes: (xhat (x) w) (+) b. With both, one fma: xhat and w
+// are float32 values (the weight has x's dtype), so their fp64 product is
+// exact (48 bits, and at least 2^-298 in magnitude when nonzero, never
+// subnormal in fp64).
 template <bool kW, bool kB>
 CARBON_LANES_INLINE CARBON_NORM_V4 __m512d affine_lanes(__m512d xh, const double* w, const double* b) {
   if (kW && kB) return _mm512_fmadd_pd(xh, _mm512_loadu_pd(w), _mm512_loadu_pd(b));
@@ -749,7 +670,7 @@ CARBON_NORM_V4 bool forward_outputs_fast_v4(const double* v, int64_t n, double m
   int64_t k = 0;
   for (; k + 8 <= n; k += 8) {
     const __m512d e = _mm512_loadu_pd(v + k);
-    const __m512d p = kRms ? _mm512_mul_pd(e, vrs) : _mm512_mul_pd(_mm512_fmsub_pd(e, _mm512_set1_pd(1.0), vmu), vrs);
+    const __m512d p = kRms ? _mm512_mul_pd(e, vrs) : _mm512_mul_pd(centered_lanes(e, vmu), vrs);
     const __m512d xh = _mm512_cvtps_pd(_mm512_cvtpd_ps(p));
     const __m512d y = affine_lanes<kW, kB>(xh, w + k, b + k);
     round_store_lanes<F>(out + k, y, bad_lanes);
@@ -779,7 +700,7 @@ CARBON_NORM_V4_BF16 bool forward_outputs_bf16_native(const double* v, int64_t n,
   int64_t k = 0;
   for (; k + 8 <= n; k += 8) {
     const __m512d e = _mm512_loadu_pd(v + k);
-    const __m512d p = kRms ? _mm512_mul_pd(e, vrs) : _mm512_mul_pd(_mm512_fmsub_pd(e, _mm512_set1_pd(1.0), vmu), vrs);
+    const __m512d p = kRms ? _mm512_mul_pd(e, vrs) : _mm512_mul_pd(centered_lanes(e, vmu), vrs);
     const __m512d xh = _mm512_cvtps_pd(_mm512_cvtpd_ps(p));
     const __m512d y = affine_lanes<kW, kB>(xh, w + k, b + k);
     const __m256i u = round_to_odd32(y);
@@ -840,9 +761,7 @@ CARBON_NORM_V4 bool backward_row_fast_hw(const T* __restrict__ x, const T* __res
   int64_t k = 0;
   for (; k + kChains <= n; k += kChains) {
     const __m512d v = _mm512_cvtps_pd(decode_floats(x + k));
-    // v (-) mu as fmsub(v, 1, mu) (the same value, on the multiply pipes)
-    const __m256 h32 = _mm512_cvtpd_ps(kRms ? _mm512_mul_pd(v, vrs)
-                                            : _mm512_mul_pd(_mm512_fmsub_pd(v, _mm512_set1_pd(1.0), vmu), vrs));
+    const __m256 h32 = _mm512_cvtpd_ps(kRms ? _mm512_mul_pd(v, vrs) : _mm512_mul_pd(centered_lanes(v, vmu), vrs));
     bad_lanes |= nan_lanes(h32);
     const __m512d h = _mm512_cvtps_pd(h32);
     _mm512_storeu_pd(xh + k, h);
@@ -900,12 +819,11 @@ CARBON_NORM_V4 bool backward_outputs_fast_hw(const double* xh, const double* g, 
   int64_t k = 0;
   for (; k + kChains <= n; k += kChains) {
     const __m512d h = _mm512_loadu_pd(xh + k), q = _mm512_loadu_pd(g + k);
-    // rms_dx / ln_dx, the same operations lane by lane, on the multiply
-    // pipes (the adders are shared with the conversions): x-hat and B are
-    // float32 values, so xhat (x) B is exact and fnmadd(xhat, B, c) =
-    // RN64(c - xhat B) = c (-) (xhat (x) B), signed zeros included; and
-    // fmsub(g, 1, A) = g (-) A.
-    const __m512d c = kRms ? q : _mm512_fmsub_pd(q, _mm512_set1_pd(1.0), vA);
+    // rms_dx / ln_dx, the same operations lane by lane, the additions fused
+    // (see centered_lanes): x-hat and B are float32 values (B = RN32 of a
+    // mean), so xhat (x) B is exact and fnmadd(xhat, B, c) = c (-) (xhat (x) B);
+    // g (-) A as centered_lanes(g, A).
+    const __m512d c = kRms ? q : centered_lanes(q, vA);
     const __m512d dx = _mm512_mul_pd(vrs, _mm512_fnmadd_pd(h, vB, c));
     round_store_lanes<F>(out + k, dx, bad_lanes);
   }
@@ -1143,24 +1061,6 @@ bool forward_outputs(bool hw, const double* v, int64_t n, double mu, double rs, 
 // Rows per task: about 32K elements.
 int64_t grain_for(int64_t n) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(n, 1)); }
 
-// layer_norm's mean and variance of one row from its first pass's sums
-// (s: x and |x|; squares: x^2, AVX-512 only) and its decoded values v:
-// tier 1, then the centred pass, then the exact tier.
-template <int kBits>
-void layer_norm_stats(const double* v, int64_t n, int64_t depth, bool lanes, const Sums& s, double squares,
-                      double* mu_out, double* var_out) {
-  double mu, var;
-  if (!mean_fast(s.sum, s.abs_sum, n, depth, &mu)) mu = exact_mean_of_values(v, n, s.sum, s.abs_sum, kBits);
-  if (!is_finite(mu))  // a row with an inf or a NaN
-    var = canonical_nan();
-  else if (lanes && variance_from_moments(s.sum, s.abs_sum, squares, mu, n, depth, &var))
-    ;
-  else if (!mean_of_squares_fast(chain_squares(v, mu, n), n, depth, 3, &var))
-    var = exact_mean_centered_squares(v, mu, n);
-  *mu_out = mu;
-  *var_out = var;
-}
-
 template <typename T>
 void forward_rows(const NormArgs& a, at::Tensor& y_tensor) {
   using F = typename FormatOf<T>::type;
@@ -1174,63 +1074,38 @@ void forward_rows(const NormArgs& a, at::Tensor& y_tensor) {
   float* rstd = a.rstd.mutable_data_ptr<float>();
   const int64_t depth = chain_depth(n);
   constexpr int kBits = F::get().precision;  // significant bits of an element
-  // y of row r from its decoded values and statistics (mu unused for rms_norm)
-  auto outputs = [&](bool hw, const double* v, int64_t r, double mu, double rs) {
-    auto* out = y + r * n;
-    if (forward_outputs<F>(hw, v, n, mu, rs, w, b, a.rms, out)) return;
-    if (a.rms) {
-      for (int64_t k = 0; k < n; ++k) store<F>(affine(rms_xhat(v[k], rs), w ? w + k : nullptr, nullptr), out + k);
-    } else {
-      for (int64_t k = 0; k < n; ++k)
-        store<F>(affine(ln_xhat(v[k], mu, rs), w ? w + k : nullptr, b ? b + k : nullptr), out + k);
-    }
-  };
-  const int64_t block = stat_block_rows(n);
   at::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
-    const bool lanes = use_lanes(), hw = lanes && default_fp_env();
-    if (lanes && !a.rms) {
-      // layer_norm with AVX-512: rows in blocks, their statistics decided
-      // together (layer_norm_stats_block); the first pass also sums the
-      // squares, so most rows' variance needs no centred pass.
-      std::vector<double> v(block * n);
-      double T1[kMaxStatBlock], TA[kMaxStatBlock], T2[kMaxStatBlock], mu[kMaxStatBlock], rs[kMaxStatBlock];
-      uint8_t pending[kMaxStatBlock];
-      for (int64_t r0 = begin; r0 < end; r0 += block) {
-        const int64_t width = std::min(block, end - r0);
-        for (int64_t i = 0; i < kMaxStatBlock; ++i) T1[i] = TA[i] = T2[i] = 1.0;  // unused lanes: any finite sums
-        for (int64_t i = 0; i < width; ++i) {
-          const Sums s = decode_moments_v4(x + (r0 + i) * n, n, v.data() + i * n, &T2[i]);
-          T1[i] = s.sum;
-          TA[i] = s.abs_sum;
-        }
-        layer_norm_stats_block(T1, TA, T2, n, depth, a.eps32, mu, rs, pending);
-        for (int64_t i = 0; i < width; ++i)
-          if (pending[i]) {
-            double var;
-            layer_norm_stats<kBits>(v.data() + i * n, n, depth, true, Sums{T1[i], TA[i]}, T2[i], &mu[i], &var);
-            rs[i] = rstd_of(var, a.eps32);
-          }
-        for (int64_t i = 0; i < width; ++i) {
-          store32(mu[i], mean + r0 + i);
-          store32(rs[i], rstd + r0 + i);
-          outputs(hw, v.data() + i * n, r0 + i, mu[i], rs[i]);
-        }
-      }
-      return;
-    }
     std::vector<double> v(n);
+    const bool lanes = use_lanes(), hw = lanes && default_fp_env();
     for (int64_t r = begin; r < end; ++r) {
       double mu = 0.0, var;
       if (a.rms) {
         const double squares = decode_squares(x + r * n, n, v.data());
         if (!mean_of_squares_fast(squares, n, depth, 0, &var)) var = exact_mean_of_squares(v.data(), n, squares, kBits);
       } else {
-        layer_norm_stats<kBits>(v.data(), n, depth, false, decode_sums(x + r * n, n, v.data()), 0.0, &mu, &var);
+        // With AVX-512 the first pass also sums the squares, and most rows'
+        // variance is decided from those moments without the centred pass.
+        double squares = 0.0;
+        const Sums s = lanes ? decode_moments_v4(x + r * n, n, v.data(), &squares) : decode_sums(x + r * n, n, v.data());
+        if (!mean_fast(s.sum, s.abs_sum, n, depth, &mu)) mu = exact_mean_of_values(v.data(), n, s.sum, s.abs_sum, kBits);
+        if (!is_finite(mu))  // a row with an inf or a NaN
+          var = canonical_nan();
+        else if (lanes && variance_from_moments(s.sum, s.abs_sum, squares, mu, n, depth, &var))
+          ;
+        else if (!mean_of_squares_fast(chain_squares(v.data(), mu, n), n, depth, 3, &var))
+          var = exact_mean_centered_squares(v.data(), mu, n);
         store32(mu, mean + r);
       }
       const double rs = rstd_of(var, a.eps32);
       store32(rs, rstd + r);
-      outputs(hw, v.data(), r, mu, rs);
+      auto* out = y + r * n;
+      if (forward_outputs<F>(hw, v.data(), n, mu, rs, w, b, a.rms, out)) continue;
+      if (a.rms) {
+        for (int64_t k = 0; k < n; ++k) store<F>(affine(rms_xhat(v[k], rs), w ? w + k : nullptr, nullptr), out + k);
+      } else {
+        for (int64_t k = 0; k < n; ++k)
+          store<F>(affine(ln_xhat(v[k], mu, rs), w ? w + k : nullptr, b ? b + k : nullptr), out + k);
+      }
     }
   });
 }
