@@ -205,7 +205,9 @@ CARBON_NORM_V4 Sums decode_moments_v4(const T* x, int64_t n, double* v, double* 
     store_lanes(v + k, e);
     s = s + e;
     a = a + abs_lanes(e);
-    q = q + e * e;
+    // q (+) e e as one fma: e e is exact (a square of a float value), so
+    // the same value, on the multiply pipes (see centered_lanes).
+    q = (Lanes)_mm512_fmadd_pd((__m512d)e, (__m512d)e, (__m512d)q);
   }
   double sc[kChains], ac[kChains], qc[kChains];
   store_lanes(sc, s);
@@ -780,9 +782,11 @@ CARBON_NORM_V4 bool backward_row_fast_hw(const T* __restrict__ x, const T* __res
       ss = _mm512_add_pd(ss, q);
       sa = _mm512_add_pd(sa, _mm512_abs_pd(q));
     }
-    const __m512d p = _mm512_mul_pd(q, h);
-    ds = _mm512_add_pd(ds, p);
-    da = _mm512_add_pd(da, _mm512_abs_pd(p));
+    // ds (+) g x-hat and da (+) |g x-hat| as fmas: g and x-hat are float32
+    // values, so g x-hat and |g| |x-hat| = |g x-hat| are exact (same values;
+    // see centered_lanes).
+    ds = _mm512_fmadd_pd(q, h, ds);
+    da = _mm512_fmadd_pd(_mm512_abs_pd(q), _mm512_abs_pd(h), da);
   }
   double ssc[kChains], sac[kChains], dsc[kChains], dac[kChains];
   _mm512_storeu_pd(ssc, ss);
