@@ -6,6 +6,9 @@ their fallbacks (csrc/norm/norm_cpu.cpp), against tests/norm_reference.py:
   (ties), with the tie placed in different lanes / the tail of long rows;
 * means and mean squares on a float32 tie whose float64 sums are exact
   (rounded from that one sum) or not (the exact accumulator over the row);
+* the AVX-512 loops fuse an addition into a multiply-add where the product
+  is exact (x - mu, x-hat w + b, dx's g - A - x-hat B): signed zeros must
+  come out as from the separate operations;
 * the hardware roundings are used only in the default floating-point state:
   with flush-to-zero set (torch.set_flush_denormal), outputs that are
   float32 / float16 subnormals must still be the correctly rounded ones.
@@ -95,6 +98,29 @@ def test_ties_of_exact_float64_sums(dtype, position):
     check_layer_norm_grads(x, (n,), None, None, dy=dy, context=context)
     check_layer_norm_grads(x, (n,), w, b, dy=dy, context=context + " affine")
     check_rms_norm_grads(x, (n,), w, dy=dy, context=context + " rms")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_signed_zeros_of_fused_additions(dtype):
+    # Constant rows (x - mu = +0, x-hat = +0) and rows of +-0; weights of
+    # both signs and zeros (x-hat w = +-0), biases +0 and -0 (y = +-0 + +-0);
+    # dy = +-0 and weights that make g = +-0, so g - A and x-hat B are zeros
+    # of either sign. n = 40: five 8-lane blocks, no tail.
+    n = 40
+    w = torch.tensor([(-1.0) ** k * (0.0 if k % 5 == 0 else 1.5) for k in range(n)], dtype=torch.float64)
+    b = torch.tensor([0.0 if k % 2 else -0.0 for k in range(n)], dtype=torch.float64)
+    rows = [[0.75] * n, [-0.0] * n, [0.0] * n, [0.0 if k % 3 else -0.0 for k in range(n)], [2.0] * (n // 2) + [2.5] * (n // 2)]
+    x = torch.tensor(rows, dtype=torch.float64).to(dtype)
+    dy = torch.tensor([[(-0.0 if (r + k // 2) % 2 else 0.0) if r < 3 else float(k % 3 - 1) for k in range(n)]
+                       for r in range(len(rows))], dtype=torch.float64).to(dtype)
+    w, b = w.to(dtype), b.to(dtype)
+    for eps in (0.0, 1e-5):
+        context = f"{dtype} eps={eps}"
+        check_layer_norm(x, (n,), w, b, eps=eps, context=context)
+        check_layer_norm(x, (n,), w, None, eps=eps, context=context + " weight")
+        check_layer_norm_grads(x, (n,), w, b, eps=eps, dy=dy, context=context)
+        check_layer_norm_grads(x, (n,), None, None, eps=eps, dy=dy, context=context + " no affine")
+        check_rms_norm_grads(x, (n,), w, dy=dy, context=context + " rms")
 
 
 def test_flush_to_zero_state_keeps_subnormal_outputs():

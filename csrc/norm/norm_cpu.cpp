@@ -205,7 +205,9 @@ CARBON_NORM_V4 Sums decode_moments_v4(const T* x, int64_t n, double* v, double* 
     store_lanes(v + k, e);
     s = s + e;
     a = a + abs_lanes(e);
-    q = q + e * e;
+    // q (+) e e as one fma: e e is exact (a square of a float value), so
+    // the same value, on the multiply pipes (see centered_lanes).
+    q = (Lanes)_mm512_fmadd_pd((__m512d)e, (__m512d)e, (__m512d)q);
   }
   double sc[kChains], ac[kChains], qc[kChains];
   store_lanes(sc, s);
@@ -632,6 +634,31 @@ CARBON_NORM_V4 inline void round_store_lanes<Format<FormatId::kFloat16>>(uint16_
                    _mm256_cvtps_ph(_mm256_castsi256_ps(u), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
+// The AVX-512 loops below are bound by the two 256-bit pipes that add and
+// convert (Zen 4; a 512-bit addition or conversion takes both for a cycle),
+// while the two multiply pipes have room: where a multiplication is exact,
+// an addition can ride in a fused multiply-add there instead, with the same
+// result. fma(a, b, c) rounds a b + c once; when the product a b is exact in
+// fp64 that is the value of a (x) b (+) c, and IEEE 754 gives an exact zero
+// the sign of the sum of the exact product and c, as the addition does.
+
+// v (-) mu as fmsub(v, 1, mu): v 1 is exact.
+CARBON_LANES_INLINE CARBON_NORM_V4 __m512d centered_lanes(__m512d v, __m512d mu) {
+  return _mm512_fmsub_pd(v, _mm512_set1_pd(1.0), mu);
+}
+
+// affine() on 8 lanes: (xhat (x) w) (+) b. With both, one fma: xhat and w
+// are float32 values (the weight has x's dtype), so their fp64 product is
+// exact (48 bits, and at least 2^-298 in magnitude when nonzero, never
+// subnormal in fp64).
+template <bool kW, bool kB>
+CARBON_LANES_INLINE CARBON_NORM_V4 __m512d affine_lanes(__m512d xh, const double* w, const double* b) {
+  if (kW && kB) return _mm512_fmadd_pd(xh, _mm512_loadu_pd(w), _mm512_loadu_pd(b));
+  if (kW) return _mm512_mul_pd(xh, _mm512_loadu_pd(w));
+  if (kB) return _mm512_add_pd(xh, _mm512_loadu_pd(b));
+  return xh;
+}
+
 // forward_outputs_fast, 8 elements at a time, for a thread in the default
 // MXCSR state: x-hat = RN32 by the hardware conversion, y rounded by
 // round_store_lanes (the same operations on each element; the tail as
@@ -645,10 +672,9 @@ CARBON_NORM_V4 bool forward_outputs_fast_v4(const double* v, int64_t n, double m
   int64_t k = 0;
   for (; k + 8 <= n; k += 8) {
     const __m512d e = _mm512_loadu_pd(v + k);
-    const __m512d p = kRms ? _mm512_mul_pd(e, vrs) : _mm512_mul_pd(_mm512_sub_pd(e, vmu), vrs);
+    const __m512d p = kRms ? _mm512_mul_pd(e, vrs) : _mm512_mul_pd(centered_lanes(e, vmu), vrs);
     const __m512d xh = _mm512_cvtps_pd(_mm512_cvtpd_ps(p));
-    __m512d y = kW ? _mm512_mul_pd(xh, _mm512_loadu_pd(w + k)) : xh;
-    if (kB) y = _mm512_add_pd(y, _mm512_loadu_pd(b + k));
+    const __m512d y = affine_lanes<kW, kB>(xh, w + k, b + k);
     round_store_lanes<F>(out + k, y, bad_lanes);
   }
   uint64_t bad = bad_lanes != 0;
@@ -676,10 +702,9 @@ CARBON_NORM_V4_BF16 bool forward_outputs_bf16_native(const double* v, int64_t n,
   int64_t k = 0;
   for (; k + 8 <= n; k += 8) {
     const __m512d e = _mm512_loadu_pd(v + k);
-    const __m512d p = kRms ? _mm512_mul_pd(e, vrs) : _mm512_mul_pd(_mm512_sub_pd(e, vmu), vrs);
+    const __m512d p = kRms ? _mm512_mul_pd(e, vrs) : _mm512_mul_pd(centered_lanes(e, vmu), vrs);
     const __m512d xh = _mm512_cvtps_pd(_mm512_cvtpd_ps(p));
-    __m512d y = kW ? _mm512_mul_pd(xh, _mm512_loadu_pd(w + k)) : xh;
-    if (kB) y = _mm512_add_pd(y, _mm512_loadu_pd(b + k));
+    const __m512d y = affine_lanes<kW, kB>(xh, w + k, b + k);
     const __m256i u = round_to_odd32(y);
     bad_lanes |= bf16_bad_lanes(u);
     const __m128bh r = _mm256_cvtneps_pbh(_mm256_castsi256_ps(u));
@@ -738,7 +763,7 @@ CARBON_NORM_V4 bool backward_row_fast_hw(const T* __restrict__ x, const T* __res
   int64_t k = 0;
   for (; k + kChains <= n; k += kChains) {
     const __m512d v = _mm512_cvtps_pd(decode_floats(x + k));
-    const __m256 h32 = _mm512_cvtpd_ps(kRms ? _mm512_mul_pd(v, vrs) : _mm512_mul_pd(_mm512_sub_pd(v, vmu), vrs));
+    const __m256 h32 = _mm512_cvtpd_ps(kRms ? _mm512_mul_pd(v, vrs) : _mm512_mul_pd(centered_lanes(v, vmu), vrs));
     bad_lanes |= nan_lanes(h32);
     const __m512d h = _mm512_cvtps_pd(h32);
     _mm512_storeu_pd(xh + k, h);
@@ -757,9 +782,11 @@ CARBON_NORM_V4 bool backward_row_fast_hw(const T* __restrict__ x, const T* __res
       ss = _mm512_add_pd(ss, q);
       sa = _mm512_add_pd(sa, _mm512_abs_pd(q));
     }
-    const __m512d p = _mm512_mul_pd(q, h);
-    ds = _mm512_add_pd(ds, p);
-    da = _mm512_add_pd(da, _mm512_abs_pd(p));
+    // ds (+) g x-hat and da (+) |g x-hat| as fmas: g and x-hat are float32
+    // values, so g x-hat and |g| |x-hat| = |g x-hat| are exact (same values;
+    // see centered_lanes).
+    ds = _mm512_fmadd_pd(q, h, ds);
+    da = _mm512_fmadd_pd(_mm512_abs_pd(q), _mm512_abs_pd(h), da);
   }
   double ssc[kChains], sac[kChains], dsc[kChains], dac[kChains];
   _mm512_storeu_pd(ssc, ss);
@@ -796,9 +823,12 @@ CARBON_NORM_V4 bool backward_outputs_fast_hw(const double* xh, const double* g, 
   int64_t k = 0;
   for (; k + kChains <= n; k += kChains) {
     const __m512d h = _mm512_loadu_pd(xh + k), q = _mm512_loadu_pd(g + k);
-    // rms_dx / ln_dx, the same operations lane by lane
-    const __m512d hb = _mm512_mul_pd(h, vB);
-    const __m512d dx = _mm512_mul_pd(vrs, kRms ? _mm512_sub_pd(q, hb) : _mm512_sub_pd(_mm512_sub_pd(q, vA), hb));
+    // rms_dx / ln_dx, the same operations lane by lane, the additions fused
+    // (see centered_lanes): x-hat and B are float32 values (B = RN32 of a
+    // mean), so xhat (x) B is exact and fnmadd(xhat, B, c) = c (-) (xhat (x) B);
+    // g (-) A as centered_lanes(g, A).
+    const __m512d c = kRms ? q : centered_lanes(q, vA);
+    const __m512d dx = _mm512_mul_pd(vrs, _mm512_fnmadd_pd(h, vB, c));
     round_store_lanes<F>(out + k, dx, bad_lanes);
   }
   uint64_t bad = bad_lanes != 0;
