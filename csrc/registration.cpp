@@ -7,6 +7,7 @@
 #include "attention/attention.h"
 #include "attention/attention_cpu.h"
 #include "convert/round_to.h"
+#include "exact/fp_env.h"
 // ---- elementwise math (exp, log, tanh, sigmoid, erf, gelu, silu, sin, cos, log1p, softplus, log_sigmoid, expm1,
 // log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos) ----
 #include "elementwise/elementwise.h"
@@ -136,90 +137,92 @@ TORCH_LIBRARY(carbon, m) {
 // ---- random: the factory ops have no tensor argument to dispatch on; they
 // pick the CPU or CUDA kernel from their `device` argument.
 TORCH_LIBRARY_IMPL(carbon, CompositeExplicitAutograd, m) {
-  m.impl("uniform", &carbon::uniform_op);
-  m.impl("normal", &carbon::normal_op);
-  m.impl("trunc_normal", &carbon::trunc_normal_op);
+  m.impl("uniform", &carbon::in_default_fp_env<&carbon::uniform_op>::call);
+  m.impl("normal", &carbon::in_default_fp_env<&carbon::normal_op>::call);
+  m.impl("trunc_normal", &carbon::in_default_fp_env<&carbon::trunc_normal_op>::call);
   // the state tensor may be in host memory for a draw on a CUDA device, so
   // these, too, go by `device`
-  m.impl("uniform.state", &carbon::uniform_state_op);
-  m.impl("normal.state", &carbon::normal_state_op);
-  m.impl("trunc_normal.state", &carbon::trunc_normal_state_op);
+  m.impl("uniform.state", &carbon::in_default_fp_env<&carbon::uniform_state_op>::call);
+  m.impl("normal.state", &carbon::in_default_fp_env<&carbon::normal_state_op>::call);
+  m.impl("trunc_normal.state", &carbon::in_default_fp_env<&carbon::trunc_normal_state_op>::call);
 }
 // ---- end random ----
 
 // The ops are device-generic at this level: each checks its inputs and
 // picks the CPU or CUDA kernels itself, so both dispatch keys bind the same
-// functions.
+// functions. Every op runs with its thread in the default floating-point
+// environment (exact/fp_env.h), so a caller's flush-to-zero setting
+// changes no bit.
 namespace {
 void bind_kernels(torch::Library& m) {
-  m.impl("mm", &carbon::mm);
-  m.impl("addmm", &carbon::addmm);
-  m.impl("bmm", &carbon::bmm);
-  m.impl("baddbmm", &carbon::baddbmm);
-  m.impl("sum", &carbon::sum);
-  m.impl("mean", &carbon::mean);
-  m.impl("round_to", &carbon::round_to);
-  m.impl("sum_divided", &carbon::sum_divided);
-  m.impl("cumsum_rows", &carbon::cumsum_rows);
-  m.impl("softmax", &carbon::softmax);
-  m.impl("log_softmax", &carbon::log_softmax);
-  m.impl("softmax_backward", &carbon::softmax_backward);
-  m.impl("log_softmax_backward", &carbon::log_softmax_backward);
-  m.impl("cross_entropy", &carbon::cross_entropy);
-  m.impl("cross_entropy_backward", &carbon::cross_entropy_backward);
-  m.impl("attention_logits", &carbon::attention_logits);
-  m.impl("attention_probs", &carbon::attention_probs);
-  m.impl("attention_probs_backward", &carbon::attention_probs_backward);
+  m.impl("mm", &carbon::in_default_fp_env<&carbon::mm>::call);
+  m.impl("addmm", &carbon::in_default_fp_env<&carbon::addmm>::call);
+  m.impl("bmm", &carbon::in_default_fp_env<&carbon::bmm>::call);
+  m.impl("baddbmm", &carbon::in_default_fp_env<&carbon::baddbmm>::call);
+  m.impl("sum", &carbon::in_default_fp_env<&carbon::sum>::call);
+  m.impl("mean", &carbon::in_default_fp_env<&carbon::mean>::call);
+  m.impl("round_to", &carbon::in_default_fp_env<&carbon::round_to>::call);
+  m.impl("sum_divided", &carbon::in_default_fp_env<&carbon::sum_divided>::call);
+  m.impl("cumsum_rows", &carbon::in_default_fp_env<&carbon::cumsum_rows>::call);
+  m.impl("softmax", &carbon::in_default_fp_env<&carbon::softmax>::call);
+  m.impl("log_softmax", &carbon::in_default_fp_env<&carbon::log_softmax>::call);
+  m.impl("softmax_backward", &carbon::in_default_fp_env<&carbon::softmax_backward>::call);
+  m.impl("log_softmax_backward", &carbon::in_default_fp_env<&carbon::log_softmax_backward>::call);
+  m.impl("cross_entropy", &carbon::in_default_fp_env<&carbon::cross_entropy>::call);
+  m.impl("cross_entropy_backward", &carbon::in_default_fp_env<&carbon::cross_entropy_backward>::call);
+  m.impl("attention_logits", &carbon::in_default_fp_env<&carbon::attention_logits>::call);
+  m.impl("attention_probs", &carbon::in_default_fp_env<&carbon::attention_probs>::call);
+  m.impl("attention_probs_backward", &carbon::in_default_fp_env<&carbon::attention_probs_backward>::call);
   // ---- elementwise math ----
-  m.impl("exp", &carbon::exp_op);
-  m.impl("log", &carbon::log_op);
-  m.impl("tanh", &carbon::tanh_op);
-  m.impl("sigmoid", &carbon::sigmoid_op);
-  m.impl("erf", &carbon::erf_op);
-  m.impl("gelu", &carbon::gelu_op);
-  m.impl("silu", &carbon::silu_op);
-  m.impl("sin", &carbon::sin_op);
-  m.impl("cos", &carbon::cos_op);
-  m.impl("log1p", &carbon::log1p_op);
-  m.impl("expm1", &carbon::expm1_op);
-  m.impl("log2", &carbon::log2_op);
-  m.impl("log10", &carbon::log10_op);
-  m.impl("exp2", &carbon::exp2_op);
-  m.impl("erfc", &carbon::erfc_op);
-  m.impl("sinh", &carbon::sinh_op);
-  m.impl("cosh", &carbon::cosh_op);
-  m.impl("tan", &carbon::tan_op);
-  m.impl("atan", &carbon::atan_op);
-  m.impl("asin", &carbon::asin_op);
-  m.impl("acos", &carbon::acos_op);
-  m.impl("softplus", &carbon::softplus_op);
-  m.impl("log_sigmoid", &carbon::log_sigmoid_op);
-  m.impl("pow_tensor_scalar", &carbon::pow_tensor_scalar);
-  m.impl("pow_scalar_tensor", &carbon::pow_scalar_tensor);
-  m.impl("elementwise_backward", &carbon::elementwise_backward);
+  m.impl("exp", &carbon::in_default_fp_env<&carbon::exp_op>::call);
+  m.impl("log", &carbon::in_default_fp_env<&carbon::log_op>::call);
+  m.impl("tanh", &carbon::in_default_fp_env<&carbon::tanh_op>::call);
+  m.impl("sigmoid", &carbon::in_default_fp_env<&carbon::sigmoid_op>::call);
+  m.impl("erf", &carbon::in_default_fp_env<&carbon::erf_op>::call);
+  m.impl("gelu", &carbon::in_default_fp_env<&carbon::gelu_op>::call);
+  m.impl("silu", &carbon::in_default_fp_env<&carbon::silu_op>::call);
+  m.impl("sin", &carbon::in_default_fp_env<&carbon::sin_op>::call);
+  m.impl("cos", &carbon::in_default_fp_env<&carbon::cos_op>::call);
+  m.impl("log1p", &carbon::in_default_fp_env<&carbon::log1p_op>::call);
+  m.impl("expm1", &carbon::in_default_fp_env<&carbon::expm1_op>::call);
+  m.impl("log2", &carbon::in_default_fp_env<&carbon::log2_op>::call);
+  m.impl("log10", &carbon::in_default_fp_env<&carbon::log10_op>::call);
+  m.impl("exp2", &carbon::in_default_fp_env<&carbon::exp2_op>::call);
+  m.impl("erfc", &carbon::in_default_fp_env<&carbon::erfc_op>::call);
+  m.impl("sinh", &carbon::in_default_fp_env<&carbon::sinh_op>::call);
+  m.impl("cosh", &carbon::in_default_fp_env<&carbon::cosh_op>::call);
+  m.impl("tan", &carbon::in_default_fp_env<&carbon::tan_op>::call);
+  m.impl("atan", &carbon::in_default_fp_env<&carbon::atan_op>::call);
+  m.impl("asin", &carbon::in_default_fp_env<&carbon::asin_op>::call);
+  m.impl("acos", &carbon::in_default_fp_env<&carbon::acos_op>::call);
+  m.impl("softplus", &carbon::in_default_fp_env<&carbon::softplus_op>::call);
+  m.impl("log_sigmoid", &carbon::in_default_fp_env<&carbon::log_sigmoid_op>::call);
+  m.impl("pow_tensor_scalar", &carbon::in_default_fp_env<&carbon::pow_tensor_scalar>::call);
+  m.impl("pow_scalar_tensor", &carbon::in_default_fp_env<&carbon::pow_scalar_tensor>::call);
+  m.impl("elementwise_backward", &carbon::in_default_fp_env<&carbon::elementwise_backward>::call);
   // ---- end elementwise math ----
   // ---- normalization
-  m.impl("layer_norm", &carbon::layer_norm);
-  m.impl("rms_norm", &carbon::rms_norm);
-  m.impl("var_mean_rows", &carbon::var_mean_rows);
-  m.impl("norm_backward", &carbon::norm_backward);
+  m.impl("layer_norm", &carbon::in_default_fp_env<&carbon::layer_norm>::call);
+  m.impl("rms_norm", &carbon::in_default_fp_env<&carbon::rms_norm>::call);
+  m.impl("var_mean_rows", &carbon::in_default_fp_env<&carbon::var_mean_rows>::call);
+  m.impl("norm_backward", &carbon::in_default_fp_env<&carbon::norm_backward>::call);
   // ---- indexed accumulation ----
-  m.impl("index_add", &carbon::index_add);
-  m.impl("scatter_add", &carbon::scatter_add);
-  m.impl("embedding", &carbon::embedding);
-  m.impl("embedding_backward", &carbon::embedding_backward);
+  m.impl("index_add", &carbon::in_default_fp_env<&carbon::index_add>::call);
+  m.impl("scatter_add", &carbon::in_default_fp_env<&carbon::scatter_add>::call);
+  m.impl("embedding", &carbon::in_default_fp_env<&carbon::embedding>::call);
+  m.impl("embedding_backward", &carbon::in_default_fp_env<&carbon::embedding_backward>::call);
   // ---- end indexed accumulation ----
   // ---- random ----
-  m.impl("bernoulli", &carbon::bernoulli_op);
-  m.impl("dropout", &carbon::dropout_op);
-  m.impl("bernoulli.state", &carbon::bernoulli_state_op);
-  m.impl("dropout.state", &carbon::dropout_state_op);
+  m.impl("bernoulli", &carbon::in_default_fp_env<&carbon::bernoulli_op>::call);
+  m.impl("dropout", &carbon::in_default_fp_env<&carbon::dropout_op>::call);
+  m.impl("bernoulli.state", &carbon::in_default_fp_env<&carbon::bernoulli_state_op>::call);
+  m.impl("dropout.state", &carbon::in_default_fp_env<&carbon::dropout_state_op>::call);
   // ---- end random ----
   // ---- optimizers, gradient clipping ----
-  m.impl("adam_step_", &carbon::adam_step_);
-  m.impl("sgd_step_", &carbon::sgd_step_);
-  m.impl("sum_squares", &carbon::sum_squares);
-  m.impl("clip_scale_", &carbon::clip_scale_);
+  m.impl("adam_step_", &carbon::in_default_fp_env<&carbon::adam_step_>::call);
+  m.impl("sgd_step_", &carbon::in_default_fp_env<&carbon::sgd_step_>::call);
+  m.impl("sum_squares", &carbon::in_default_fp_env<&carbon::sum_squares>::call);
+  m.impl("clip_scale_", &carbon::in_default_fp_env<&carbon::clip_scale_>::call);
   // ---- end optimizers ----
 }
 }  // namespace

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../dtypes.h"
+#include "../exact/fp_env.h"
 #include "../matmul/matmul.h"
 #include "../matmul/matmul_cpu.h"
 #include "../reduce/reduce_kernel.h"
@@ -183,7 +184,7 @@ void attention_logits_cpu(const at::Tensor& s, double scale, const at::Tensor& m
   const float* in = s.const_data_ptr<float>();
   float* o = out.mutable_data_ptr<float>();
   with_mask_rows(mask, [&](auto mask_row) {
-    at::parallel_for(0, B * Tq, std::max<int64_t>(1, 16384 / std::max<int64_t>(Tk, 1)), [&](int64_t begin, int64_t end) {
+    carbon::parallel_for(0, B * Tq, std::max<int64_t>(1, 16384 / std::max<int64_t>(Tk, 1)), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) logits_of_row(in, scale, mask_row, causal, r, Tq, Tk, o + r * Tk);
     });
   });
@@ -267,7 +268,7 @@ at::Tensor attention_probs(const at::Tensor& q, const at::Tensor& k, double scal
   const float* in = scores.const_data_ptr<float>();
   float* o = probs.mutable_data_ptr<float>();
   with_mask_rows(m, [&](auto mask_row) {
-    at::parallel_for(0, B * L, kFusedRows, [&](int64_t begin, int64_t end) {
+    carbon::parallel_for(0, B * L, kFusedRows, [&](int64_t begin, int64_t end) {
       std::vector<float> z(kFusedRows * S), p(kFusedRows * S);
       RowsWindow z_rows(z.data(), kFusedRows * S), p_rows(p.data(), kFusedRows * S);
       for (int64_t r0 = begin; r0 < end; r0 += kFusedRows) {
@@ -323,7 +324,7 @@ at::Tensor attention_probs_backward(const at::Tensor& grad, const at::Tensor& pr
   float* p_data = const_cast<float*>(p_all.const_data_ptr<float>());
   float* o = ds.mutable_data_ptr<float>();
   const int64_t step = backward_rows(S);
-  at::parallel_for(0, B * L, step, [&](int64_t begin, int64_t end) {
+  carbon::parallel_for(0, B * L, step, [&](int64_t begin, int64_t end) {
     std::vector<float> dz(step * S);
     RowsWindow g_rows(g_data, B * L * S), p_rows(p_data, B * L * S), dz_rows(dz.data(), step * S);
     for (int64_t r0 = begin; r0 < end; r0 += step) {

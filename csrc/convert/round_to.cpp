@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include "../dtypes.h"
+#include "../exact/fp_env.h"
 
 namespace carbon {
 namespace {
@@ -11,7 +12,7 @@ namespace {
 template <typename From, typename To>
 void round_all(const typename From::Bits* x, int64_t n, uint32_t divisor, typename To::Bits* out) {
   constexpr FloatFormat from = From::get(), to = To::get();
-  at::parallel_for(0, n, 16384, [&](int64_t begin, int64_t end) {
+  carbon::parallel_for(0, n, 16384, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i)
       out[i] = static_cast<typename To::Bits>(encode(round_quotient(decode(x[i], from), divisor, to), to));
   });

@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include "../dtypes.h"
+#include "../exact/fp_env.h"
 
 namespace carbon {
 namespace {
@@ -134,7 +135,7 @@ void elementwise_cpu(math::Fn fn, bool backward, const at::Tensor& x, const at::
     Bits* op = static_cast<Bits*>(out.mutable_data_ptr());
     with_fn(fn, [&](auto fn_tag) {
       constexpr math::Fn kFn = decltype(fn_tag)::value;
-      at::parallel_for(0, x.numel(), 8192, [&](int64_t begin, int64_t end) {
+      carbon::parallel_for(0, x.numel(), 8192, [&](int64_t begin, int64_t end) {
         if (backward)
           elementwise_range<kFn, true, F>(xp, gp, op, begin, end);
         else

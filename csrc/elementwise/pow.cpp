@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include "../dtypes.h"
+#include "../exact/fp_env.h"
 #include "pow_math.h"
 
 namespace carbon {
@@ -35,7 +36,7 @@ void pow_cpu(const at::Tensor& x, double scalar, bool tensor_is_base, at::Tensor
     constexpr FloatFormat f = F::get();
     const Bits* xp = static_cast<const Bits*>(x.const_data_ptr());
     Bits* op = static_cast<Bits*>(out.mutable_data_ptr());
-    at::parallel_for(0, x.numel(), 8192, [&](int64_t begin, int64_t end) {
+    carbon::parallel_for(0, x.numel(), 8192, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const double v = decode(xp[i], f);
         const double r = tensor_is_base ? math::pow_core(v, scalar) : math::pow_core(scalar, v);

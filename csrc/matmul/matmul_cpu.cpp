@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../dtypes.h"
+#include "../exact/fp_env.h"
 #include "../reduce/reduce_kernel.h"
 #include "matmul.h"
 #include "matmul_cpu.h"
@@ -309,7 +310,7 @@ void widen_operand_cpu(const at::Tensor& x, at::Tensor& out, at::Tensor& norms, 
     const T* in = x.const_data_ptr<T>();
     if (K <= 1 || sk == 1) {  // rows contiguous: widen and summarize row by row
       const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(K, 1));
-      at::parallel_for(0, B * R, grain, [&](int64_t begin, int64_t end) {
+      carbon::parallel_for(0, B * R, grain, [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
           const T* src = in + (r / R) * sb + (r % R) * sr;
           if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
@@ -329,7 +330,7 @@ void widen_operand_cpu(const at::Tensor& x, at::Tensor& out, at::Tensor& norms, 
     // transposing copy of panels of kPanelRows rows, then their statistics
     // (the panel is still in cache, at least in part).
     const int64_t panels = (R + kPanelRows - 1) / kPanelRows;
-    at::parallel_for(0, B * panels, 1, [&](int64_t begin, int64_t end) {
+    carbon::parallel_for(0, B * panels, 1, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const int64_t b = t / panels, r0 = (t % panels) * kPanelRows, r1 = std::min(R, r0 + kPanelRows);
         if (sr == 1) {
@@ -539,7 +540,7 @@ bool fp64_gemm_cpu(const at::Tensor& a64, const at::Tensor& bt64, const at::Tens
   double* c = approx.mutable_data_ptr<double>();
   // One task per block row of one batch matrix; the BLAS runs on one
   // thread inside the parallel region.
-  at::parallel_for(0, B * mb, 1, [&](int64_t begin, int64_t end) {
+  carbon::parallel_for(0, B * mb, 1, [&](int64_t begin, int64_t end) {
     const double one = 1.0, zero = 0.0;
     const int ld = static_cast<int>(K), ldc = static_cast<int>(N);
     for (int64_t t = begin; t < end; ++t) {
@@ -874,7 +875,7 @@ static void round_rows(const MatmulView& v, typename F::Bits* out, bool lower_on
 template <typename F>
 static void round_all(const MatmulView& v, typename F::Bits* out, bool lower_only) {
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(v.N, 1));
-  at::parallel_for(0, v.B * v.M, grain,
+  carbon::parallel_for(0, v.B * v.M, grain,
                    [&](int64_t begin, int64_t end) { round_rows<F>(v, out, lower_only, begin, end); });
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../dtypes.h"
+#include "../exact/fp_env.h"
 #include "../reduce/chain_tree.h"
 #include "norm.h"
 #include "norm_kernel.h"
@@ -1078,7 +1079,7 @@ void forward_rows(const NormArgs& a, at::Tensor& y_tensor) {
   float* rstd = a.rstd.mutable_data_ptr<float>();
   const int64_t depth = chain_depth(n);
   constexpr int kBits = F::get().precision;  // significant bits of an element
-  at::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
+  carbon::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
     std::vector<double> v(n);
     const bool lanes = use_lanes(), hw = lanes && default_fp_env();
     for (int64_t r = begin; r < end; ++r) {
@@ -1183,7 +1184,7 @@ void backward_rows(const NormArgs& a, const at::Tensor& dy_tensor, at::Tensor& d
   const int64_t rows = a.x.size(0), n = a.x.size(1);
   const std::vector<double> wv = decode_param(a.weight);
   auto* dx = static_cast<typename F::Bits*>(dx_tensor.mutable_data_ptr());
-  at::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
+  carbon::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
     RowBackward<T> row(a, a.x.const_data_ptr<T>(), dy_tensor.const_data_ptr<T>(), dx,
                        wv.empty() ? nullptr : wv.data());
     for (int64_t r = begin; r < end; ++r) row.run(r);
@@ -1311,7 +1312,7 @@ void finish_columns(const NormArgs& a, const at::Tensor& dy_tensor, const Column
   const float* rstd = a.rstd.const_data_ptr<float>();
   auto* dw = want_w ? static_cast<typename F::Bits*>(dw_tensor.mutable_data_ptr()) : nullptr;
   auto* db = want_b ? static_cast<typename F::Bits*>(db_tensor.mutable_data_ptr()) : nullptr;
-  at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+  carbon::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
     // Each column's blocks added in block order, the columns side by side
     // (contiguous rows of the partials, so the loop vectorizes).
     const int64_t width = end - begin;
@@ -1361,7 +1362,7 @@ void param_grads(const NormArgs& a, const at::Tensor& dy_tensor, at::Tensor& dw_
   const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk;
   const int64_t blocks = (n + kColumnBlock - 1) / kColumnBlock;
   ColumnPartials P(chunks, n);
-  at::parallel_for(0, chunks * blocks, 1, [&](int64_t begin, int64_t end) {
+  carbon::parallel_for(0, chunks * blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t tile = begin; tile < end; ++tile) {
       const int64_t c = tile / blocks, j0 = (tile % blocks) * kColumnBlock;
       const int64_t count = std::min(kRowChunk, rows - c * kRowChunk), width = std::min(kColumnBlock, n - j0);
@@ -1490,7 +1491,7 @@ void backward_fused(const NormArgs& a, const at::Tensor& dy_tensor, at::Tensor& 
   const std::vector<double> wv = decode_param(a.weight);
   auto* dx = static_cast<typename F::Bits*>(dx_tensor.mutable_data_ptr());
   const int64_t grain = std::max<int64_t>(1, grain_for(n) / kGradBlock);
-  at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
+  carbon::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
     std::vector<RowBackward<T>> group;
     for (int i = 0; i < kRowsPerAdd; ++i)
       group.emplace_back(a, a.x.const_data_ptr<T>(), dy_tensor.const_data_ptr<T>(), dx,

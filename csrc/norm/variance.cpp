@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../dtypes.h"
+#include "../exact/fp_env.h"
 #include "../reduce/chain_tree.h"
 #include "variance_kernel.h"
 
@@ -70,7 +71,7 @@ void var_mean_rows_cpu(const at::Tensor& x, int64_t divisor, at::Tensor& var, at
   with_element_type(x.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     const T* xp = static_cast<const T*>(x.const_data_ptr());
-    at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)), [&](int64_t begin, int64_t end) {
+    carbon::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)), [&](int64_t begin, int64_t end) {
       std::vector<double> scratch(n);
       for (int64_t r = begin; r < end; ++r) var_mean_row(xp + r * n, n, divisor, scratch.data(), vp + r, mp + r);
     });

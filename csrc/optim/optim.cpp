@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../dtypes.h"
+#include "../exact/fp_env.h"
 #include "../reduce/chain_tree.h"
 #include "adam_avx512.h"
 #include "sgd_avx512.h"
@@ -101,7 +102,7 @@ void for_pieces(const std::vector<int64_t>& numels, Fn&& fn) {
   };
   const int64_t n = static_cast<int64_t>(pieces.size());
   if (total < kGrain) return run(0, n);  // too little work for a parallel region
-  at::parallel_for(0, n, 1, run);
+  carbon::parallel_for(0, n, 1, run);
 }
 
 // ---- the steps on the CPU.
@@ -347,7 +348,7 @@ at::Tensor sum_squares_cpu(at::TensorList tensors, bool take_sqrt) {
     n += numel;
   }
   std::vector<double> partial(chunks.size());
-  at::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t begin, int64_t end) {
+  carbon::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       const Chunk& ch = chunks[c];
       with_element_type(tensors[ch.tensor].scalar_type(), [&](auto element) {

@@ -21,6 +21,7 @@
 #include <cmath>
 
 #include "../dtypes.h"
+#include "../exact/fp_env.h"
 #include "random.h"
 
 namespace carbon {
@@ -288,7 +289,7 @@ void random_cpu(const Params& params, const at::Tensor& in, at::Tensor& out) {
       const int64_t per_chunk = int64_t{kChunkBlocks} * values_per_block(kKind);
       const int64_t chunks = (n + per_chunk - 1) / per_chunk;
       const int64_t grain = kKind == Kind::kTruncNormal ? 8 : (kKind == Kind::kNormal ? 4 : 16);
-      at::parallel_for(0, chunks, grain, [&](int64_t begin, int64_t end) {
+      carbon::parallel_for(0, chunks, grain, [&](int64_t begin, int64_t end) {
         for (int64_t c = begin; c < end; ++c) {
           if constexpr (kKind == Kind::kTruncNormal)
             run_trunc_normal_chunk<F>(params, seed, offset, c, n, op);

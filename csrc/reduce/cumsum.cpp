@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 
 #include "../dtypes.h"
+#include "../exact/fp_env.h"
 #include "cumsum_kernel.h"
 
 namespace carbon {
@@ -17,7 +18,7 @@ void cumsum_rows_cpu(const at::Tensor& x, FormatId format, at::Tensor& out) {
     with_format(format, [&](auto fmt) {
       using F = decltype(fmt);
       auto* op = static_cast<typename F::Bits*>(out.mutable_data_ptr());
-      at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)), [&](int64_t begin, int64_t end) {
+      carbon::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)), [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) cumsum_row<T, F>(xp + r * n, n, op + r * n);
       });
     });

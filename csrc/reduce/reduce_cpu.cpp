@@ -20,6 +20,7 @@
 
 #include "../dtypes.h"
 #include "../exact/decide_block.h"
+#include "../exact/fp_env.h"
 #include "../exact/widen_avx512.h"
 #include "bf16_groups_avx512.h"
 #include "chain_tree.h"
@@ -249,7 +250,7 @@ void reduce_many_rows(const T* x, int64_t rows, int64_t n, bool mean, typename F
     }
     store<F>(value, out + r);
   };
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+  carbon::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     const bool v4 = use_v4();
     const int64_t depth = v4 ? chain_depth<kRowChains>(n) : chain_depth(n);
     const double factor = gamma_n(depth) * kBoundSlack;  // reduce_round_fast's beta / abs_sum
@@ -282,7 +283,7 @@ double reduce_long_row(const T* row, int64_t n, bool mean) {
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   auto chunk_len = [&](int64_t c) { return std::min(kChunk, n - c * kChunk); };
   std::vector<double> sums(chunks), abs_sums(chunks);
-  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+  carbon::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       const Sums s = chain_sums(row + c * kChunk, chunk_len(c));
       sums[c] = s.sum;
@@ -299,7 +300,7 @@ double reduce_long_row(const T* row, int64_t n, bool mean) {
   if (reduce_round_fast(sum, abs_sum, n, chunk_depth + of_sums.depth, mean, f, &value)) return value;
 
   std::vector<CompensatedSum> parts(chunks);
-  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+  carbon::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c)
       for (int64_t k = 0; k < chunk_len(c); ++k) compensated_add(parts[c], element_value(row[c * kChunk + k]));
   });
@@ -309,7 +310,7 @@ double reduce_long_row(const T* row, int64_t n, bool mean) {
 
   std::vector<std::array<int64_t, kLimbs>> limbs(chunks);
   std::vector<uint32_t> flags(chunks);
-  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+  carbon::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       exact_sum_clear(limbs[c].data(), flags[c]);
       for (int64_t k = 0; k < chunk_len(c); ++k)
@@ -480,7 +481,7 @@ void reduce_columns(const T* x, int64_t n, int64_t cols, bool mean, typename F::
   const int64_t blocks = (cols + kColumnBlock - 1) / kColumnBlock;
   const int64_t depth = kRowChunk + chunks + 1;
   std::vector<double> sums(chunks * cols), abs_sums(chunks * cols);
-  at::parallel_for(0, chunks * blocks, 1, [&](int64_t begin, int64_t end) {
+  carbon::parallel_for(0, chunks * blocks, 1, [&](int64_t begin, int64_t end) {
     const bool v4 = use_v4();
     for (int64_t tile = begin; tile < end; ++tile) {
       const int64_t c = tile / blocks, j0 = (tile % blocks) * kColumnBlock;
@@ -494,7 +495,7 @@ void reduce_columns(const T* x, int64_t n, int64_t cols, bool mean, typename F::
                                                             abs_sums.data() + c * cols + j0);
     }
   });
-  at::parallel_for(0, cols, 64, [&](int64_t begin, int64_t end) {
+  carbon::parallel_for(0, cols, 64, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) {
       double sum = 0.0, abs_sum = 0.0;
       for (int64_t c = 0; c < chunks; ++c) {

@@ -29,6 +29,7 @@
 
 #include "../dtypes.h"
 #include "../exact/decide_block.h"
+#include "../exact/fp_env.h"
 #include "../exact/widen_avx512.h"
 #include "scatter.h"
 #include "scatter_kernel.h"
@@ -388,7 +389,7 @@ void scatter_rows(const T* self, const T* source, const int64_t* order, const in
                   int64_t N, int64_t S, int64_t inner, typename F::Bits* out) {
   constexpr FloatFormat f = F::get();
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(inner, 1));
-  at::parallel_for(0, outer * S, grain, [&](int64_t begin, int64_t end) {
+  carbon::parallel_for(0, outer * S, grain, [&](int64_t begin, int64_t end) {
     double s[kColumnBlock], a[kColumnBlock], m[kColumnBlock];
     uint8_t pending[kColumnBlock];
     const bool v4 = use_v4();

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../dtypes.h"
+#include "../exact/fp_env.h"
 #include "../reduce/chain_tree.h"
 #include "softmax.h"
 #include "../convert/round_to.h"
@@ -395,7 +396,7 @@ struct RowScratch {
 
 template <typename T, typename F, bool kLog>
 void softmax_rows(const T* x, int64_t rows, int64_t n, typename F::Bits* out) {
-  at::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
+  carbon::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
     RowScratch scratch(n);
     for (int64_t r = begin; r < end; ++r)
       softmax_row<T, F, kLog>(x + r * n, n, scratch.t.data(), scratch.e.data(), out + r * n);
@@ -617,7 +618,7 @@ CARBON_CPU_CLONES void softmax_backward_row(const T* gr, const T* yr, int64_t n,
 // (Lambdas do not inherit target_clones: the loops live in the row functions.)
 template <typename T, typename F, bool kLog>
 void softmax_backward_rows(const T* g, const T* y, int64_t rows, int64_t n, typename F::Bits* out) {
-  at::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
+  carbon::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
     RowScratch scratch(kLog ? n : 0);
     for (int64_t r = begin; r < end; ++r)
       softmax_backward_row<T, F, kLog>(g + r * n, y + r * n, n, scratch.t.data(), scratch.e.data(), out + r * n);
@@ -629,7 +630,7 @@ template <typename T>
 void cross_entropy_rows(const T* x, const int64_t* target, int64_t N, int64_t C, int64_t ignore_index, double eps,
                         float* log_probs, float* loss) {
   using F32 = Format<FormatId::kFloat32>;
-  at::parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
+  carbon::parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
     RowScratch scratch(C);
     for (int64_t i = begin; i < end; ++i) {
       float* lsm = log_probs + i * C;
@@ -661,7 +662,7 @@ CARBON_CPU_CLONES void cross_entropy_grad_row(double coef, const float* lsm, int
 template <typename F>
 void cross_entropy_grad_rows(const double* coef, const float* log_probs, const int64_t* target, int64_t N, int64_t C,
                              int64_t ignore_index, double eps, typename F::Bits* out) {
-  at::parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
+  carbon::parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
     RowScratch scratch(C);
     for (int64_t i = begin; i < end; ++i) {
       typename F::Bits* o = out + i * C;
