@@ -28,11 +28,14 @@ REF = {"softmax": softmax_bits, "log_softmax": log_softmax_bits}
 def same_bits(gpu, cpu, context=""):
     assert gpu.device.type == "cuda", context
     assert gpu.dtype == cpu.dtype and gpu.shape == cpu.shape, f"{context}: {gpu.dtype} {gpu.shape} vs {cpu.dtype} {cpu.shape}"
-    got, want = as_bits(gpu), as_bits(cpu)
-    bad = (got != want).nonzero()
+    # Flattened: on a 0-dim tensor nonzero() has shape (1, 0) when the bits
+    # differ, so its numel() is 0 and a 0-dim mismatch would pass unseen.
+    got, want = as_bits(gpu).reshape(-1), as_bits(cpu).reshape(-1)
+    bad = (got != want).nonzero().flatten()
     assert bad.numel() == 0, (
-        f"{context}: {bad.shape[0]} of {got.numel()} outputs differ between GPU and CPU, first at "
-        f"{bad[:5].tolist()}: GPU {gpu.cpu()[tuple(bad[0])].item()!r} vs CPU {cpu[tuple(bad[0])].item()!r}")
+        f"{context}: {bad.numel()} of {got.numel()} outputs differ between GPU and CPU, first at flat index "
+        f"{bad[:5].tolist()}: GPU {gpu.detach().cpu().reshape(-1)[bad[0]].item()!r} vs "
+        f"CPU {cpu.detach().reshape(-1)[bad[0]].item()!r}")
 
 
 def values(shape, dtype, g, wide=False):
