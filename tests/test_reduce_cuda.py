@@ -15,7 +15,9 @@ from data import (
     BF16, DTYPE_PAIRS, DTYPES, F16, F32, dim_spellings, exact_tensor, finite_bit_patterns, generator,
     midpoint_mean_rows, random_values, reduction_values, tie_rows,
 )
-from oracle import as_bits, assert_bits_equal, bits_tensor, mean_bits, round_bits, round_to_bits, sum_bits
+from oracle import (
+    as_bits, assert_bits_equal, bits_tensor, mean_bits, round_bits, round_to_bits, row_quotient_bits, sum_bits,
+)
 
 pytestmark = [
     pytest.mark.cuda,
@@ -306,3 +308,80 @@ def test_no_host_synchronization():
     torch.cuda.synchronize()
     same_bits(outs[0], carbon.sum(x.cpu(), 1), "sum after sync-free run")
     same_bits(outs[5], carbon.mean(big.cpu()), "mean after sync-free run")
+
+
+# ---------------------------------------------------------------- cumsum_rows
+
+def cumsum(x, out_dtype=None):
+    return torch.ops.carbon.cumsum_rows(x, out_dtype)
+
+
+def cumsum_oracle_bits(x, out_dtype=None):
+    """RN(x[r, 0] + ... + x[r, i]) of every prefix, from tests/oracle.py."""
+    dtype = out_dtype or x.dtype
+    rows = x.double().tolist()
+    return bits_tensor([[row_quotient_bits(row[: i + 1], 1, dtype) for i in range(len(row))] for row in rows], dtype)
+
+
+@pytest.mark.parametrize("in_dtype,out_dtype", DTYPE_PAIRS)
+def test_cumsum_rows_gpu_equals_cpu(in_dtype, out_dtype):
+    """One GPU thread per row (csrc/reduce/cumsum_cuda.cu): random rows, many
+    rows (several per thread over the grid), long rows, empty shapes."""
+    g = generator(220)
+    for shape in ((1, 1), (3, 7), (5000, 3), (300, 65), (2, 5000), (1, 1 << 16), (0, 4), (4, 0)):
+        x = random_values(shape, in_dtype, g)
+        out = cumsum(x.to(DEV), out_dtype)
+        same_bits(out, cumsum(x, out_dtype), f"cumsum {shape} {in_dtype}->{out_dtype}")
+    x = random_values((3, 40), in_dtype, g)
+    assert_bits_equal(cumsum(x.to(DEV), out_dtype).cpu(), cumsum_oracle_bits(x, out_dtype), "cumsum vs oracle")
+
+
+@pytest.mark.parametrize("in_dtype,out_dtype", [(F32, None), (F32, BF16), (BF16, None), (F16, F32)])
+def test_cumsum_rows_ties_specials_and_layouts(in_dtype, out_dtype):
+    """Prefixes on ties and cancellations (the exact accumulator's path),
+    NaN / inf / signed zeros, and non-contiguous inputs."""
+    rng = random.Random(221)
+    ties = exact_tensor(tie_rows(in_dtype, out_dtype or in_dtype, 32, 48, 0.0, rng), in_dtype)
+    big = 2.0**100 if in_dtype == F32 else 2.0**12
+    special = torch.tensor([  # every value exact in each dtype
+        [big, 1.0, -big, 3.0, -1.0, 0.5],
+        [-0.0, -0.0, 0.0, -0.0, 1.0, -1.0],
+        [1.0, NAN, 2.0, 3.0, -INF, 1.0],
+        [INF, 1.0, -INF, 2.0, 0.0, 0.0],
+        [-INF, -INF, 1.0, 2.0, -0.0, 0.0],
+    ], dtype=torch.float64).to(in_dtype)
+    for name, x in (("ties", ties), ("specials", special)):
+        out = cumsum(x.to(DEV), out_dtype)
+        same_bits(out, cumsum(x, out_dtype), f"cumsum {name} {in_dtype}->{out_dtype}")
+        assert_bits_equal(out.cpu(), cumsum_oracle_bits(x, out_dtype), f"cumsum {name} vs oracle")
+    wide = random_values((48, 70), in_dtype, generator(222))
+    for name, view in (("transposed", lambda t: t.t()), ("strided", lambda t: t[:, ::3]), ("offset", lambda t: t[5:, 7:])):
+        out = cumsum(view(wide.to(DEV)), out_dtype)
+        same_bits(out, cumsum(view(wide), out_dtype), f"cumsum {name} {in_dtype}->{out_dtype}")
+
+
+def test_cumsum_rows_no_sync_and_cuda_graph():
+    rng = random.Random(223)
+    x0 = exact_tensor(tie_rows(F32, F32, 64, 48, 0.0, rng), F32)
+    static_x = x0.to(DEV)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        eager = cumsum(static_x, BF16)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    same_bits(eager, cumsum(x0, BF16), "cumsum after a sync-free run")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up outside the capture
+        cumsum(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = cumsum(static_x)
+    for new_x in (x0, random_values((64, 48), F32, generator(224)),
+                  exact_tensor(tie_rows(F32, F32, 64, 48, 2.0**-60, rng), F32)):
+        static_x.copy_(new_x.to(DEV))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_bits_equal(out.cpu(), as_bits(cumsum(new_x)), "graph: cumsum_rows")
