@@ -20,6 +20,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
+DEV = "cuda"
 INF, NAN = math.inf, math.nan
 OPS = {"softmax": carbon.softmax, "log_softmax": carbon.log_softmax}
 REF = {"softmax": softmax_bits, "log_softmax": log_softmax_bits}
@@ -195,3 +196,121 @@ def test_cross_entropy_out_of_range_target_is_nan_on_cuda():
     assert math.isnan(mean.item())
     mean.backward()
     assert x.grad[1].isnan().all() and not x.grad[0].isnan().any()
+
+
+def test_non_contiguous_inputs_and_gradients():
+    """Views of a GPU tensor (transposed, strided, offset) along either dim,
+    with a non-contiguous incoming gradient: the CPU's bits."""
+    g = generator(6)
+    base = values((40, 300), F32, g, wide=True)
+    grad_base = values((300, 40), F32, g)
+    views = [(lambda t: t.t(), 0), (lambda t: t.t(), 1), (lambda t: t[:, ::3], 1), (lambda t: t[3:, 5:], 0)]
+    for op in OPS:
+        for view, dim in views:
+            x_cpu, x_gpu = view(base), view(base.to(DEV))
+            grad_cpu = view(grad_base.t())
+            grad_gpu = view(grad_base.to(DEV).t())
+            y_cpu, dx_cpu = forward_backward(op, x_cpu, dim, None, grad_cpu)
+            y_gpu, dx_gpu = forward_backward(op, x_gpu, dim, None, grad_gpu)
+            ctx = f"{op} view {tuple(x_cpu.shape)} strides {x_gpu.stride()} dim={dim}"
+            same_bits(OPS[op](x_gpu, dim), y_cpu, ctx + " (the view itself)")
+            same_bits(y_gpu, y_cpu, ctx)
+            same_bits(dx_gpu, dx_cpu, "grad " + ctx)
+        x = values((6, 50, 7), BF16, g)
+        y = OPS[op](x.to(DEV).permute(2, 0, 1), 2, dtype=F32)
+        same_bits(y, OPS[op](x.permute(2, 0, 1), 2, dtype=F32), f"{op} permuted 3-D")
+
+
+def _softmax_family_ops(x, t, g, gl):
+    """Every CUDA kernel of csrc/softmax/softmax_cuda.cu, through the raw ops
+    (no autograd): softmax, log_softmax, their gradients, cross-entropy
+    (mean with label smoothing) and its gradient."""
+    ops = torch.ops.carbon
+    y = ops.softmax(x, 1, None)
+    ly = ops.log_softmax(x, 1, BF16)
+    dy = ops.softmax_backward(g, y, 1, F32)
+    dly = ops.log_softmax_backward(g.to(BF16), ly, 1, F32)
+    loss, log_probs, count = ops.cross_entropy(x, t, 1, -100, 0.1)
+    dx = ops.cross_entropy_backward(gl, log_probs, t, count, 1, -100, 0.1, F32)
+    losses, _, _ = ops.cross_entropy(x, t, 0, -100, 0.0)
+    return [y, ly, dy, dly, loss, log_probs, count, dx, losses]
+
+
+def test_no_host_synchronization_and_cuda_graph_replay():
+    """The kernels never wait for the device (CUDA graph capture needs it):
+    an eager run under sync-debug "error", then one capture replayed on new
+    data, each result the CPU's bits."""
+    g = generator(7)
+    N, C = 33, 517
+
+    def data():
+        x = values((N, C), F32, g, wide=True)
+        x[4] = -INF  # a fully masked row
+        t = torch.randint(0, C, (N,), generator=g)
+        t[::5] = -100
+        t[4] = -100  # (its loss would be +inf, and so every mean)
+        return x, t, values((N, C), F32, g), torch.tensor(1.5)
+
+    def check(got, inputs, context):
+        want = _softmax_family_ops(*inputs)
+        for k, (a, b) in enumerate(zip(got, want)):
+            if b.dtype == torch.int64:
+                assert torch.equal(a.cpu(), b), f"{context}: count"
+            else:
+                same_bits(a, b, f"{context}: result {k}")
+
+    inputs = data()
+    static = [v.to(DEV) for v in inputs]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        eager = _softmax_family_ops(*static)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    check(eager, inputs, "eager")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up outside the capture
+        _softmax_family_ops(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _softmax_family_ops(*static)
+    for replay in range(2):
+        new = data()
+        for s_, v in zip(static, new):
+            s_.copy_(v.to(DEV))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(captured, new, f"graph replay {replay}")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_tensors_on_a_device_that_is_not_current():
+    """Inputs on cuda:1 while cuda:0 is current: the kernels run on cuda:1
+    (CUDAGuard) and return the CPU's bits."""
+    g = generator(8)
+    x = values((17, 1000), BF16, g)
+    t = torch.randint(0, 1000, (17,), generator=g)
+    t[2] = -100
+    grad = values((17, 1000), BF16, g)
+    dev = torch.device("cuda", 1)
+    with torch.cuda.device(0):
+        for op in OPS:
+            y_cpu, dx_cpu = forward_backward(op, x, 1, None, grad)
+            y_gpu, dx_gpu = forward_backward(op, x.to(dev), 1, None, grad.to(dev))
+            assert y_gpu.device == dev and dx_gpu.device == dev
+            same_bits(y_gpu, y_cpu, f"{op} on cuda:1")
+            same_bits(dx_gpu, dx_cpu, f"grad {op} on cuda:1")
+        for reduction in ("none", "mean"):
+            outs = []
+            for device in ("cpu", dev):
+                xl = x.to(device).requires_grad_()
+                loss = carbon.cross_entropy(xl, t.to(device), reduction, label_smoothing=0.1)
+                loss.backward(torch.ones_like(loss))
+                outs.append((loss, xl.grad))
+            assert outs[1][0].device == dev
+            same_bits(outs[1][0], outs[0][0], f"cross_entropy {reduction} on cuda:1")
+            same_bits(outs[1][1], outs[0][1], f"grad cross_entropy {reduction} on cuda:1")
+        with pytest.raises(ValueError, match="one device"):
+            carbon.cross_entropy(x.to(dev), t.to("cuda:0"))
