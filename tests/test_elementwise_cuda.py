@@ -87,3 +87,50 @@ def test_pow_ops_gpu_equals_cpu(dtype):
     for base in (10000.0, 0.5, 2.0):
         same_bits(torch.ops.carbon.pow_scalar_tensor(base, x.cuda()), torch.ops.carbon.pow_scalar_tensor(base, x),
                   f"{base}^y")
+
+
+def _elementwise_family_ops(x, g):
+    """One call of each CUDA kernel of csrc/elementwise/: a forward, a
+    backward, and both pow ops."""
+    ops = torch.ops.carbon
+    return [ops.gelu(x, "tanh"), ops.elementwise_backward(g, x, "silu"),
+            ops.pow_tensor_scalar(x, 1.5), ops.pow_scalar_tensor(0.5, x)]
+
+
+def test_cuda_graph_capture_and_replay():
+    gen = torch.Generator().manual_seed(12)
+    inputs = [torch.randn(1000, 33, generator=gen) * 4, torch.randn(1000, 33, generator=gen)]
+    static = [t.cuda() for t in inputs]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up outside the capture
+        _elementwise_family_ops(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _elementwise_family_ops(*static)
+    for replay in range(2):
+        new = [torch.randn(1000, 33, generator=gen) * 4, torch.randn(1000, 33, generator=gen)]
+        for s_, v in zip(static, new):
+            s_.copy_(v.cuda())
+        graph.replay()
+        torch.cuda.synchronize()
+        for k, (got, want) in enumerate(zip(captured, _elementwise_family_ops(*new))):
+            same_bits(got, want, f"graph replay {replay}: result {k}")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_tensors_on_a_device_that_is_not_current():
+    """Inputs on cuda:1 while cuda:0 is current: the kernels run on cuda:1
+    (CUDAGuard) and return the CPU's bits; a grad on another device is refused."""
+    gen = torch.Generator().manual_seed(13)
+    x, g = torch.randn(4099, generator=gen).to(torch.bfloat16), torch.randn(4099, generator=gen).to(torch.bfloat16)
+    dev = torch.device("cuda", 1)
+    with torch.cuda.device(0):
+        for got, want in zip(_elementwise_family_ops(x.to(dev), g.to(dev)), _elementwise_family_ops(x, g)):
+            assert got.device == dev
+            same_bits(got, want, "on cuda:1")
+        with pytest.raises(ValueError, match="one device"):
+            torch.ops.carbon.elementwise_backward(g.to("cuda:0"), x.to(dev), "exp")
+        with pytest.raises(ValueError, match="one device"):
+            torch.ops.carbon.elementwise_backward(g, x.to(dev), "exp")
