@@ -86,3 +86,46 @@ def test_batch_invariance_on_gpu():
     full = carbon.scaled_dot_product_attention(q, k, v, is_causal=True)
     alone = carbon.scaled_dot_product_attention(q[5:6], k[5:6], v[5:6], is_causal=True)
     assert torch.equal(as_bits(full[5:6]), as_bits(alone))
+
+
+def test_attention_logits_empty_graph_and_strided_mask():
+    """attention_logits on CUDA: empty scores (no launch), a mask view with
+    zero strides and an offset, and a CUDA graph replayed on new scores."""
+    g = generator(9)
+    for shape in ((0, 3, 4), (2, 0, 4), (2, 3, 0)):
+        out = torch.ops.carbon.attention_logits(torch.empty(shape, device="cuda"), 0.5, None, True)
+        assert out.shape == shape and out.device.type == "cuda"
+    s = torch.randn(4, 9, 13, generator=g)
+    base = torch.randn(3, 20, 30, generator=g).to(torch.float16)
+    mask = base[1:2, 2:11, 5:18].expand(4, 9, 13)  # stride 0 in dim 0, a storage offset
+    _same(torch.ops.carbon.attention_logits(s.cuda(), 0.3, base.cuda()[1:2, 2:11, 5:18].expand(4, 9, 13), False),
+          torch.ops.carbon.attention_logits(s, 0.3, mask, False), "strided mask")
+    static_s, static_m = s.cuda(), mask.cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up outside the capture
+        torch.ops.carbon.attention_logits(static_s, 0.3, static_m, True)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        z = torch.ops.carbon.attention_logits(static_s, 0.3, static_m, True)
+    for _ in range(2):
+        new = torch.randn(4, 9, 13, generator=g)
+        static_s.copy_(new.cuda())
+        graph.replay()
+        torch.cuda.synchronize()
+        _same(z, torch.ops.carbon.attention_logits(new, 0.3, mask, True), "graph replay")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_attention_on_a_device_that_is_not_current():
+    q, k, v = _qkv((2, 2, 21, 8), torch.float32, seed=10)
+    dev = torch.device("cuda", 1)
+    with torch.cuda.device(0):
+        cpu = carbon.scaled_dot_product_attention(q, k, v, is_causal=True)
+        gpu = carbon.scaled_dot_product_attention(q.to(dev), k.to(dev), v.to(dev), is_causal=True)
+        assert gpu.device == dev
+        _same(gpu, cpu, "attention on cuda:1")
+        s = torch.randn(2, 5, 6, generator=generator(11))
+        with pytest.raises(ValueError, match="one device"):
+            torch.ops.carbon.attention_logits(s.to(dev), 0.5, s.to("cuda:0"), False)
