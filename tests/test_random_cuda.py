@@ -71,3 +71,48 @@ def test_init_matches_cpu():
         fn(wg, generator=gen(3))
         fn(wc, generator=gen(3))
         same_bits(wg, wc)
+
+
+def test_sizes_around_the_counter_packing():
+    """Element i depends on (seed, offset, i) only: every draw of n values is
+    the first n of a longer draw, on the GPU as on the CPU, for n around the
+    4 (uniform, bernoulli, dropout) and 2 (normal) values per Philox block."""
+    seed, offset = 12345, 7
+    for dtype in DTYPES:
+        long = {name: draw(4 * 1031, "cuda") for name, draw in _prefix_draws(dtype, seed, offset).items()}
+        for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 255, 256, 257, 1023, 1024, 1025):
+            for name, draw in _prefix_draws(dtype, seed, offset).items():
+                short_gpu, short_cpu = draw(n, "cuda"), draw(n, "cpu")
+                same_bits(short_gpu, short_cpu)
+                assert torch.equal(as_bits(short_gpu), as_bits(long[name])[:n]), f"{name} {dtype} n={n}"
+
+
+def _prefix_draws(dtype, seed, offset):
+    x = torch.randn(4 * 1031, generator=torch.Generator().manual_seed(3)).to(dtype)
+    return {
+        "uniform": lambda n, d: carbon.rand(n, dtype=dtype, device=d, generator=gen(seed, offset)),
+        "normal": lambda n, d: carbon.randn(n, dtype=dtype, device=d, generator=gen(seed, offset)),
+        "trunc_normal": lambda n, d: carbon.random.trunc_normal((n,), 0.0, 1.0, -0.5, 0.5, dtype=dtype, device=d,
+                                                               generator=gen(seed, offset)),
+        "dropout": lambda n, d: carbon.dropout(x[:n].to(d), 0.4, generator=gen(seed, offset)),
+        "bernoulli": lambda n, d: carbon.bernoulli(x[:n].abs().clamp(max=1).to(d), generator=gen(seed, offset)),
+    }
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_draws_on_a_device_that_is_not_current():
+    """A generator and a draw on cuda:1 while cuda:0 is current: the CPU's
+    bits; a state on another GPU than the draw is refused."""
+    dev = torch.device("cuda", 1)
+    with torch.cuda.device(0):
+        g1, cpu = carbon.Generator(dev, seed=21), carbon.Generator(seed=21)
+        x = torch.randn(1001)
+        got = [carbon.rand(1001, device=dev, generator=g1), carbon.randn(1001, device=dev, generator=g1),
+               carbon.dropout(x.to(dev), 0.3, generator=g1)]
+        want = [carbon.rand(1001, generator=cpu), carbon.randn(1001, generator=cpu), carbon.dropout(x, 0.3, generator=cpu)]
+        for a, b in zip(got, want):
+            assert a.device == dev
+            same_bits(a, b)
+        assert g1.offset == 3
+        with pytest.raises(RuntimeError, match="the state is on"):
+            carbon.rand(8, device="cuda:0", generator=g1)
