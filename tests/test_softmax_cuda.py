@@ -6,6 +6,7 @@ batch invariance. A few results are also checked against the reference of
 tests/softmax_reference.py. Skipped without a GPU."""
 
 import math
+import zlib
 
 import pytest
 import torch
@@ -58,7 +59,9 @@ SHAPES = [((1, 1), 1), ((3, 7), 1), ((64, 100), -1), ((17, 1000), 1), ((4, 5000)
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("in_dtype,out_dtype", DTYPE_PAIRS)
 def test_gpu_equals_cpu(op, in_dtype, out_dtype):
-    g = generator(hash((op, str(in_dtype), str(out_dtype))) % 2**31)
+    # crc32, not hash(): str hashes change with each process (PYTHONHASHSEED), and a
+    # failure seen in the scarce GPU time must be reproducible with the same data.
+    g = generator(zlib.crc32(f"{op} {in_dtype} {out_dtype}".encode()))
     for shape, dim in SHAPES:
         for wide in (False, True):
             x = values(shape, in_dtype, g, wide)
