@@ -45,9 +45,11 @@ def check(op: str, x, dim=None, keepdim=False, dtype=None, context=""):
 def same_bits(x, y, context=""):
     assert x.dtype == y.dtype and tuple(x.shape) == tuple(y.shape), (
         f"{context}: {x.dtype} {tuple(x.shape)} vs {y.dtype} {tuple(y.shape)}")
-    bx, by = as_bits(x), as_bits(y)
-    bad = (bx != by).nonzero()
-    assert bad.numel() == 0, f"{context}: {bad.shape[0]} outputs differ, first at {bad[:5].tolist()}"
+    # Flattened: on 0-dim tensors nonzero() has shape (1, 0) when the bits
+    # differ, numel 0, so a 0-dim mismatch would pass unseen.
+    bx, by = as_bits(x).reshape(-1), as_bits(y).reshape(-1)
+    bad = (bx != by).nonzero().flatten()
+    assert bad.numel() == 0, f"{context}: {bad.numel()} outputs differ, first at flat index {bad[:5].tolist()}"
 
 
 def hand_bits(kind: str, dtype) -> int:
