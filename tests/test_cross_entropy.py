@@ -292,6 +292,11 @@ def test_errors():
         back(torch.tensor(1.0), lp, t, count, 1, -100, 0.0, torch.float64)
     with pytest.raises(ValueError, match="log_probs"):
         back(torch.tensor(1.0), lp.to(BF16), t, count, 1, -100, 0.0, F32)
+    # (the kernels read target[i] of every row and count[0]: unchecked on CUDA)
+    with pytest.raises(ValueError, match="target must be the int64"):
+        back(torch.tensor(1.0), lp, t[:-1], count, 1, -100, 0.0, F32)
+    with pytest.raises(ValueError, match="count must be"):
+        back(torch.tensor(1.0), lp, t, count.reshape(1)[:0], 1, -100, 0.0, F32)
 
 
 # ---------------------------------------------------------------- sanity against torch (not bitwise)

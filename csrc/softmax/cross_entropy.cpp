@@ -72,6 +72,13 @@ at::Tensor cross_entropy_backward(const at::Tensor& grad, const at::Tensor& log_
                     " elements, expected ", (reduction == 0 ? N : 1));
   for (const at::Tensor* t : {&grad, &target, &count})
     TORCH_CHECK_VALUE(t->device() == log_probs.device(), "carbon.", op, ": expected all tensors on one device");
+  // The kernels read target[i] for every row and count[0] (the CUDA kernel
+  // unchecked, on the device): a shorter target would be read out of bounds.
+  TORCH_CHECK_VALUE(target.scalar_type() == at::kLong && target.dim() == 1 && target.size(0) == N, "carbon.", op,
+                    ": target must be the int64 [N] class indices, got ", target.scalar_type(), " of shape ",
+                    target.sizes(), " for ", N, " rows");
+  TORCH_CHECK_VALUE(count.scalar_type() == at::kLong && count.numel() == 1, "carbon.", op,
+                    ": count must be the int64 count saved by carbon.cross_entropy");
   at::Tensor out = at::empty(log_probs.sizes(), log_probs.options().dtype(out_dtype));
   if (out.numel() == 0) return out;
   const at::Tensor g = grad.contiguous(), t = target.contiguous(), lp = log_probs.contiguous();
