@@ -199,3 +199,17 @@ def test_var_mean_rows_match_cpu(dtype):
         same_outputs(var_mean(x.cuda(), 1), var_mean(x, 1), f"empty {shape}")
     x = norm_data(40, 7, dtype, 3).t()  # (7, 40), not contiguous
     same_outputs(var_mean(x.cuda(), 1), var_mean(x, 1), "strided")
+
+
+def test_mixed_devices_are_refused():
+    x = norm_data(4, 8, F32, 41).cuda()
+    w, b = params((8,), F32, "both", 41)
+    with pytest.raises(ValueError, match="expected all tensors on one device"):
+        torch.ops.carbon.layer_norm(x, [8], w, None, 1e-5)
+    with pytest.raises(ValueError, match="expected all tensors on one device"):
+        torch.ops.carbon.rms_norm(x, [8], w, None)
+    y, mean, rstd = torch.ops.carbon.layer_norm(x, [8], w.cuda(), b.cuda(), 1e-5)
+    with pytest.raises(ValueError, match="expected all tensors on one device"):
+        backward(torch.ones(4, 8), x, [8], mean, rstd, w.cuda(), [True, True, True])
+    with pytest.raises(ValueError, match="expected all tensors on one device"):
+        backward(torch.ones(4, 8, device="cuda"), x, [8], mean, rstd.cpu(), w.cuda(), [True, True, True])

@@ -176,3 +176,25 @@ def test_tensors_on_a_non_current_device():
         cpu = run(kind, hp, torch.bfloat16, "cpu", steps=2, clip=dict(max_norm=0.5), shapes=shapes)
         for a, b in zip(gpu, cpu):
             assert torch.equal(as_bits(a), as_bits(b))
+
+
+def test_sum_squares_exact_tier_over_many_blocks():
+    """A sum of squares exactly at a float32 midpoint, 1 + 2^-24, spread over a
+    large tensor (4096 squares of 2^-18 among zeros, so the exact tier's
+    accumulators come from many blocks and chunks): ties to even give 1; one
+    more tiny square breaks the tie upwards."""
+    for dtype in DTYPES:
+        spread = torch.zeros(300_000, dtype=dtype)
+        spread[::73][:4096] = 2.0**-18 if dtype != torch.float16 else 2.0**-9
+        one = torch.ones(1, dtype=dtype)
+        # float16 cannot hold 2^-18: 4096 squares of 2^-9 make 2^-6, over a one of 2^9 (tie: 2^18 + 2^-6, ulp 2^-5 at 2^18).
+        if dtype == torch.float16:
+            one = torch.full((1,), 2.0**9, dtype=dtype)
+        gpu = torch.ops.carbon.sum_squares([spread.cuda(), one.cuda()])
+        cpu = torch.ops.carbon.sum_squares([spread, one])
+        assert torch.equal(as_bits(gpu), as_bits(cpu)), dtype
+        assert float(gpu) == float(one) ** 2, dtype  # the tie, to even
+        nudge = torch.tensor([2.0**-20 if dtype != torch.float16 else 2.0**-14], dtype=dtype)
+        gpu = torch.ops.carbon.sum_squares([spread.cuda(), one.cuda(), nudge.cuda()], True)
+        cpu = torch.ops.carbon.sum_squares([spread, one, nudge], True)
+        assert torch.equal(as_bits(gpu), as_bits(cpu)), dtype

@@ -162,3 +162,14 @@ def test_tensors_on_a_non_current_device():
     assert out.device == dev and back.device == dev
     same_bits(out, carbon.index_add(self, 0, index, src), "index_add on cuda:1")
     same_bits(back, torch.ops.carbon.embedding_backward(src, index, 16, -1), "embedding_backward on cuda:1")
+
+
+def test_mixed_devices_are_refused():
+    self, src = torch.zeros(4, 3, device="cuda"), torch.ones(5, 3, device="cuda")
+    index = torch.tensor([0, 1, 1, 3, 2])
+    with pytest.raises(ValueError, match="expected all tensors on one device"):
+        carbon.index_add(self, 0, index, src)
+    with pytest.raises(ValueError, match="expected all tensors on one device"):
+        carbon.index_add(self, 0, index.cuda(), src.cpu())
+    with pytest.raises(ValueError, match="expected all tensors on one device"):
+        torch.ops.carbon.embedding_backward(src, index, 4, -1)
