@@ -30,8 +30,8 @@ CONFIGS = [
 ]
 
 
-def run(kind, hp, dtype, device, steps=4, clip=None, scale=1.0):
-    params = [torch.nn.Parameter(wide_values(s, dtype, i).to(device)) for i, s in enumerate([(70, 33), (100003,)])]
+def run(kind, hp, dtype, device, steps=4, clip=None, scale=1.0, shapes=((70, 33), (100003,))):
+    params = [torch.nn.Parameter(wide_values(s, dtype, i).to(device)) for i, s in enumerate(shapes)]
     opt = getattr(carbon.optim, kind)(params, **hp)
     norms = []
     for step in range(steps):
@@ -96,3 +96,105 @@ def test_device_errors():
                                     True, False)
     with pytest.raises(ValueError, match="on one device"):
         torch.ops.carbon.sum_squares([p, torch.ones(2)])
+
+
+@pytest.mark.parametrize("kind,hp", [CONFIGS[2], CONFIGS[4]])
+def test_empty_and_tiny_parameters(kind, hp):
+    """Empty parameters (no launch), one-element ones and a tail shorter than a
+    block, with clipping over them (empty gradients are left out of the norm)."""
+    shapes = ((0,), (1,), (3, 0), (5,), (257,))
+    clip = dict(max_norm=0.5)
+    for dtype in DTYPES:
+        gpu = run(kind, hp, dtype, "cuda", steps=2, clip=clip, shapes=shapes)
+        cpu = run(kind, hp, dtype, "cpu", steps=2, clip=clip, shapes=shapes)
+        for a, b in zip(gpu, cpu):
+            assert torch.equal(as_bits(a), as_bits(b))
+
+
+def test_graph_capture_of_clip_and_sgd_step():
+    """clip_grad_norm_ and SGD's step keep every value on the device (the
+    total norm, the clip coefficient, the states), so a CUDA graph captures
+    them; its replays, with new gradients copied in, give the CPU's bits."""
+    dtype = torch.bfloat16
+    shapes = ((70, 33), (1000,))
+    grads = [[wide_values(s, dtype, 100 * k + i) for i, s in enumerate(shapes)] for k in range(4)]
+    hp, clip = dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01), dict(max_norm=0.5)
+
+    def make(device):
+        params = [torch.nn.Parameter(wide_values(s, dtype, i).to(device)) for i, s in enumerate(shapes)]
+        return params, carbon.optim.SGD(params, **hp)
+
+    cpu_params, cpu_opt = make("cpu")
+    cpu_norms = []
+    for k in range(4):
+        for p, g in zip(cpu_params, grads[k]):
+            p.grad = g.clone()
+        cpu_norms.append(carbon.nn.utils.clip_grad_norm_(cpu_params, **clip))
+        cpu_opt.step()
+
+    params, opt = make("cuda")
+    for p, g in zip(params, grads[0]):
+        p.grad = g.cuda()
+
+    def step():
+        total = carbon.nn.utils.clip_grad_norm_(params, **clip)
+        opt.step()
+        return total
+
+    norms = []
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # two eager steps (the first creates the momentum buffers)
+        norms.append(step().clone())
+        for p, g in zip(params, grads[1]):
+            p.grad.copy_(g)
+        norms.append(step().clone())
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_total = step()
+    for k in (2, 3):
+        for p, g in zip(params, grads[k]):
+            p.grad.copy_(g)
+        graph.replay()
+        norms.append(static_total.clone())
+    torch.cuda.synchronize()
+    for a, b in zip(params, cpu_params):
+        assert torch.equal(as_bits(a.detach()), as_bits(b.detach())), "parameters"
+        assert torch.equal(as_bits(opt.state[a]["momentum_buffer"]), as_bits(cpu_opt.state[b]["momentum_buffer"]))
+    for k, (a, b) in enumerate(zip(norms, cpu_norms)):
+        assert torch.equal(as_bits(a), as_bits(b)), f"total norm of step {k + 1}"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_tensors_on_a_non_current_device():
+    """Steps, norms and clipping run on the tensors' device (a device guard)."""
+    shapes = ((70, 33), (1000,))
+    for kind, hp in (CONFIGS[2], CONFIGS[4]):
+        with torch.cuda.device(0):
+            gpu = run(kind, hp, torch.bfloat16, "cuda:1", steps=2, clip=dict(max_norm=0.5), shapes=shapes)
+        cpu = run(kind, hp, torch.bfloat16, "cpu", steps=2, clip=dict(max_norm=0.5), shapes=shapes)
+        for a, b in zip(gpu, cpu):
+            assert torch.equal(as_bits(a), as_bits(b))
+
+
+def test_sum_squares_exact_tier_over_many_blocks():
+    """A sum of squares exactly at a float32 midpoint, 1 + 2^-24, spread over a
+    large tensor (4096 squares of 2^-18 among zeros, so the exact tier's
+    accumulators come from many blocks and chunks): ties to even give 1; one
+    more tiny square breaks the tie upwards."""
+    for dtype in DTYPES:
+        spread = torch.zeros(300_000, dtype=dtype)
+        spread[::73][:4096] = 2.0**-18 if dtype != torch.float16 else 2.0**-9
+        one = torch.ones(1, dtype=dtype)
+        # float16 cannot hold 2^-18: 4096 squares of 2^-9 make 2^-6, over a one of 2^9 (tie: 2^18 + 2^-6, ulp 2^-5 at 2^18).
+        if dtype == torch.float16:
+            one = torch.full((1,), 2.0**9, dtype=dtype)
+        gpu = torch.ops.carbon.sum_squares([spread.cuda(), one.cuda()])
+        cpu = torch.ops.carbon.sum_squares([spread, one])
+        assert torch.equal(as_bits(gpu), as_bits(cpu)), dtype
+        assert float(gpu) == float(one) ** 2, dtype  # the tie, to even
+        nudge = torch.tensor([2.0**-20 if dtype != torch.float16 else 2.0**-14], dtype=dtype)
+        gpu = torch.ops.carbon.sum_squares([spread.cuda(), one.cuda(), nudge.cuda()], True)
+        cpu = torch.ops.carbon.sum_squares([spread, one, nudge], True)
+        assert torch.equal(as_bits(gpu), as_bits(cpu)), dtype

@@ -93,3 +93,83 @@ def test_no_host_sync():
         torch.ops.carbon.embedding_backward(src, index, 16, -1)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_strided_int32_and_multi_dim_inputs(dtype):
+    """Non-contiguous self / source / index (the ops make them contiguous),
+    int32 indices, a middle dim with inner columns: the CPU's bits."""
+    g = generator(9)
+    spread = 40 if dtype != F16 else 6
+    self = random_values((96, 20), dtype, g).t()  # (20, 96), strided
+    source = random_values((96, 300), dtype, g, spread=spread).t()  # (300, 96), strided
+    index = heavy(600, 20, g).to(torch.int32)[::2]  # 300 int32 indices, stride 2
+    same_bits(carbon.index_add(self.cuda(), 0, index.cuda(), source.cuda()), carbon.index_add(self, 0, index, source),
+              f"strided index_add {dtype}")
+    self3 = random_values((3, 10, 7), dtype, g)
+    source3 = random_values((3, 7, 40), dtype, g, spread=spread).transpose(1, 2)  # (3, 40, 7), strided
+    index3 = heavy(40, 10, g)
+    same_bits(carbon.index_add(self3.cuda(), 1, index3.cuda(), source3.cuda()), carbon.index_add(self3, 1, index3, source3),
+              f"index_add dim 1 of 3 {dtype}")
+    src = random_values((8, 50), dtype, g, spread=spread).t()  # (50, 8), strided
+    sidx = heavy(40 * 6, 12, g).reshape(40, 6).to(torch.int32)
+    sself = random_values((12, 8), dtype, g)
+    same_bits(carbon.scatter_add(sself.cuda(), 0, sidx.cuda(), src.cuda()), carbon.scatter_add(sself, 0, sidx, src),
+              f"scatter_add with a smaller index {dtype}")
+    tok = heavy(100, 30, g).reshape(4, 25).to(torch.int32)
+    grad = random_values((4, 25, 16), dtype, g, spread=spread)
+    same_bits(torch.ops.carbon.embedding_backward(grad.cuda(), tok.cuda(), 30, 3),
+              torch.ops.carbon.embedding_backward(grad, tok, 30, 3), f"embedding_backward 2-D int32 tokens {dtype}")
+
+
+def test_empty_inputs():
+    """Empty index (each destination RN(self), NaNs canonical), empty self,
+    zero tokens: nothing is launched with a grid of 0 blocks."""
+    g = generator(10)
+    self = exact_tensor([[1.0, math.nan], [-0.0, 2.0]], F32)
+    none = torch.empty(0, dtype=torch.long)
+    same_bits(carbon.index_add(self.cuda(), 0, none.cuda(), torch.empty(0, 2).cuda()),
+              carbon.index_add(self, 0, none, torch.empty(0, 2)), "index_add, empty index")
+    same_bits(carbon.index_add(torch.empty(0, 5).cuda(), 0, none.cuda(), torch.empty(0, 5).cuda()),
+              carbon.index_add(torch.empty(0, 5), 0, none, torch.empty(0, 5)), "index_add, empty self")
+    same_bits(carbon.scatter_add(self.cuda(), 1, torch.empty(2, 0, dtype=torch.long).cuda(), self.cuda()),
+              carbon.scatter_add(self, 1, torch.empty(2, 0, dtype=torch.long), self), "scatter_add, empty index")
+    grad = random_values((0, 16), BF16, g)
+    for pad in (-1, 2):
+        same_bits(torch.ops.carbon.embedding_backward(grad.cuda(), none.cuda(), 7, pad),
+                  torch.ops.carbon.embedding_backward(grad, none, 7, pad), f"embedding_backward, no tokens, pad {pad}")
+    same_bits(torch.ops.carbon.embedding_backward(grad.cuda(), none.cuda(), 0, -1),
+              torch.ops.carbon.embedding_backward(grad, none, 0, -1), "embedding_backward, no rows")
+
+
+def test_embedding_forward_gpu_equals_cpu():
+    """The gather, with NaN rows rewritten to the one NaN on both devices."""
+    weight = exact_tensor([[1.0, -0.0], [math.nan, 3.0], [math.inf, 2.0**-140]], F32)
+    tok = torch.tensor([[2, 0], [1, 1]])
+    same_bits(torch.ops.carbon.embedding(weight.cuda(), tok.cuda(), -1), torch.ops.carbon.embedding(weight, tok, -1))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_tensors_on_a_non_current_device():
+    """The kernel runs on the tensors' device (a device guard), not the current one."""
+    g = generator(11)
+    self, src = random_values((16, 32), F32, g), random_values((100, 32), F32, g)
+    index = heavy(100, 16, g)
+    dev = torch.device("cuda", 1)
+    with torch.cuda.device(0):
+        out = carbon.index_add(self.to(dev), 0, index.to(dev), src.to(dev))
+        back = torch.ops.carbon.embedding_backward(src.to(dev), index.to(dev), 16, -1)
+    assert out.device == dev and back.device == dev
+    same_bits(out, carbon.index_add(self, 0, index, src), "index_add on cuda:1")
+    same_bits(back, torch.ops.carbon.embedding_backward(src, index, 16, -1), "embedding_backward on cuda:1")
+
+
+def test_mixed_devices_are_refused():
+    self, src = torch.zeros(4, 3, device="cuda"), torch.ones(5, 3, device="cuda")
+    index = torch.tensor([0, 1, 1, 3, 2])
+    with pytest.raises(ValueError, match="expected all tensors on one device"):
+        carbon.index_add(self, 0, index, src)
+    with pytest.raises(ValueError, match="expected all tensors on one device"):
+        carbon.index_add(self, 0, index.cuda(), src.cpu())
+    with pytest.raises(ValueError, match="expected all tensors on one device"):
+        torch.ops.carbon.embedding_backward(src, index, 4, -1)

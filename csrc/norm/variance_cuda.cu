@@ -17,8 +17,8 @@ namespace {
 constexpr int kWarpsPerBlock = 4;
 
 template <typename T>
-__device__ void warp_var_mean_row(const T* row, int64_t n, int64_t divisor, WarpLimbs& limbs, float* var_out,
-                                  float* mean_out) {
+__device__ void warp_var_mean_row(const T* row, int64_t n, int64_t divisor, WarpLimbs& limbs, uint32_t* var_out,
+                                  uint32_t* mean_out) {
   const int lane = lane_id();
   double var, mean;
   if (n == 0) {
@@ -67,16 +67,19 @@ __device__ void warp_var_mean_row(const T* row, int64_t n, int64_t divisor, Warp
       }
     }
   }
+  // Written as bits (float32 values already, so encode is exact): a hardware
+  // double -> float conversion may give a NaN other than Carbon's one
+  // 0x7FC00000, which the CPU's conversion of canonical_nan() writes.
   if (lane == 0) {
-    *var_out = static_cast<float>(var);
-    *mean_out = static_cast<float>(mean);
+    *var_out = encode(var, F32::get());
+    *mean_out = encode(mean, F32::get());
   }
 }
 
 template <typename T>
 __global__ void __launch_bounds__(kWarpSize* kWarpsPerBlock)
-    var_mean_kernel(const T* __restrict__ x, int64_t rows, int64_t n, int64_t divisor, float* __restrict__ var,
-                    float* __restrict__ mean) {
+    var_mean_kernel(const T* __restrict__ x, int64_t rows, int64_t n, int64_t divisor, uint32_t* __restrict__ var,
+                    uint32_t* __restrict__ mean) {
   __shared__ WarpLimbs limbs[kWarpsPerBlock];
   const int warp = threadIdx.x / kWarpSize;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp; r < rows;
@@ -95,7 +98,8 @@ void var_mean_rows_cuda(const at::Tensor& x, int64_t divisor, at::Tensor& var, a
   with_element_type(x.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     var_mean_kernel<T><<<blocks, threads, 0, stream>>>(x.const_data_ptr<T>(), rows, n, divisor,
-                                                       var.mutable_data_ptr<float>(), mean.mutable_data_ptr<float>());
+                                                       static_cast<uint32_t*>(var.mutable_data_ptr()),
+                                                       static_cast<uint32_t*>(mean.mutable_data_ptr()));
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
