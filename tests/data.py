@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import struct
+import zlib
 from typing import Optional, Sequence
 
 import torch
@@ -21,6 +22,13 @@ DEFAULT_SPREAD = {F32: 20, BF16: 20, F16: 3}
 
 def generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+def seed_of(*parts) -> int:
+    """A seed derived from a test's parameters, the same in every process
+    (Python's hash() of a str changes with PYTHONHASHSEED, so a failure seen
+    once could not be rerun on the same data)."""
+    return zlib.crc32(repr(parts).encode())
 
 
 def random_values(shape: Sequence[int], dtype: torch.dtype, g: torch.Generator,

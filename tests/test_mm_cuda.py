@@ -28,10 +28,13 @@ def same_bits(gpu, cpu, context=""):
     assert gpu.device.type == "cuda", context
     assert gpu.dtype == cpu.dtype and gpu.shape == cpu.shape, context
     got, want = as_bits(gpu), as_bits(cpu)
-    bad = (got != want).nonzero()
-    assert bad.numel() == 0, (
-        f"{context}: {bad.shape[0]} outputs differ between GPU and CPU, first at "
-        f"{bad[:5].tolist()}: GPU {gpu.cpu()[tuple(bad[0])].item()!r} vs CPU {cpu[tuple(bad[0])].item()!r}")
+    # flattened: a 0-dim mismatch gives nonzero() of shape (1, 0), numel 0
+    if not torch.equal(got.reshape(-1), want.reshape(-1)):
+        bad = (got.reshape(-1) != want.reshape(-1)).nonzero()[:, 0]
+        first = int(bad[0])
+        raise AssertionError(
+            f"{context}: {bad.numel()} outputs differ between GPU and CPU, first at flat index {first}: "
+            f"GPU {gpu.cpu().reshape(-1)[first].item()!r} vs CPU {cpu.reshape(-1)[first].item()!r}")
 
 
 def tie_matrices(a_dtype, out_dtype, M, K, N, seed, pairs=1, nudge=0.0):

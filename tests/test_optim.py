@@ -33,10 +33,13 @@ def set_grads(params, seed):
 
 def same_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
     assert a.dtype == b.dtype and a.shape == b.shape, what
-    bad = (as_bits(a) != as_bits(b)).nonzero()
-    assert bad.numel() == 0, f"{what}: {bad.shape[0]} elements differ, first at {bad[0].tolist()}: {a.flatten()[0:0]}" \
-        f" got {a.reshape(-1)[bad[0][0]] if a.dim() == 1 else a[tuple(bad[0].tolist())]!r}," \
-        f" expected {b.reshape(-1)[bad[0][0]] if b.dim() == 1 else b[tuple(bad[0].tolist())]!r}"
+    # flattened: a 0-dim mismatch gives nonzero() of shape (1, 0), numel 0
+    got, want = as_bits(a).reshape(-1), as_bits(b).reshape(-1)
+    if not torch.equal(got, want):
+        bad = (got != want).nonzero()[:, 0]
+        first = int(bad[0])
+        raise AssertionError(f"{what}: {bad.numel()} elements differ, first at flat index {first}: "
+                             f"got {a.reshape(-1)[first]!r}, expected {b.reshape(-1)[first]!r}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
