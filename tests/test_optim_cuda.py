@@ -166,6 +166,23 @@ def test_graph_capture_of_clip_and_sgd_step():
         assert torch.equal(as_bits(a), as_bits(b)), f"total norm of step {k + 1}"
 
 
+@pytest.mark.parametrize("kind,hp", [("AdamW", dict(lr=1e-2)), ("SGD", dict(lr=0.05, momentum=0.9))])
+def test_graph_capture_refused_where_a_replay_would_be_wrong(kind, hp):
+    """Adam's step count and bias corrections are host values, and SGD's first
+    step creates its momentum buffers: a captured graph would replay the
+    captured step's t (or a first step) forever, so capture raises."""
+    p = torch.nn.Parameter(torch.ones(100, device="cuda"))
+    opt = getattr(carbon.optim, kind)([p], **hp)
+    p.grad = torch.ones_like(p)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match=f"carbon.optim.{kind}.step: CUDA graph capture is not supported"):
+        with torch.cuda.graph(graph):
+            opt.step()
+    torch.cuda.synchronize()
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 def test_tensors_on_a_non_current_device():
     """Steps, norms and clipping run on the tensors' device (a device guard)."""

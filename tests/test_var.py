@@ -170,6 +170,9 @@ def test_errors_and_opcheck():
         torch.ops.carbon.var_mean_rows(torch.ones(2, 4), -1)
     with pytest.raises(TypeError, match="carbon.var_mean_rows: x has dtype"):
         torch.ops.carbon.var_mean_rows(torch.ones(2, 4, dtype=torch.float64), 1)
+    # a row of 2^29 + 1 elements (a stride-0 view: refused before it is read)
+    with pytest.raises(ValueError, match="at most 2\\^29 elements per row"):
+        torch.ops.carbon.var_mean_rows(torch.zeros(1, 1).expand(1, 2**29 + 1), 1)
     torch.library.opcheck(torch.ops.carbon.var_mean_rows, (torch.randn(3, 5), 1))
 
 

@@ -90,6 +90,17 @@ def _round_to_float32(x: float) -> float:
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (no CUDA
+    initialized: nothing can be)."""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+
+
+def _refuse_capture(name: str, why: str) -> None:
+    if _capturing():
+        raise RuntimeError(f"carbon.optim.{name}.step: CUDA graph capture is not supported here: {why}")
+
+
 def _increment_step(state: Dict[str, Any]) -> int:
     """state['step'] += 1, as torch.optim does, and the new count. A float32
     step (torch's, and carbon's) is filled with RN32(step + 1) computed on the
@@ -157,6 +168,9 @@ class Adam(_KeepFloat32States, torch.optim.Adam):
     def step(self, closure: Optional[Callable[[], float]] = None):
         loss = _closure_loss(closure)
         name, own = _name_of(self)
+        _refuse_capture(name, "the step count and the bias corrections are host values, so every replay would "
+                              "repeat the captured step's t; capture the forward and backward, and call step() "
+                              "outside the graph")
         for group in self.param_groups:
             _check_unsupported(name, group, own)
             lr = _scalar("lr", group["lr"])
@@ -243,6 +257,9 @@ class SGD(_KeepFloat32States, torch.optim.SGD):
                 lists[1].append(g)
                 if momentum != 0:
                     lists[2].append(_float32_state(state, "momentum_buffer", p))
+            if calls[True][0]:
+                _refuse_capture(name, "a momentum buffer is created on the first step, so every replay would "
+                                      "repeat a first step; run one step() before capturing")
             for first, (ps, gs, bs) in calls.items():
                 if ps:
                     torch.ops.carbon.sgd_step_(ps, gs, bs, lr, momentum, dampening, wd, nesterov, maximize, first)

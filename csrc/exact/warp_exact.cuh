@@ -43,6 +43,8 @@ __host__ __device__ __forceinline__ int64_t warp_compensated_depth(int64_t n) { 
 
 // The warp's per-lane accumulators: limbs[lane] is lane `lane`'s array.
 using WarpLimbs = int64_t[kWarpSize][kLimbs];
+// warp_merge_limbs gives one limb to each lane.
+static_assert(kLimbs <= kWarpSize, "warp_merge_limbs needs a lane per limb");
 
 // Adds every lane's limbs into limbs[0] (exact integer sums; each limb total
 // stays below 2^63 for fewer than 2^31 terms) and ORs the lanes' flags. Every
