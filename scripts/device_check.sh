@@ -39,21 +39,25 @@ mkdir -p "$LOGDIR"
 
 # Per-step limits in seconds; they sum to 480 s, so the whole check ends within
 # 8 minutes even if every step times out. Override through the environment.
+# The build has the most room: a build cut off loses every later step, a
+# benchmark cut off only its own table. (On this project's 2-core VM the
+# longest single file, csrc/elementwise/elementwise.cpp, takes ~100 s; the
+# ~15 .cu files take ~70 s each, 16 at a time there.)
 T_ENV="${T_ENV:-10}"
-T_BUILD="${T_BUILD:-145}"
+T_BUILD="${T_BUILD:-200}"
 T_SMOKE="${T_SMOKE:-15}"
 T_TESTS="${T_TESTS:-90}"
-T_BENCH="${T_BENCH:-25}"
-T_REDUCE="${T_REDUCE:-15}"
-T_NORM="${T_NORM:-15}"
-T_ELEM="${T_ELEM:-15}"
-T_SOFTMAX="${T_SOFTMAX:-20}"
-T_ATTN="${T_ATTN:-25}"
-T_SCATTER="${T_SCATTER:-20}"
-T_RANDOM="${T_RANDOM:-20}"
-T_OPTIM="${T_OPTIM:-20}"
-T_ENABLE="${T_ENABLE:-15}"
-T_CONV="${T_CONV:-10}"
+T_BENCH="${T_BENCH:-20}"
+T_REDUCE="${T_REDUCE:-12}"
+T_NORM="${T_NORM:-12}"
+T_ELEM="${T_ELEM:-12}"
+T_SOFTMAX="${T_SOFTMAX:-15}"
+T_ATTN="${T_ATTN:-15}"
+T_SCATTER="${T_SCATTER:-12}"
+T_RANDOM="${T_RANDOM:-12}"
+T_OPTIM="${T_OPTIM:-15}"
+T_ENABLE="${T_ENABLE:-12}"
+T_CONV="${T_CONV:-8}"
 T_DEMO="${T_DEMO:-20}"
 
 declare -a STEP_NAMES=() STEP_STATUS=() STEP_SECS=()
