@@ -9,7 +9,7 @@
 #   1. environment  (GPU, torch, nvcc)
 #   2. build        TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 pip install --no-build-isolation --no-deps -e .
 #   3. smoke        carbon.mm on a CUDA tensor (are the CUDA kernels built?)
-#   4. tests        python -m pytest -q tests -m cuda   (exit 5 = no tests collected: OK, reported)
+#   4. tests        python -m pytest -q tests -m cuda [-n 4 with pytest-xdist]   (exit 5 = no tests collected: OK, reported)
 #                   On a machine without a GPU these are all skipped.
 #   5. benchmark    python benchmarks/bench_mm.py --device cuda
 #                   python benchmarks/bench_reduce.py --device cuda
@@ -128,7 +128,12 @@ record "$STEP_RC"
 
 # ---- 4. tests ----------------------------------------------------------------
 if [[ -d tests ]]; then
-  run_step tests "$T_TESTS" "$PY" -m pytest -q tests -m cuda -p no:cacheprovider --durations=5
+  # pytest-xdist (in the H200 image) runs the CUDA tests in 4 processes: faster,
+  # and a kernel fault that poisons one process's CUDA context does not fail
+  # the tests of the other three.
+  XDIST=()
+  if "$PY" -c "import xdist" 2>/dev/null; then XDIST=(-n 4); fi
+  run_step tests "$T_TESTS" "$PY" -m pytest -q tests -m cuda -p no:cacheprovider --durations=5 "${XDIST[@]}"
   if [[ "$STEP_RC" -eq 5 ]]; then
     echo "(pytest exit 5 = no tests collected; counted as OK)"
     record 0 "no tests collected: pytest exit 5"
