@@ -913,11 +913,17 @@ def _cdist_forward(a: dict) -> Tensor:
     return r.to(out_dtype).reshape(batch + [x1.shape[-2], x2.shape[-2]])
 
 
+def _grad_output(a: dict) -> Tensor:
+    """The incoming gradient of a backward op: torch 2.11's _cdist_backward / _pdist_backward name it
+    `grad`, later releases `grad_output`."""
+    return a["grad_output"] if "grad_output" in a else a["grad"]
+
+
 def _cdist_backward(a: dict) -> Tensor:
     """The gradient for x1. p = 2: torch's _euclidean_dist_backward on routed ops, r = RN(g / d) (0 where
     d = 0), RN(RN(x1·RN(Σⱼ r)) − RN(Σⱼ r·x2)) (both sums exact); p = 1: RN(exact Σⱼ g·sign(x1 − x2));
     p = ∞: RN(exact Σⱼ of g·sign(x1 − x2) at the coordinates where |x1 − x2| = d); p = 0: zeros."""
-    g, x1, x2, p, d = a["grad_output"], a["x1"], a["x2"], float(a["p"]), a["cdist"]
+    g, x1, x2, p, d = _grad_output(a), a["x1"], a["x2"], float(a["p"]), a["cdist"]
     _need_carbon_dtype("cdist backward", g, x1, x2)
     if p == 0.0:
         return aten.zeros_like(x1)
@@ -951,7 +957,7 @@ def _pdist_forward(a: dict) -> Tensor:
 
 def _pdist_backward(a: dict) -> Tensor:
     """The cdist route's gradient with the pair gradients placed symmetrically: g at (i, j) and (j, i)."""
-    g, x, p, d = a["grad_output"], a["self"], a["p"], a["pdist"]
+    g, x, p, d = _grad_output(a), a["self"], a["p"], a["pdist"]
     n = x.shape[0]
     i, j = torch.triu_indices(n, n, 1, device=x.device)
     grads = aten.zeros([n, n], dtype=g.dtype, device=g.device).index_put_((i, j), g).index_put_((j, i), g)
