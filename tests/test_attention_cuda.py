@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import carbon
+from cuda_graphs import capture
 from data import generator
 from oracle import as_bits
 
@@ -101,14 +102,7 @@ def test_attention_logits_empty_graph_and_strided_mask():
     _same(torch.ops.carbon.attention_logits(s.cuda(), 0.3, base.cuda()[1:2, 2:11, 5:18].expand(4, 9, 13), False),
           torch.ops.carbon.attention_logits(s, 0.3, mask, False), "strided mask")
     static_s, static_m = s.cuda(), mask.cuda()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up outside the capture
-        torch.ops.carbon.attention_logits(static_s, 0.3, static_m, True)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        z = torch.ops.carbon.attention_logits(static_s, 0.3, static_m, True)
+    graph, z = capture(lambda: torch.ops.carbon.attention_logits(static_s, 0.3, static_m, True))
     for _ in range(2):
         new = torch.randn(4, 9, 13, generator=g)
         static_s.copy_(new.cuda())

@@ -6,12 +6,7 @@ portable loops and the test checks only that they are deterministic."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import torch
+from portable_paths import assert_portable_gives_the_same_bits
 
 SCRIPT = r'''
 import sys, torch, carbon
@@ -43,20 +38,5 @@ torch.save(results, sys.argv[1])
 VARIABLES = ("CARBON_MATMUL_PORTABLE", "CARBON_ATTENTION_PORTABLE")
 
 
-def _run(path: Path, portable: bool) -> list:
-    env = dict(os.environ)
-    for name in VARIABLES:
-        env.pop(name, None)
-        if portable:
-            env[name] = "1"
-    subprocess.run([sys.executable, "-c", SCRIPT, str(path)], check=True, env=env, timeout=600)
-    return torch.load(path)
-
-
 def test_portable_and_avx512_attention_kernels_give_the_same_bits(tmp_path):
-    fast = _run(tmp_path / "fast.pt", False)
-    portable = _run(tmp_path / "portable.pt", True)
-    assert len(fast) == len(portable) > 0
-    for k, (a, b) in enumerate(zip(fast, portable)):
-        bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[a.dtype]
-        assert torch.equal(a.view(bits), b.view(bits)), f"result {k}"
+    assert_portable_gives_the_same_bits(SCRIPT, tmp_path, VARIABLES)

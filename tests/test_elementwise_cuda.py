@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import carbon
+from cuda_graphs import capture
 from elementwise_ref import FORWARD
 from oracle import as_bits
 from test_elementwise import special_bits_f32
@@ -101,14 +102,7 @@ def test_cuda_graph_capture_and_replay():
     gen = torch.Generator().manual_seed(12)
     inputs = [torch.randn(1000, 33, generator=gen) * 4, torch.randn(1000, 33, generator=gen)]
     static = [t.cuda() for t in inputs]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up outside the capture
-        _elementwise_family_ops(*static)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = _elementwise_family_ops(*static)
+    graph, captured = capture(lambda: _elementwise_family_ops(*static))
     for replay in range(2):
         new = [torch.randn(1000, 33, generator=gen) * 4, torch.randn(1000, 33, generator=gen)]
         for s_, v in zip(static, new):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import carbon
+from cuda_graphs import capture
 from data import (
     BF16, DTYPE_PAIRS, DTYPES, F16, F32, dim_spellings, exact_tensor, finite_bit_patterns, generator,
     midpoint_mean_rows, random_values, reduction_values, tie_rows,
@@ -260,21 +261,9 @@ def test_cuda_graph_capture_and_replay():
     rng = random.Random(211)
     x0 = exact_tensor(tie_rows(F32, F32, 64, 48, 0.0, rng), F32)
     static_x = x0.to(DEV)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up outside the capture
-        for _ in range(2):
-            carbon.sum(static_x, 1)
-            carbon.mean(static_x, 0, dtype=BF16)
-            carbon.round_to(static_x, F16)
-            carbon.sum(static_x)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        s_rows = carbon.sum(static_x, 1)
-        m_cols = carbon.mean(static_x, 0, dtype=BF16)
-        r16 = carbon.round_to(static_x, F16)
-        s_all = carbon.sum(static_x)
+    graph, (s_rows, m_cols, r16, s_all) = capture(
+        lambda: (carbon.sum(static_x, 1), carbon.mean(static_x, 0, dtype=BF16), carbon.round_to(static_x, F16),
+                 carbon.sum(static_x)), warmups=2)
     for new_x in (x0, random_values((64, 48), F32, g), exact_tensor(tie_rows(F32, F32, 64, 48, 2.0**-60, rng), F32)):
         static_x.copy_(new_x.to(DEV))
         graph.replay()
@@ -371,14 +360,7 @@ def test_cumsum_rows_no_sync_and_cuda_graph():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     same_bits(eager, cumsum(x0, BF16), "cumsum after a sync-free run")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up outside the capture
-        cumsum(static_x)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = cumsum(static_x)
+    graph, out = capture(lambda: cumsum(static_x))
     for new_x in (x0, random_values((64, 48), F32, generator(224)),
                   exact_tensor(tie_rows(F32, F32, 64, 48, 2.0**-60, rng), F32)):
         static_x.copy_(new_x.to(DEV))

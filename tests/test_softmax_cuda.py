@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import carbon
+from cuda_graphs import capture
 from data import BF16, DTYPE_PAIRS, DTYPES, F16, F32, exact_tensor, generator, random_values
 from oracle import as_bits, assert_bits_equal
 from softmax_reference import cross_entropy_bits, log_softmax_bits, softmax_bits
@@ -271,14 +272,7 @@ def test_no_host_synchronization_and_cuda_graph_replay():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     check(eager, inputs, "eager")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up outside the capture
-        _softmax_family_ops(*static)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = _softmax_family_ops(*static)
+    graph, captured = capture(lambda: _softmax_family_ops(*static))
     for replay in range(2):
         new = data()
         for s_, v in zip(static, new):
