@@ -37,6 +37,31 @@ at::Tensor contiguous_double(const at::Tensor& x) {
   return at::empty(x.sizes(), x.options().dtype(at::kDouble)).copy_(x);
 }
 
+// The view of B problems (one batch chunk): the fp64 copies, the GEMM's
+// result and the rows' statistics of those B, and the bias (undefined, or
+// expanded to [all batches, M, N]) from batch b0 on.
+MatmulView make_view(int64_t B, int64_t M, int64_t N, int64_t K, const at::Tensor& bias64, int64_t b0,
+                     const at::Tensor& approx, const at::Tensor& a64, const at::Tensor& bt64, const at::Tensor& a_norm,
+                     const at::Tensor& b_norm, const at::Tensor& a_signs, const at::Tensor& b_signs) {
+  MatmulView v{};
+  v.B = B, v.M = M, v.N = N, v.K = K;
+  if (bias64.defined()) {
+    v.bias = bias64.const_data_ptr<double>() + b0 * bias64.stride(0);
+    v.bias_stride_b = bias64.stride(0);
+    v.bias_stride_m = bias64.stride(1);
+    v.bias_stride_n = bias64.stride(2);
+  }
+  v.gemm_gamma = fp64_gemm_gamma(K, bias64.defined());
+  v.approx = approx.const_data_ptr<double>();
+  v.a = a64.const_data_ptr<double>();
+  v.bt = bt64.const_data_ptr<double>();
+  v.a_norm = a_norm.const_data_ptr<double>();
+  v.b_norm = b_norm.const_data_ptr<double>();
+  v.a_signs = a_signs.const_data_ptr<uint8_t>();
+  v.b_signs = b_signs.const_data_ptr<uint8_t>();
+  return v;
+}
+
 // Bytes of scratch (fp64 copies of both operands and the GEMM's result) per
 // batch chunk and thread of the CPU path: about one core's L2 cache. The
 // batch is processed in chunks of that size, each widened, multiplied and
@@ -86,24 +111,9 @@ void matmul_into_cpu(const at::Tensor& a3, const at::Tensor& b3, const at::Tenso
     widen_operand_cpu(a3.narrow(0, b0, cb), a64, an, as, precision_of(a3.scalar_type()), 0x1p53, aq, asp);
     widen_operand_cpu(b3t.narrow(0, b0, cb), bt64, bn, bs, precision_of(b3.scalar_type()), 1.0, bq, bsp);
 
-    MatmulView v{};
-    v.B = cb, v.M = M, v.N = N, v.K = K;
-    if (bias.defined()) {
-      v.bias = bias64.const_data_ptr<double>() + b0 * bias64.stride(0);
-      v.bias_stride_b = bias64.stride(0);
-      v.bias_stride_m = bias64.stride(1);
-      v.bias_stride_n = bias64.stride(2);
-    }
-    v.gemm_gamma = fp64_gemm_gamma(K, bias.defined());
-    v.approx = approx.const_data_ptr<double>();
-    v.a = a64.const_data_ptr<double>();
-    v.bt = bt64.const_data_ptr<double>();
+    MatmulView v = make_view(cb, M, N, K, bias64, b0, approx, a64, bt64, an, bn, as, bs);
     v.a_quantum53 = aq.const_data_ptr<double>();
     v.b_quantum = bq.const_data_ptr<double>();
-    v.a_norm = an.const_data_ptr<double>();
-    v.b_norm = bn.const_data_ptr<double>();
-    v.a_signs = as.const_data_ptr<uint8_t>();
-    v.b_signs = bs.const_data_ptr<uint8_t>();
     at::Tensor out_chunk = out.narrow(0, b0, cb);
     // Tier 1's approximation. Any fp64 GEMM is fine: the bound covers every
     // summation order, so the BLAS's blocking and threading cannot matter.
@@ -145,23 +155,8 @@ void matmul_into(const at::Tensor& a3, const at::Tensor& b3, const at::Tensor& b
       (B == 1 ? at::mm(a64[0], bt64[0].t()).unsqueeze(0) : at::bmm(a64, bt64.transpose(1, 2))).contiguous();
 
   at::Tensor bias64;
-  MatmulView v{};
-  v.B = B, v.M = M, v.N = N, v.K = K;
-  if (bias.defined()) {
-    bias64 = bias.to(at::kDouble).expand({B, M, N});
-    v.bias = bias64.const_data_ptr<double>();
-    v.bias_stride_b = bias64.stride(0);
-    v.bias_stride_m = bias64.stride(1);
-    v.bias_stride_n = bias64.stride(2);
-  }
-  v.gemm_gamma = fp64_gemm_gamma(K, bias.defined());
-  v.approx = approx.const_data_ptr<double>();
-  v.a = a64.const_data_ptr<double>();
-  v.bt = bt64.const_data_ptr<double>();
-  v.a_norm = a_norm.const_data_ptr<double>();
-  v.b_norm = b_norm.const_data_ptr<double>();
-  v.a_signs = a_signs.const_data_ptr<uint8_t>();
-  v.b_signs = b_signs.const_data_ptr<uint8_t>();
+  if (bias.defined()) bias64 = bias.to(at::kDouble).expand({B, M, N});
+  const MatmulView v = make_view(B, M, N, K, bias64, 0, approx, a64, bt64, a_norm, b_norm, a_signs, b_signs);
 #ifdef CARBON_WITH_CUDA
   matmul_round_cuda(v, format_of(out.scalar_type()), out);
 #endif
