@@ -469,23 +469,19 @@ CARBON_HD double gelu_grad_core(double x) {
 
 // gelu_tanh'(x) = s + x s (1 - s) y', s = sigmoid(y), y = c x (1 + a x^2),
 // y' = c (1 + 3 a x^2); s (1 - s) = sigmoid'(y) computed without cancellation.
-CARBON_HD double gelu_tanh_grad_core(double x) {
+// kMainBranch: s from sigmoid_large, which is sigmoid_core where |y| >= 2^-10.
+template <bool kMainBranch>
+CARBON_HD double gelu_tanh_grad_of(double x) {
   constexpr double kTwoSqrt2OverPi = 0x1.9884533d43651p+0;
   constexpr double kThreeA = 3.0 * 0.044715;
   const double xc = clamp(x, -1e10, 1e10);
   const double y = gelu_tanh_y(xc);
   const double dy = kTwoSqrt2OverPi * fma(kThreeA, xc * xc, 1.0);
-  return sigmoid_core(y) + xc * sigmoid_grad_core(y) * dy;
+  const double s = kMainBranch ? sigmoid_large(y) : sigmoid_core(y);
+  return s + xc * sigmoid_grad_core(y) * dy;
 }
-// gelu_tanh_grad_core where sigmoid takes its main branch (|y| >= 2^-10).
-CARBON_HD double gelu_tanh_grad_large(double x) {
-  constexpr double kTwoSqrt2OverPi = 0x1.9884533d43651p+0;
-  constexpr double kThreeA = 3.0 * 0.044715;
-  const double xc = clamp(x, -1e10, 1e10);
-  const double y = gelu_tanh_y(xc);
-  const double dy = kTwoSqrt2OverPi * fma(kThreeA, xc * xc, 1.0);
-  return sigmoid_large(y) + xc * sigmoid_grad_core(y) * dy;
-}
+CARBON_HD double gelu_tanh_grad_core(double x) { return gelu_tanh_grad_of<false>(x); }
+CARBON_HD double gelu_tanh_grad_large(double x) { return gelu_tanh_grad_of<true>(x); }
 
 // silu'(x) = s (1 + x (1 - s)) = s + x s (1 - s). For |x| < 2^-10 it is
 // 1/2 + x/2 - x^3/12 + x^5/80 - 17 x^7/10080 + ... (truncation < 2^-100),
