@@ -9,9 +9,10 @@ their fallbacks (csrc/norm/norm_cpu.cpp), against tests/norm_reference.py:
 * the AVX-512 loops fuse an addition into a multiply-add where the product
   is exact (x - mu, x-hat w + b, dx's g - A - x-hat B): signed zeros must
   come out as from the separate operations;
-* the hardware roundings are used only in the default floating-point state:
-  with flush-to-zero set (torch.set_flush_denormal), outputs that are
-  float32 / float16 subnormals must still be the correctly rounded ones.
+* the hardware roundings are IEEE only in the default floating-point state,
+  which every op sets for itself (csrc/exact/fp_env.h): with flush-to-zero
+  set by the caller (torch.set_flush_denormal), outputs that are float32 /
+  float16 subnormals must still be the correctly rounded ones.
 """
 
 from __future__ import annotations
@@ -126,8 +127,8 @@ def test_signed_zeros_of_fused_additions(dtype):
 def test_flush_to_zero_state_keeps_subnormal_outputs():
     # Normal weights near the smallest normal number push y (|x-hat| < 1)
     # into the subnormal range of float32 / float16: in flush-to-zero mode a
-    # hardware rounding would give 0; the kernels then take the integer
-    # roundings and still return RN of the exact value. The inputs are built
+    # hardware rounding would give 0; the ops switch their threads to the
+    # default state and still return RN of the exact value. The inputs are built
     # before the mode is set (torch's own conversions flush in it), and the
     # reference runs after it is cleared (numpy's casts would flush too).
     cases = []

@@ -2,8 +2,8 @@
 // double) to a vector of 8 doubles on AVX-512: element_value of each, for
 // the CPU kernels' explicit 8-lane loops (carbon.sum's rows and columns,
 // the indexed accumulations). The hardware conversions are exact in the
-// default MXCSR state (no denormals-are-zero), which the callers check;
-// bfloat16 is the top half of a float32. Written with intrinsics because
+// default MXCSR state (no denormals-are-zero), in which every op runs
+// (fp_env.h); bfloat16 is the top half of a float32. Written with intrinsics because
 // GCC widened bfloat16 element by element (and split 8-lane forms in two
 // for AVX2).
 //

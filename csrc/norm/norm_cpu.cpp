@@ -47,9 +47,6 @@ struct Sums {
 // auto-vectorizer turned the scalar form of these loops into shuffles.
 typedef double Lanes __attribute__((vector_size(kChains * sizeof(double))));
 typedef uint64_t LaneBits __attribute__((vector_size(kChains * sizeof(uint64_t))));
-typedef float FloatLanes __attribute__((vector_size(kChains * sizeof(float))));
-typedef uint32_t WordLanes __attribute__((vector_size(kChains * sizeof(uint32_t))));
-typedef uint16_t HalfWordLanes __attribute__((vector_size(kChains * sizeof(uint16_t))));
 
 #define CARBON_LANES_INLINE inline __attribute__((always_inline))
 
@@ -394,72 +391,7 @@ inline typename F::Bits encode_fast(double v) {
   return static_cast<typename F::Bits>(sign | (mag == 0 ? 0u : encode_normal(mag, f)));
 }
 
-// ---------------------------------------------------------------- rounding, kChains lanes at a time
-
-typedef int64_t LaneMask __attribute__((vector_size(kChains * sizeof(int64_t))));
-
-// round_fast's test, on each lane, as the sign bit of the result (1: not
-// +-0 and the rounded magnitude r of mag not a normal number of f). All
-// operands are below 2^63 (magnitudes), so a - b has its sign bit set
-// exactly when a < b: mag < normal_min, mag >= overflow or r >= overflow
-// set it, and mag == 0 (0 - mag has no sign bit) clears it. Integer adds
-// and logic only (vector comparisons were scalarized by the compiler).
-template <typename F>
-CARBON_LANES_INLINE LaneBits flag_lanes(LaneBits mag, LaneBits r) {
-  constexpr FloatFormat f = F::get();
-  const uint64_t lo = normal_min_bits(f), hi = overflow_bits(f) - 1;
-  return ((mag - lo) | (hi - mag) | (hi - r)) & (0 - mag) & kSignBit;
-}
-
-// round_fast on each lane: the same results, and `bad` gets a bit in the
-// lanes round_fast would flag.
-template <typename F>
-CARBON_LANES_INLINE Lanes round_lanes(Lanes v, LaneBits& bad) {
-  constexpr FloatFormat f = F::get();
-  const LaneBits u = (LaneBits)v, mag = u & ~kSignBit;
-  const int drop = 53 - f.precision;
-  const LaneBits r = (mag + ((1ull << (drop - 1)) - 1) + ((mag >> drop) & 1)) & ~((1ull << drop) - 1);
-  bad |= flag_lanes<F>(mag, r);
-  return (Lanes)((u & kSignBit) | r);
-}
-
-// float32: the hardware's double -> float conversion rounds to nearest-even
-// (the default mode; its flush-to-zero setting cannot matter, as every
-// subnormal result is flagged), so on the lanes that are not flagged it
-// gives round_normal_bits' value, in two instructions instead of a dozen.
-// The test is round_fast's, on the converted value.
-template <>
-CARBON_LANES_INLINE Lanes round_lanes<F32>(Lanes v, LaneBits& bad) {
-  const LaneBits mag = (LaneBits)v & ~kSignBit;
-  const Lanes rounded = __builtin_convertvector(__builtin_convertvector(v, FloatLanes), Lanes);
-  bad |= flag_lanes<F32>(mag, (LaneBits)rounded & ~kSignBit);
-  return rounded;
-}
-
-// encode_fast on each lane (v from round_lanes, not flagged).
-template <typename F>
-CARBON_LANES_INLINE LaneBits encode_lanes(Lanes v) {
-  constexpr FloatFormat f = F::get();
-  const LaneBits u = (LaneBits)v, mag = u & ~kSignBit;
-  const uint64_t rebias = static_cast<uint64_t>(1023 - f.max_exp) << (f.precision - 1);
-  const LaneBits nonzero = (LaneBits)((LaneMask)(0 - mag) >> 63);  // all ones unless mag == 0
-  return ((u >> 63) << (f.total_bits - 1)) | (((mag >> (53 - f.precision)) - rebias) & nonzero);
-}
-
-CARBON_LANES_INLINE void store_bits(uint32_t* out, LaneBits b) {
-  const WordLanes w = __builtin_convertvector(b, WordLanes);
-  std::memcpy(out, &w, sizeof w);
-}
-CARBON_LANES_INLINE void store_bits(uint16_t* out, LaneBits b) {
-  const HalfWordLanes h = __builtin_convertvector(b, HalfWordLanes);
-  std::memcpy(out, &h, sizeof h);
-}
-
-CARBON_LANES_INLINE bool any_lane(LaneBits b) {
-  uint64_t any = 0;
-  for (int l = 0; l < kChains; ++l) any |= b[l];
-  return any != 0;
-}
+// ---------------------------------------------------------------- row outputs, portable loop
 
 // Outputs of one row, vectorized: y_k = RN_F(affine(xhat_k)) (forward) into
 // out. Returns false (out partly written) if some value needs the general
@@ -478,85 +410,6 @@ CARBON_NORM_CLONES bool forward_outputs_fast(const double* v, int64_t n, double 
   return bad == 0;
 }
 
-// chain_sums(g) (kSums) and chain_dot(g, xh) in one pass: the same
-// additions in the same chains and order, so the same fp64 sums.
-template <bool kSums>
-CARBON_NORM_V4 void chain_grad_sums_v4(const double* g, const double* xh, int64_t n, Sums* gs, Sums* gd) {
-  Lanes ss = {}, sa = {}, ds = {}, da = {};
-  int64_t k = 0;
-  for (; k + kChains <= n; k += kChains) {
-    const Lanes q = load_lanes(g + k);
-    if (kSums) {
-      ss = ss + q;
-      sa = sa + abs_lanes(q);
-    }
-    const Lanes p = q * load_lanes(xh + k);
-    ds = ds + p;
-    da = da + abs_lanes(p);
-  }
-  double ssc[kChains], sac[kChains], dsc[kChains], dac[kChains];
-  store_lanes(ssc, ss);
-  store_lanes(sac, sa);
-  store_lanes(dsc, ds);
-  store_lanes(dac, da);
-  for (; k < n; ++k) {
-    const double q = g[k];
-    if (kSums) {
-      ssc[0] = ssc[0] + q;
-      sac[0] = sac[0] + abs_value(q);
-    }
-    const double p = q * xh[k];
-    dsc[0] = dsc[0] + p;
-    dac[0] = dac[0] + abs_value(p);
-  }
-  if (kSums) *gs = {fold_chains(ssc), fold_chains(sac)};
-  *gd = {fold_chains(dsc), fold_chains(dac)};
-}
-
-// Backward, vectorized: decode x and dy, xhat_k and g_k (float32 values, the
-// operations of ln_xhat / rms_xhat and scaled_grad) into xh and g, kChains
-// elements at a time; then chain_grad_sums over the (cached) rows. Returns
-// false if some xhat or g needs the general path (xh, g, gs, gd then
-// unusable: the caller redoes the row).
-template <typename T, bool kRms, bool kW>
-CARBON_NORM_V4 bool backward_row_fast_v4(const T* __restrict__ x, const T* __restrict__ dy, int64_t n, double mu,
-                                          double rs, const double* __restrict__ w, double* __restrict__ xh,
-                                          double* __restrict__ g, Sums* gs, Sums* gd) {
-  LaneBits bad_lanes = {};
-  int64_t k = 0;
-  for (; k + kChains <= n; k += kChains) {
-    const Lanes v = decode_lanes(x + k), d = decode_lanes(dy + k);
-    store_lanes(xh + k, round_lanes<F32>(kRms ? v * rs : (v - mu) * rs, bad_lanes));
-    store_lanes(g + k, kW ? round_lanes<F32>(d * load_lanes(w + k), bad_lanes) : d);
-  }
-  uint64_t bad = any_lane(bad_lanes);
-  for (; k < n; ++k) {
-    const double v = element_value(x[k]), d = element_value(dy[k]);
-    xh[k] = round_fast<F32>(kRms ? v * rs : (v - mu) * rs, bad);
-    g[k] = kW ? round_fast<F32>(d * w[k], bad) : d;
-  }
-  if (bad != 0) return false;
-  chain_grad_sums_v4<!kRms>(g, xh, n, gs, gd);
-  return true;
-}
-
-template <typename F, bool kRms>
-CARBON_NORM_V4 bool backward_outputs_fast_v4(const double* xh, const double* g, int64_t n, double A, double B,
-                                              double rs, typename F::Bits* out) {
-  LaneBits bad_lanes = {};
-  int64_t k = 0;
-  for (; k + kChains <= n; k += kChains) {
-    const Lanes h = load_lanes(xh + k), q = load_lanes(g + k);
-    // rms_dx / ln_dx, the same operations lane by lane
-    const Lanes dx = kRms ? rs * (q - h * B) : rs * ((q - A) - h * B);
-    store_bits(out + k, encode_lanes<F>(round_lanes<F>(dx, bad_lanes)));
-  }
-  uint64_t bad = any_lane(bad_lanes);
-  for (; k < n; ++k)
-    out[k] = encode_fast<F>(round_fast<F>(kRms ? rms_dx(g[k], xh[k], B, rs) : ln_dx(g[k], xh[k], A, B, rs), bad));
-  return bad == 0;
-}
-
 // ---------------------------------------------------------------- forward outputs, AVX-512
 
 // GCC 12 reports the _mm512_undefined_pd() inside some conversion
@@ -565,13 +418,10 @@ CARBON_NORM_V4 bool backward_outputs_fast_v4(const double* xh, const double* g, 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-// The forward's output loop rounds with the hardware conversions, which are
+// The AVX-512 output loops round with the hardware conversions, which are
 // IEEE roundings (correct for every finite value, subnormal results
-// included) as long as the thread's MXCSR is the default: round to
-// nearest-even, no flush-to-zero, no denormals-are-zero, exceptions masked.
-// That is checked once per chunk of rows (MXCSR is per thread); otherwise
-// the integer-rounding loops run. Either way the bits are round_double's.
-inline bool default_fp_env() { return (_mm_getcsr() & 0xFFC0u) == 0x1F80u; }
+// included) in the default MXCSR state, in which every op runs
+// (csrc/exact/fp_env.h): the bits are round_double's.
 
 // Lanes holding a NaN: the hardware keeps a NaN's sign and payload, Carbon
 // writes the canonical NaN, so a row with one is redone by the general path.
@@ -746,11 +596,13 @@ CARBON_LANES_INLINE CARBON_NORM_V4 __m256 decode_floats(const c10::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// backward_row_fast_v4 with the hardware float32 roundings (IEEE in the
-// default MXCSR state, so x-hat and g are round_double's values for every
-// input), and chain_grad_sums_v4's sums in the same pass (the same chains:
-// element k into lane k mod kChains in order, the tail into chain 0
-// afterwards, then fold_chains). A row with a NaN x-hat or g is flagged
+// Backward, vectorized: decode x and dy, xhat_k and g_k (float32 values, the
+// operations of ln_xhat / rms_xhat and scaled_grad, with the hardware float32
+// roundings, IEEE in the default MXCSR state, so round_double's values for
+// every input) into xh and g, and in the same pass the chain sums of g and of
+// g xhat (chain_sums / chain_dot's chains: element k into lane k mod kChains
+// in order, the tail into chain 0 afterwards, then fold_chains). Returns false
+// if some xhat or g needs the general path (the caller then redoes the row). A row with a NaN x-hat or g is flagged
 // (the general path then redoes it, as before). wf holds the weight as
 // float32 values (w's values: the weight has x's dtype), for g below.
 template <typename T, bool kRms, bool kW>
@@ -815,7 +667,7 @@ CARBON_NORM_V4 bool backward_row_fast_hw(const T* __restrict__ x, const T* __res
   return true;
 }
 
-// backward_outputs_fast_v4 with round_store_lanes (NaN lanes flagged).
+// dx of one row (rms_dx / ln_dx), rounded with round_store_lanes (NaN lanes flagged).
 template <typename F, bool kRms>
 CARBON_NORM_V4 bool backward_outputs_fast_hw(const double* xh, const double* g, int64_t n, double A, double B,
                                              double rs, typename F::Bits* out) {
@@ -1030,16 +882,14 @@ template <typename T, bool kRms, bool kW>
 bool backward_row_fast(const T* x, const T* dy, int64_t n, double mu, double rs, const double* w, const float* wf,
                        double* xh, double* g, Sums* gs, Sums* gd) {
   if (!use_lanes()) return backward_row_fast_portable<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd);
-  return default_fp_env() ? backward_row_fast_hw<T, kRms, kW>(x, dy, n, mu, rs, w, wf, xh, g, gs, gd)
-                          : backward_row_fast_v4<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd);
+  return backward_row_fast_hw<T, kRms, kW>(x, dy, n, mu, rs, w, wf, xh, g, gs, gd);
 }
 
 template <typename F, bool kRms>
 bool backward_outputs_fast(const double* xh, const double* g, int64_t n, double A, double B, double rs,
                            typename F::Bits* out) {
   if (!use_lanes()) return backward_outputs_fast_portable<F, kRms>(xh, g, n, A, B, rs, out);
-  return default_fp_env() ? backward_outputs_fast_hw<F, kRms>(xh, g, n, A, B, rs, out)
-                          : backward_outputs_fast_v4<F, kRms>(xh, g, n, A, B, rs, out);
+  return backward_outputs_fast_hw<F, kRms>(xh, g, n, A, B, rs, out);
 }
 
 template <typename F, bool kRms, bool kW, bool kB>
@@ -1051,7 +901,7 @@ bool forward_outputs_any(bool hw, const double* v, int64_t n, double mu, double 
                      : forward_outputs_fast<F, kRms, kW, kB>(v, n, mu, rs, w, b, out);
 }
 
-// hw: use_lanes() and default_fp_env() (the caller's thread).
+// hw: use_lanes() (AVX-512 present).
 template <typename F>
 bool forward_outputs(bool hw, const double* v, int64_t n, double mu, double rs, const double* w, const double* b,
                      bool rms, typename F::Bits* out) {
@@ -1081,7 +931,7 @@ void forward_rows(const NormArgs& a, at::Tensor& y_tensor) {
   constexpr int kBits = F::get().precision;  // significant bits of an element
   carbon::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
     std::vector<double> v(n);
-    const bool lanes = use_lanes(), hw = lanes && default_fp_env();
+    const bool lanes = use_lanes(), hw = lanes;
     for (int64_t r = begin; r < end; ++r) {
       double mu = 0.0, var;
       if (a.rms) {

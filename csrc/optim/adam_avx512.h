@@ -3,8 +3,8 @@
 // hardware conversions instead of optim_kernel.h's integer rounding. It
 // computes adam_update's fp64 operations in the same order
 // (docs/contract.md §12), so it gives the same bits wherever the
-// conversions are the exact RN32 -- which the caller guarantees by taking
-// this path only when fp32_conversion_is_rn32() holds on the calling thread:
+// conversions are the exact RN32 -- which holds in every Carbon op, since
+// each runs in the default MXCSR state (csrc/exact/fp_env.h):
 //
 //  * MXCSR's rounding control is round-to-nearest-even, and neither
 //    flush-to-zero nor denormals-are-zero is set. Then vcvtpd2ps is IEEE 754's
@@ -85,14 +85,6 @@ inline bool available() {
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("f16c");
   return yes;
-}
-
-// MXCSR (this thread's SSE/AVX control register): round-to-nearest-even
-// (RC bits 13-14 = 0), flush-to-zero (bit 15) and denormals-are-zero
-// (bit 6) off. Read per call: the register is per thread and can change.
-inline bool fp32_conversion_is_rn32() {
-  constexpr unsigned kRoundingControl = 0x6000u, kFlushToZero = 0x8000u, kDenormalsAreZero = 0x0040u;
-  return (_mm_getcsr() & (kRoundingControl | kFlushToZero | kDenormalsAreZero)) == 0;
 }
 
 // Which of the gradient terms of adam_update apply (fixed per step, so each
@@ -294,8 +286,7 @@ CARBON_ADAM_AVX512_TARGET __attribute__((always_inline)) inline void store_param
 // else the larger. vrangeps with imm 0b0101 (maximum, the sign from the
 // comparison) is that for non-NaN operands, -0 < +0 included (it returns
 // the other operand where one is a quiet NaN, hence the unordered mask);
-// exact, no rounding, and denormals are kept since DAZ is off (the caller's
-// fp32_conversion_is_rn32). 4e8 random lanes with special values against
+// exact, no rounding, and denormals are kept since DAZ is off (fp_env.h). 4e8 random lanes with special values against
 // the select-by-masks form (a & b where equal, then the larger, then NaN):
 // 0 differ.
 CARBON_AVX512_TARGET __attribute__((always_inline)) inline __m256 ieee_maximum8(__m256 a, __m256 b, __m256 nan) {
@@ -419,8 +410,7 @@ CARBON_ADAM_AVX512_TARGET void step_loop(T* p, const T* g, float* m, float* v, f
   }
 }
 
-// The step over n elements (in place); only where available() and
-// fp32_conversion_is_rn32() hold. w: AMSGrad's max_exp_avg_sq (kAmsgrad),
+// The step over n elements (in place); only where available() holds. w: AMSGrad's max_exp_avg_sq (kAmsgrad),
 // else null.
 template <bool kAmsgrad, typename T>
 inline void step(T* p, const T* g, float* m, float* v, float* w, int64_t n, const AdamConstants& c) {

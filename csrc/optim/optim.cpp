@@ -183,7 +183,7 @@ void adam_range(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, c
   // The AVX-512 loop, whose hardware roundings are RN32 under the default
   // MXCSR and RN_T through float32 (to nearest, or to odd where the float32
   // is a midpoint of T; adam_avx512.h); the same bits as below.
-  if (adam_avx512::available() && adam_avx512::fp32_conversion_is_rn32())
+  if (adam_avx512::available())
     return adam_avx512::step<kAmsgrad>(pp + begin, gp + begin, mp + begin, vp + begin, wp ? wp + begin : nullptr,
                                        end - begin, c);
 #endif
@@ -266,7 +266,7 @@ void sgd_range(const at::Tensor& p, const at::Tensor& g, const at::Tensor* b, in
   // float32 parameters: the AVX-512 loop, whose hardware rounding is RN32
   // under the default MXCSR (sgd_avx512.h); the same bits as below.
   if constexpr (std::is_same_v<T, float>) {
-    if (adam_avx512::available() && adam_avx512::fp32_conversion_is_rn32())
+    if (adam_avx512::available())
       return sgd_avx512::step(pp + begin, gp + begin, bp ? bp + begin : nullptr, end - begin, c);
   }
 #endif

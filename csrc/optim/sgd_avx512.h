@@ -3,10 +3,10 @@
 // instead of optim_kernel.h's integer rounding (as adam_avx512.h does for
 // Adam, whose comment gives the argument in full). It computes sgd_update's
 // fp64 operations in the same order (docs/contract.md §12), so it gives the
-// same bits wherever the conversion is the exact RN32 -- which the caller
-// guarantees by taking this path only when
-// adam_avx512::fp32_conversion_is_rn32() holds on the calling thread (MXCSR
-// round-to-nearest-even, no flush-to-zero, no denormals-are-zero): then
+// same bits wherever the conversion is the exact RN32 -- which holds in
+// every Carbon op, since each runs in the default MXCSR state (MXCSR
+// round-to-nearest-even, no flush-to-zero, no denormals-are-zero;
+// csrc/exact/fp_env.h): then
 // vcvtpd2ps is RN32 for every double but NaN (subnormal results, signed
 // zeros and overflow to +-inf included) and vcvtps2pd is exact. NaN results
 // become float32's one NaN, as encode writes them.
@@ -91,7 +91,7 @@ CARBON_AVX512_TARGET void step_loop(float* p, const float* g, float* b, int64_t 
 }
 
 // The step over n elements (in place; b is null without momentum); only
-// where adam_avx512::available() and fp32_conversion_is_rn32() hold.
+// where adam_avx512::available() holds.
 template <typename C>
 inline void step(float* p, const float* g, float* b, int64_t n, const C& c) {
   if (c.weight_decay != 0.0) return step_loop<C, true>(p, g, b, n, c);

@@ -349,16 +349,15 @@ constexpr int64_t kFp32MaxTerms = 32;
 
 #pragma GCC diagnostic pop
 
-// AVX-512 present, and this thread's MXCSR the default (round to
-// nearest-even, no flush-to-zero / denormals-are-zero, exceptions masked),
-// in which the widenings above are exact and the fp64 additions those of
-// the portable form. CARBON_SCATTER_PORTABLE=1 forces the portable form (to
-// check that both give the same bits).
+// AVX-512 present. In the default MXCSR state, in which every op runs
+// (csrc/exact/fp_env.h), the widenings above are exact and the fp64
+// additions those of the portable form. CARBON_SCATTER_PORTABLE=1 forces
+// the portable form (to check that both give the same bits).
 bool use_v4() {
   static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
                           std::getenv("CARBON_SCATTER_PORTABLE") == nullptr;
-  return yes && (_mm_getcsr() & 0xFFC0u) == 0x1F80u;
+  return yes;
 }
 
 // Tier 1's decision for a block of columns, without branches (so the loop
