@@ -682,6 +682,12 @@ def _adam_step_fake(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, lr, b
     return None
 
 
+@torch.library.register_fake("carbon::adam_step_capturable_")
+def _adam_step_capturable_fake(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, lr_tensor, beta1,
+                               beta2, eps, weight_decay, decoupled, maximize) -> None:
+    return None
+
+
 @torch.library.register_fake("carbon::sgd_step_")
 def _sgd_step_fake(params, grads, momentum_buffers, lr, momentum, dampening, weight_decay, nesterov, maximize,
                    first_step) -> None:

@@ -127,6 +127,11 @@ TORCH_LIBRARY(carbon, m) {
   m.def("adam_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
         "Tensor(d!)[] max_exp_avg_sqs, float lr, float beta1, float beta2, float eps, float weight_decay, "
         "float bias_correction1, float bias_correction2_sqrt, bool decoupled, bool maximize) -> ()");
+  // steps: each parameter's t (torch's state_steps, already advanced); lr_tensor, when given, replaces lr.
+  // Both are read where the kernel runs, so a CUDA graph can capture the step.
+  m.def("adam_step_capturable_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+        "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] max_exp_avg_sqs, Tensor[] steps, float lr, Tensor? lr_tensor, "
+        "float beta1, float beta2, float eps, float weight_decay, bool decoupled, bool maximize) -> ()");
   m.def("sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, float lr, float momentum, "
         "float dampening, float weight_decay, bool nesterov, bool maximize, bool first_step) -> ()");
   m.def("sum_squares(Tensor[] tensors, bool sqrt=False) -> Tensor");
@@ -220,6 +225,7 @@ void bind_kernels(torch::Library& m) {
   // ---- end random ----
   // ---- optimizers, gradient clipping ----
   m.impl("adam_step_", &carbon::in_default_fp_env<&carbon::adam_step_>::call);
+  m.impl("adam_step_capturable_", &carbon::in_default_fp_env<&carbon::adam_step_capturable_>::call);
   m.impl("sgd_step_", &carbon::in_default_fp_env<&carbon::sgd_step_>::call);
   m.impl("sum_squares", &carbon::in_default_fp_env<&carbon::sum_squares>::call);
   m.impl("clip_scale_", &carbon::in_default_fp_env<&carbon::clip_scale_>::call);

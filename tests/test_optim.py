@@ -307,14 +307,13 @@ def test_closure_and_params_without_grad():
     assert torch.equal(q.detach(), torch.ones(3)) and q not in opt.state
 
 
-@pytest.mark.parametrize("option", [dict(foreach=True), dict(fused=True), dict(capturable=True),
-                                    dict(differentiable=True)])
+@pytest.mark.parametrize("option", [dict(foreach=True), dict(fused=True), dict(differentiable=True)])
 def test_unsupported_options(option):
+    # (capturable=True is supported: tests/test_optim_capturable.py)
     with pytest.raises(ValueError, match="not supported"):
         carbon.optim.Adam([torch.nn.Parameter(torch.ones(2))], **option)
-    if "capturable" not in option:
-        with pytest.raises(ValueError, match="not supported"):
-            carbon.optim.SGD([torch.nn.Parameter(torch.ones(2))], **option)
+    with pytest.raises(ValueError, match="not supported"):
+        carbon.optim.SGD([torch.nn.Parameter(torch.ones(2))], **option)
 
 
 def test_op_errors():

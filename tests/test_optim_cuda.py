@@ -166,11 +166,71 @@ def test_graph_capture_of_clip_and_sgd_step():
         assert torch.equal(as_bits(a), as_bits(b)), f"total norm of step {k + 1}"
 
 
+@pytest.mark.parametrize("kind,hp", [("AdamW", dict(weight_decay=0.1)), ("Adam", dict(amsgrad=True, maximize=True))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_graph_capture_of_capturable_adam(kind, hp, dtype):
+    """capturable=True: t lives on the device and lr is a device tensor, both
+    read by the kernel, so a captured step replays as steps 2, 3, 4 (with new
+    gradients copied in and the learning rate changed between replays, as a
+    scheduler would) and gives the bits of four default steps on the CPU."""
+    shapes = ((70, 33), (1000,))
+    grads = [[wide_values(s, dtype, 100 * k + i) for i, s in enumerate(shapes)] for k in range(4)]
+    lrs = (1e-2, 5e-3, 2e-3, 1e-3)
+
+    cpu_params = [torch.nn.Parameter(wide_values(s, dtype, i)) for i, s in enumerate(shapes)]
+    cpu_opt = getattr(carbon.optim, kind)(cpu_params, lr=lrs[0], **hp)
+    for k in range(4):
+        cpu_opt.param_groups[0]["lr"] = float(torch.tensor(lrs[k], dtype=torch.float32))  # the tensor's value
+        for p, g in zip(cpu_params, grads[k]):
+            p.grad = g.clone()
+        cpu_opt.step()
+
+    lr = torch.tensor(lrs[0], dtype=torch.float32, device="cuda")
+    params = [torch.nn.Parameter(wide_values(s, dtype, i).cuda()) for i, s in enumerate(shapes)]
+    opt = getattr(carbon.optim, kind)(params, lr=lr, capturable=True, **hp)
+    for p, g in zip(params, grads[0]):
+        p.grad = g.cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # one eager step creates the states
+        opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        opt.step()
+    for k in (1, 2, 3):
+        lr.fill_(lrs[k])
+        for p, g in zip(params, grads[k]):
+            p.grad.copy_(g)
+        graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(params, cpu_params):
+        assert torch.equal(as_bits(a.detach()), as_bits(b.detach())), "parameters"
+        assert float(opt.state[a]["step"]) == 4.0 and opt.state[a]["step"].device == a.device
+        for key, t in cpu_opt.state[b].items():
+            if key != "step":
+                assert torch.equal(as_bits(opt.state[a][key]), as_bits(t)), key
+
+
+def test_capturable_adam_refuses_a_cpu_lr_tensor_in_capture():
+    """A CPU lr tensor is read on the host: a graph would keep the captured value, so capture raises."""
+    p = torch.nn.Parameter(torch.ones(100, device="cuda"))
+    opt = carbon.optim.AdamW([p], lr=torch.tensor(1e-2), capturable=True)
+    p.grad = torch.ones_like(p)
+    opt.step()  # eagerly: the CPU value is read at the call, fine
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="lr is a CPU tensor"):
+        with torch.cuda.graph(graph):
+            opt.step()
+    torch.cuda.synchronize()
+
+
 @pytest.mark.parametrize("kind,hp", [("AdamW", dict(lr=1e-2)), ("SGD", dict(lr=0.05, momentum=0.9))])
 def test_graph_capture_refused_where_a_replay_would_be_wrong(kind, hp):
-    """Adam's step count and bias corrections are host values, and SGD's first
-    step creates its momentum buffers: a captured graph would replay the
-    captured step's t (or a first step) forever, so capture raises."""
+    """Without capturable=True Adam's step count and bias corrections are host
+    values, and SGD's first step creates its momentum buffers: a captured
+    graph would replay the captured step's t (or a first step) forever, so
+    capture raises."""
     p = torch.nn.Parameter(torch.ones(100, device="cuda"))
     opt = getattr(carbon.optim, kind)([p], **hp)
     p.grad = torch.ones_like(p)

@@ -12,6 +12,11 @@ for every parameter dtype (torch keeps them in the parameter's dtype);
 ``load_state_dict`` keeps saved float32 states float32 for bfloat16 / float16
 parameters, so resuming is bit-exact for them too. The step count is ``state['step']``, a CPU float32
 tensor as in torch; reading it on the host does not synchronize with a GPU.
+
+Adam and AdamW take ``capturable=True`` as torch's do: the step count is then a float32 tensor on the
+parameter's device, advanced there, and the kernel derives the bias corrections from it (and reads a tensor
+``lr`` on the device), so ``torch.cuda.graph`` can capture ``step()`` and every replay is a correct step,
+with the default path's bits. Without it, capturing an Adam step raises.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ def _check_unsupported(cls: str, options: Dict[str, Any], implementation_flags: 
     only pick an implementation; they are refused for carbon's own classes
     (to say the step is always fused) and ignored for torch's optimizer
     objects stepped under carbon.enable (implementation_flags=False)."""
-    for key in ("capturable", "differentiable"):
+    for key in ("differentiable",):
         if options.get(key):
             raise ValueError(f"carbon.optim.{cls}: {key}=True is not supported")
     for key in ("foreach", "fused") if implementation_flags else ():
@@ -168,11 +173,15 @@ class Adam(_KeepFloat32States, torch.optim.Adam):
     def step(self, closure: Optional[Callable[[], float]] = None):
         loss = _closure_loss(closure)
         name, own = _name_of(self)
-        _refuse_capture(name, "the step count and the bias corrections are host values, so every replay would "
-                              "repeat the captured step's t; capture the forward and backward, and call step() "
-                              "outside the graph")
+        if not all(group.get("capturable", False) for group in self.param_groups):
+            _refuse_capture(name, "the step count and the bias corrections are host values, so every replay would "
+                                  "repeat the captured step's t; construct the optimizer with capturable=True (t and "
+                                  "the bias corrections then live on the device), or call step() outside the graph")
         for group in self.param_groups:
             _check_unsupported(name, group, own)
+            if group.get("capturable", False):
+                _adam_capturable_group(name, self.state, group)
+                continue
             lr = _scalar("lr", group["lr"])
             beta1, beta2 = (_scalar("beta1", b) for b in group["betas"])
             eps, wd = float(group["eps"]), _scalar("weight_decay", group["weight_decay"])
@@ -202,6 +211,49 @@ class Adam(_KeepFloat32States, torch.optim.Adam):
                 torch.ops.carbon.adam_step_(ps, gs, ms, vs, ws, lr, beta1, beta2, eps, wd, bias_correction1,
                                             bias_correction2_sqrt, decoupled, maximize)
         return loss
+
+
+def _adam_capturable_group(name: str, states: Dict[Tensor, Dict[str, Any]], group: Dict[str, Any]) -> None:
+    """One parameter group of a capturable Adam / AdamW step (contract §12,
+    "CUDA graphs"): each parameter's step count is a float32 tensor on its
+    device (as torch's capturable=True keeps it), advanced in place by one
+    and read, with a tensor learning rate, by the kernel itself. No host value
+    changes from step to step, so a captured graph replays correct steps, and
+    the bits equal those of the default path (the same constants, computed
+    where the kernel runs)."""
+    lr_value = group["lr"]
+    lr, lr_tensor = (0.0, lr_value) if isinstance(lr_value, Tensor) else (float(lr_value), None)
+    if lr_tensor is not None and lr_tensor.device.type == "cpu" and _capturing():
+        raise RuntimeError(f"carbon.optim.{name}.step: lr is a CPU tensor, whose value a CUDA graph would fix at "
+                           f"capture; put it on the parameters' device to change it between replays")
+    beta1, beta2 = (_scalar("beta1", b) for b in group["betas"])
+    eps, wd = float(group["eps"]), _scalar("weight_decay", group["weight_decay"])
+    amsgrad = bool(group.get("amsgrad", False))
+    lists: List[List[Tensor]] = [[], [], [], [], [], []]  # params, grads, exp_avgs, exp_avg_sqs, maxima, steps
+    for p in group["params"]:
+        if p.grad is None:
+            continue
+        g = _grad_of(name, p)
+        state = states[p]
+        step = state.get("step")
+        if step is None:
+            step = torch.zeros((), dtype=torch.float32, device=p.device)
+        elif not isinstance(step, Tensor) or step.dtype != torch.float32 or step.device != p.device:
+            step = torch.as_tensor(step).to(device=p.device, dtype=torch.float32)
+        state["step"] = step
+        entries = [p, g, _float32_state(state, "exp_avg", p), _float32_state(state, "exp_avg_sq", p)]
+        entries.append(_float32_state(state, "max_exp_avg_sq", p) if amsgrad else None)
+        entries.append(step)
+        for lst, x in zip(lists, entries):
+            if x is not None:
+                lst.append(x)
+    if not lists[0]:
+        return
+    ps, gs, ms, vs, ws, steps = lists
+    # t + 1 is exact in float32 up to 2^24, where the default path's fill_ rounds the same way
+    torch._foreach_add_(steps, 1.0)
+    torch.ops.carbon.adam_step_capturable_(ps, gs, ms, vs, ws, steps, lr, lr_tensor, beta1, beta2, eps, wd,
+                                           bool(group.get("decoupled_weight_decay", False)), bool(group["maximize"]))
 
 
 class AdamW(_KeepFloat32States, torch.optim.AdamW):

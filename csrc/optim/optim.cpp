@@ -210,12 +210,15 @@ void adam_range(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, c
 }
 
 // max_exp_avg_sqs: AMSGrad's states, or empty (plain Adam / AdamW).
+// constants_of(i): tensor i's constants.
+template <typename ConstantsOf>
 void adam_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-              at::TensorList max_exp_avg_sqs, const AdamConstants& c) {
+              at::TensorList max_exp_avg_sqs, ConstantsOf&& constants_of) {
   std::vector<int64_t> numels;
   for (const at::Tensor& p : params) numels.push_back(p.numel());
   const bool amsgrad = !max_exp_avg_sqs.empty();
   for_pieces(numels, [&](size_t i, int64_t begin, int64_t end) {
+    const AdamConstants& c = constants_of(i);
     with_param_type(params[i], [&](auto element, auto fmt) {
       using T = decltype(element);
       using F = decltype(fmt);
@@ -440,36 +443,114 @@ void clip_range(const at::Tensor& g, int64_t begin, int64_t end, double coef) {
 
 }  // namespace
 
-void adam_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                at::TensorList max_exp_avg_sqs, double lr, double beta1, double beta2, double eps, double weight_decay,
-                double bias_correction1, double bias_correction2_sqrt, bool decoupled, bool maximize) {
-  const char* op = "adam_step_";
+namespace {
+
+void check_adam_lists(const char* op, at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                      at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs) {
   check_params(op, params);
   check_list(op, params, grads, "grads", false);
   check_list(op, params, exp_avgs, "exp_avgs", true);
   check_list(op, params, exp_avg_sqs, "exp_avg_sqs", true);
-  const bool amsgrad = !max_exp_avg_sqs.empty();  // AMSGrad: one max_exp_avg_sq per parameter
-  if (amsgrad) check_list(op, params, max_exp_avg_sqs, "max_exp_avg_sqs", true);
+  // AMSGrad: one max_exp_avg_sq per parameter; plain Adam / AdamW: none.
+  if (!max_exp_avg_sqs.empty()) check_list(op, params, max_exp_avg_sqs, "max_exp_avg_sqs", true);
+}
+
+// The constants that do not depend on lr or t (set_step_constants sets the others).
+AdamConstants adam_constants(double beta1, double beta2, double eps, double weight_decay, bool decoupled,
+                             bool maximize) {
   AdamConstants c;
-  c.step_size = lr / bias_correction1;
   c.beta1 = beta1;
   c.one_minus_beta1 = 1.0 - beta1;
   c.beta2 = beta2;
   c.one_minus_beta2 = 1.0 - beta2;
   c.eps = eps;
   c.weight_decay = weight_decay;
-  const double lr_wd = lr * weight_decay;
-  c.decay = 1.0 - lr_wd;
-  c.bias_correction2_sqrt = bias_correction2_sqrt;
   c.grad_sign = maximize ? kSignBit : 0;
   c.decoupled_mask = decoupled ? ~uint64_t{0} : 0;
   c.l2_mask = (!decoupled && weight_decay != 0.0) ? ~uint64_t{0} : 0;
+  return c;
+}
+
+}  // namespace
+
+void adam_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                at::TensorList max_exp_avg_sqs, double lr, double beta1, double beta2, double eps, double weight_decay,
+                double bias_correction1, double bias_correction2_sqrt, bool decoupled, bool maximize) {
+  check_adam_lists("adam_step_", params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs);
+  AdamConstants c = adam_constants(beta1, beta2, eps, weight_decay, decoupled, maximize);
+  c.step_size = lr / bias_correction1;
+  const double lr_wd = lr * weight_decay;
+  c.decay = 1.0 - lr_wd;
+  c.bias_correction2_sqrt = bias_correction2_sqrt;
   if (params.empty()) return;
-  if (params[0].is_cpu()) return adam_cpu(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, c);
+  if (params[0].is_cpu())
+    return adam_cpu(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, [&](size_t) -> const AdamConstants& {
+      return c;
+    });
 #ifdef CARBON_WITH_CUDA
+  const bool amsgrad = !max_exp_avg_sqs.empty();
   for (size_t i = 0; i < params.size(); ++i) {
     if (params[i].numel() == 0) continue;
-    adam_step_cuda(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], amsgrad ? &max_exp_avg_sqs[i] : nullptr, c);
+    adam_step_cuda(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], amsgrad ? &max_exp_avg_sqs[i] : nullptr, c,
+                   AdamStepSource{});
+  }
+#endif
+}
+
+void adam_step_capturable_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                           at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps,
+                           double lr, const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2,
+                           double eps, double weight_decay, bool decoupled, bool maximize) {
+  const char* op = "adam_step_capturable_";
+  check_adam_lists(op, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs);
+  TORCH_CHECK_VALUE(steps.size() == params.size(), "carbon.", op, ": expected as many steps as params (",
+                    params.size(), "), got ", steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    TORCH_CHECK_TYPE(steps[i].scalar_type() == at::kFloat && steps[i].numel() == 1, "carbon.", op, ": steps[", i,
+                     "] must be a one-element float32 tensor, got ", steps[i].scalar_type(), " with ",
+                     steps[i].numel(), " elements");
+    TORCH_CHECK_VALUE(steps[i].device() == params[i].device(), "carbon.", op, ": steps[", i, "] is on ",
+                      steps[i].device(), " but params[", i, "] is on ", params[i].device());
+  }
+  AdamStepSource source;
+  source.lr = lr;
+  if (lr_tensor.has_value()) {
+    const at::Tensor& t = *lr_tensor;
+    TORCH_CHECK_TYPE((t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble) && t.numel() == 1, "carbon.",
+                     op, ": lr must be a one-element float32 or float64 tensor, got ", t.scalar_type(), " with ",
+                     t.numel(), " elements");
+    TORCH_CHECK_VALUE(params.empty() || t.is_cpu() || t.device() == params[0].device(), "carbon.", op,
+                      ": lr is on ", t.device(), " but the params are on ",
+                      params.empty() ? t.device() : params[0].device());
+    if (t.is_cpu()) {  // read here: a host value (no device synchronization)
+      source.lr = t.scalar_type() == at::kFloat ? static_cast<double>(*t.const_data_ptr<float>())
+                                                : *t.const_data_ptr<double>();
+    } else if (t.scalar_type() == at::kFloat) {
+      source.lr32 = t.const_data_ptr<float>();
+    } else {
+      source.lr64 = t.const_data_ptr<double>();
+    }
+  }
+  const AdamConstants base = adam_constants(beta1, beta2, eps, weight_decay, decoupled, maximize);
+  if (params.empty()) return;
+  if (params[0].is_cpu()) {
+    std::vector<AdamConstants> constants;
+    for (const at::Tensor& step : steps) {
+      AdamStepSource s = source;
+      s.step = step.const_data_ptr<float>();
+      constants.push_back(constants_at(base, s));
+    }
+    return adam_cpu(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
+                    [&](size_t i) -> const AdamConstants& { return constants[i]; });
+  }
+#ifdef CARBON_WITH_CUDA
+  const bool amsgrad = !max_exp_avg_sqs.empty();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].numel() == 0) continue;
+    AdamStepSource s = source;
+    s.step = steps[i].const_data_ptr<float>();
+    adam_step_cuda(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], amsgrad ? &max_exp_avg_sqs[i] : nullptr, base,
+                   s);
   }
 #endif
 }

@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
+
 #include "optim_kernel.h"
 
 namespace carbon {
@@ -12,6 +14,13 @@ namespace carbon {
 void adam_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                 at::TensorList max_exp_avg_sqs, double lr, double beta1, double beta2, double eps, double weight_decay,
                 double bias_correction1, double bias_correction2_sqrt, bool decoupled, bool maximize);
+// The same step with t (steps[i], already advanced by the caller) and,
+// optionally, lr read from tensors where the kernel runs: no host value
+// changes from step to step, so a CUDA graph can capture it.
+void adam_step_capturable_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                           at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps,
+                           double lr, const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2,
+                           double eps, double weight_decay, bool decoupled, bool maximize);
 void sgd_step_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, double lr,
                double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
                bool first_step);
@@ -21,8 +30,9 @@ void clip_scale_(at::TensorList grads, const at::Tensor& total_norm, double max_
 #ifdef CARBON_WITH_CUDA
 // One tensor per call (contiguous, checked by the caller), on the current stream.
 // w: AMSGrad's max_exp_avg_sq, or null.
+// source.step != null: the kernel sets c's t- and lr-dependent constants from device memory.
 void adam_step_cuda(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
-                    const at::Tensor* w, const AdamConstants& c);
+                    const at::Tensor* w, const AdamConstants& c, const AdamStepSource& source);
 void sgd_step_cuda(const at::Tensor& p, const at::Tensor& g, const at::Tensor* b, const SgdConstants& c);
 at::Tensor sum_squares_cuda(at::TensorList tensors, bool sqrt);
 void clip_scale_cuda(at::TensorList grads, const at::Tensor& total_norm, double max_norm, double eps);

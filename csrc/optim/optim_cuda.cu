@@ -23,8 +23,11 @@ constexpr int kThreads = 256;
 template <typename T, typename F, bool kAmsgrad>
 __global__ void __launch_bounds__(kThreads)
     adam_kernel(T* __restrict__ p, const T* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
-                float* __restrict__ w, int64_t n, AdamConstants c) {
+                float* __restrict__ w, int64_t n, AdamConstants c, AdamStepSource source) {
   constexpr FloatFormat f = F::get();
+  // A capturable step: every thread derives the same constants from t and
+  // lr in device memory (a few dozen fp64 operations, the host's sequence).
+  if (source.step) c = constants_at(c, source);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const double w0 = kAmsgrad ? load(w, i) : 0.0;
@@ -150,7 +153,7 @@ void with_types(const at::Tensor& t, Fn&& fn) {
 }  // namespace
 
 void adam_step_cuda(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
-                    const at::Tensor* w, const AdamConstants& c) {
+                    const at::Tensor* w, const AdamConstants& c, const AdamStepSource& source) {
   const c10::cuda::CUDAGuard guard(p.device());
   const int64_t n = p.numel();
   const auto stream = at::cuda::getCurrentCUDAStream();
@@ -161,11 +164,12 @@ void adam_step_cuda(const at::Tensor& p, const at::Tensor& g, const at::Tensor& 
     const T* gp = g.const_data_ptr<T>();
     float* mp = m.mutable_data_ptr<float>();
     float* vp = v.mutable_data_ptr<float>();
+    const int blocks = blocks_for(n, kThreads);
     if (w) {
-      adam_kernel<T, F, true><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(pp, gp, mp, vp,
-                                                                               w->mutable_data_ptr<float>(), n, c);
+      adam_kernel<T, F, true><<<blocks, kThreads, 0, stream>>>(pp, gp, mp, vp, w->mutable_data_ptr<float>(), n, c,
+                                                               source);
     } else {
-      adam_kernel<T, F, false><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(pp, gp, mp, vp, nullptr, n, c);
+      adam_kernel<T, F, false><<<blocks, kThreads, 0, stream>>>(pp, gp, mp, vp, nullptr, n, c, source);
     }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();

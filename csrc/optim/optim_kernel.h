@@ -32,6 +32,57 @@ struct AdamConstants {
   uint64_t grad_sign, decoupled_mask, l2_mask;
 };
 
+// beta^t by binary exponentiation (contract §12, carbon.optim.power): r = 1,
+// b = beta; for each bit of t from the lowest: if set, r = r * b; then
+// b = b * b. t is the integer part of a step count held as a float32 value
+// (exact in fp64, and its halvings are exact too), so the loop needs no
+// integer type: a float32 is below 2^128, so 128 bits suffice (an infinite t
+// stops there; a NaN t runs no bit and gives 1).
+CARBON_HD double beta_power(double beta, double t) {
+  double r = 1.0, b = beta;
+  t = trunc(t);
+  for (int bit = 0; bit < 128 && t >= 1.0; ++bit) {
+    const double half = trunc(t * 0.5);
+    if (t != half * 2.0) r = r * b;
+    b = b * b;
+    t = half;
+  }
+  return r;
+}
+
+// The constants of an Adam step that depend on the learning rate and the
+// step count t (the others are set once per call). The same operations as
+// carbon.optim's host computation (1 - beta1^t, sqrt(1 - beta2^t), lr / c1,
+// 1 - lr * wd), so a step whose t and lr live in device memory (capturable
+// steps, computed in the kernel) has the bits of one whose constants came
+// from the host.
+CARBON_HD void set_step_constants(AdamConstants& c, double lr, double t) {
+  const double bias_correction1 = 1.0 - beta_power(c.beta1, t);
+  c.step_size = lr / bias_correction1;
+  c.bias_correction2_sqrt = sqrt(1.0 - beta_power(c.beta2, t));
+  const double lr_wd = lr * c.weight_decay;
+  c.decay = 1.0 - lr_wd;
+}
+
+// Where a capturable step (adam_step_capturable_) reads t and lr: memory on
+// the parameters' device, read by the kernel itself, so that a CUDA graph
+// replays with the values current at each replay rather than those of the
+// capture. step == null: the step's constants came from the host.
+struct AdamStepSource {
+  const float* step = nullptr;   // t, one float32 value
+  const float* lr32 = nullptr;   // the learning rate as a float32 tensor, or null
+  const double* lr64 = nullptr;  // ... as a float64 tensor, or null
+  double lr = 0.0;               // the learning rate when both are null
+};
+
+// c with its t- and lr-dependent constants set from s (float32 and float64
+// values are exact in fp64).
+CARBON_HD AdamConstants constants_at(AdamConstants c, const AdamStepSource& s) {
+  const double lr = s.lr32 ? static_cast<double>(*s.lr32) : (s.lr64 ? *s.lr64 : s.lr);
+  set_step_constants(c, lr, static_cast<double>(*s.step));
+  return c;
+}
+
 // a where mask is all ones, b where it is 0: a select on the bits, exact.
 CARBON_HD double select_bits(uint64_t mask, double a, double b) {
   return bits_to_double((double_to_bits(a) & mask) | (double_to_bits(b) & ~mask));
