@@ -81,6 +81,19 @@ def test_bmm_and_baddbmm_random(bias_shape, a_dtype, b_dtype, out_dtype):
     assert_bits_equal(out, expected, f"bmm bias {bias_shape}", dtype=expected_dtype(a, b, out_dtype))
 
 
+@pytest.mark.parametrize("shape", [(200, 64, 5), (140, 300, 40), (70, 520, 3)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype,out_dtype,spread", [(F32, None, 0), (BF16, F32, 40), (F16, F16, 4)])
+def test_tall_narrow_products(shape, dtype, out_dtype, spread):
+    """Products with many more rows than columns and K >= 64, whose fp64 GEMM
+    runs as its transpose (faster in the BLAS; csrc/matmul/matmul_cpu.cpp
+    transposed_gemm_is_faster), with and without a bias: the exact results."""
+    M, K, N = shape
+    g = generator(zlib.crc32(f"tall{shape}{dtype}".encode()))
+    a, b = random_values((M, K), dtype, g, spread=spread), random_values((K, N), dtype, g, spread=spread)
+    check_mm(a, b, out_dtype, context=f"mm {shape}")
+    check_mm(a, b, out_dtype, bias=random_values((N,), dtype, g), context=f"addmm {shape}")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_huge_dynamic_range_in_one_row(dtype):
     """Terms of wildly different magnitudes (2^+-60 for the wide formats) in the same dot product."""
