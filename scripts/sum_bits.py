@@ -5,7 +5,7 @@ inputs; default, float32 and bfloat16 outputs; shapes around the CPU's
 groups, the 8-row column groups and 64-row column passes, the long-row and
 column paths; 15 kinds of data incl. NaN / inf / subnormals, exact ties,
 overflow, cancellation and exponent spreads around the bfloat16 groups'
-limit). Prints a hash per shape and the total.
+limit, and the float16 groups'). Prints a hash per shape and the total.
 
     python scripts/sum_bits.py THREADS [START STEP]    # shapes[START::STEP]
 
@@ -47,6 +47,8 @@ def gen(kind, shape, g):
     if kind == "tiny": return torch.randn(shape, generator=g) * 1e-39
     if kind == "spans": return torch.randn(shape, generator=g) * torch.pow(2.0, torch.randint(-7, 8, shape, generator=g).float())
     if kind == "spans14": return torch.sign(torch.randn(shape, generator=g)) * torch.pow(2.0, torch.randint(0, 15, shape, generator=g).float()) * (1 + torch.randint(0, 128, shape, generator=g).float() / 128)
+    if kind == "spans11":  # float16 groups' limit: exponent spans 0..11 around their 10
+        return torch.sign(torch.randn(shape, generator=g)) * torch.pow(2.0, torch.randint(0, 12, shape, generator=g).float()) * (1 + torch.randint(0, 1024, shape, generator=g).float() / 1024)
     if kind == "sparse_tiny":
         x = torch.randn(shape, generator=g)
         if n: x.view(-1)[:: 97] *= 2.0 ** -14
@@ -54,7 +56,7 @@ def gen(kind, shape, g):
     if kind == "nearmax": return torch.sign(torch.randn(shape, generator=g)) * (3.3e38 - torch.rand(shape, generator=g) * 1e38)
     if kind == "subnormal16": return torch.randn(shape, generator=g) * 2.0 ** -130
     raise ValueError(kind)
-kinds = ["normal", "wide", "cancel", "zeros", "negzeros", "special", "ties", "huge", "ints", "tiny", "spans", "spans14", "sparse_tiny", "nearmax", "subnormal16"]
+kinds = ["normal", "wide", "cancel", "zeros", "negzeros", "special", "ties", "huge", "ints", "tiny", "spans", "spans14", "spans11", "sparse_tiny", "nearmax", "subnormal16"]
 shapes = [(r, n) for r in (1, 2, 3, 63, 64, 65, 130) for n in (0, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 100, 767, 768, 769, 1000)]
 shapes += [(1, 40000), (2, 70001), (3, 4096), (1, 8193), (5, 33000), (2000, 33), (1100, 300), (4096, 96)]
 shapes += [(8, 32), (9, 33), (16, 256), (72, 257), (1024, 64), (1025, 31), (1031, 300), (2055, 40), (64, 768), (3, 256), (2, 257), (1, 255), (1, 256), (1, 511), (1, 512), (1, 513), (5, 2065), (7, 3000), (17, 1), (4100, 3)]

@@ -527,64 +527,80 @@ def test_every_kernel_path_at_1_and_2_threads(restore_num_threads, in_dtype, out
         assert_bits_equal(flat[picks], sum_bits(to_rows(x, dim)[picks], 1, dtype=out_dtype), f"{name}: oracle subset")
 
 
-def float32_group_lane(span: int) -> list:
-    """Eight bfloat16 values whose exponent fields lie `span` apart: seven of
-    2 - 2^-7 and one of 2^-span (1 + 2^-7). Their exact sum needs 24 bits at
-    span 13 and 25 at span 14, where float32 would round it (to even, down)."""
-    return [2 - 2.0**-7] * 7 + [2.0**-span * (1 + 2.0**-7)]
+# The float32 groups of the CPU's 16-bit sums (csrc/reduce/groups16_avx512.h):
+# per format, the largest exponent-field span they accept, the unit of the
+# significand's last bit at exponent 0, and a value far below every lane's.
+GROUPS = {BF16: dict(span=13, ulp=2.0**-7, tiny=2.0**-40), F16: dict(span=10, ulp=2.0**-10, tiny=2.0**-24)}
 
 
-def test_float32_group_lanes_are_what_they_claim():
-    for span, exact in ((13, True), (14, False)):
-        total = sum(Fraction(v) for v in float32_group_lane(span))
+def float32_group_lane(dtype, span: int) -> list:
+    """Eight values of `dtype` whose exponent fields lie `span` apart: seven of
+    2 - ulp and one of 2^-span (1 + ulp). Their exact sum needs 24 bits at the
+    format's accepted span and 25 one above it, where float32 would round it
+    (a tie, to even: down)."""
+    ulp = GROUPS[dtype]["ulp"]
+    return [2 - ulp] * 7 + [2.0**-span * (1 + ulp)]
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_float32_group_lanes_are_what_they_claim(dtype):
+    limit = GROUPS[dtype]["span"]
+    for span, exact in ((limit, True), (limit + 1, False)):
+        values = float32_group_lane(dtype, span)
+        assert torch.equal(torch.tensor(values).to(dtype).double(), torch.tensor(values, dtype=torch.float64))
+        total = sum(Fraction(v) for v in values)
         as_float32 = Fraction(torch.tensor(float(total), dtype=torch.float64).float().item())
         assert (as_float32 == total) == exact, span
 
 
 @pytest.mark.parametrize("op", ["sum", "mean"])
-def test_bfloat16_float32_groups_beside_groups_that_are_not(op):
-    """On AVX-512 the CPU adds bfloat16 values 8 at a time in float32 (rows:
-    elements 32 apart within 256; columns: 8 consecutive rows) when every
-    lane's exponents lie at most 13 apart, which keeps those sums exact; a
-    group with one lane 14 apart is added value by value. Each such lane's
-    sum gets 2^-40 from another lane or group, which breaks the tie that an
-    inexact group sum would have rounded away: a test that let span 14
-    through would give the wrong float32 result, decided. Groups whose
-    float32 sums overflow (values near bfloat16's maximum, exponents close)
-    must leave the exact tiers the finite answer. Checked against the exact
-    oracle for row and column layouts of several lengths."""
-    rng = random.Random(seed_of("bf16 groups", op))
-    g = generator(seed_of("bf16 groups", op))
-    overflow_lane = [BF16_MAX, BF16_MAX, -BF16_MAX, -BF16_MAX, 2.0**120, 0.0, 0.0, 0.0]
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_16bit_float32_groups_beside_groups_that_are_not(op, dtype):
+    """On AVX-512 the CPU adds bfloat16 and float16 values 8 at a time in
+    float32 (rows: elements 32 apart within 256; columns: 8 consecutive rows)
+    when every lane's exponents lie at most 13 (bfloat16) or 10 (float16)
+    apart, which keeps those sums exact; a group with one lane a step further
+    apart is added value by value. Each such lane's sum gets a tiny term from
+    another lane or group, which breaks the tie that an inexact group sum
+    would have rounded away: a test that let the wider span through would
+    give the wrong float32 result, decided. Groups whose float32 sums are not
+    finite (bfloat16 values near its maximum, exponents close; float16
+    infinities of both signs) must leave the exact tiers the answer. Checked
+    against the exact oracle for row and column layouts of several lengths."""
+    rng = random.Random(seed_of("bf16 groups" if dtype == BF16 else "f16 groups", op))
+    g = generator(seed_of("bf16 groups" if dtype == BF16 else "f16 groups", op))
+    limit, tiny = GROUPS[dtype]["span"], GROUPS[dtype]["tiny"]
+    special_lane = ([BF16_MAX, BF16_MAX, -BF16_MAX, -BF16_MAX, 2.0**120, 0.0, 0.0, 0.0] if dtype == BF16 else
+                    [INF, 1.0, -INF, 2.0, 0.0, 0.0, 0.0, 0.0])
     for n in (256, 257, 300, 512, 773):
         x = torch.zeros(9, n, dtype=torch.float64)
         for r in range(9):
             lane = rng.randrange(31)
             kind = r % 4
             if kind == 3:  # ordinary values, a random lane planted in a random group
-                x[r] = reduction_values((1, n), BF16, g, dim=1, spread=spread_for(BF16, F32))[0].double()
+                x[r] = reduction_values((1, n), dtype, g, dim=1, spread=spread_for(dtype, F32))[0].double()
             group = rng.randrange(n // 256) * 256
-            values = overflow_lane if kind == 2 else float32_group_lane(13 + kind)
+            values = special_lane if kind == 2 else float32_group_lane(dtype, limit + kind)
             for q, v in enumerate(values):
                 x[r, group + lane + 32 * q] = v
             if kind < 2:
-                x[r, group + lane + 1] = 2.0**-40  # another lane
-        x = x.to(BF16)
+                x[r, group + lane + 1] = tiny  # another lane
+        x = x.to(dtype)
         check(op, x, 1, False, F32, f"rows of {n}")
     for rows in (8, 9, 16, 71, 1030):
         x = torch.zeros(rows, 70, dtype=torch.float64)
         for col in range(70):
             kind = col % 4
             if kind == 3:
-                x[:, col] = reduction_values((rows, 1), BF16, g, dim=0, spread=spread_for(BF16, F32))[:, 0].double()
+                x[:, col] = reduction_values((rows, 1), dtype, g, dim=0, spread=spread_for(dtype, F32))[:, 0].double()
             start = rng.randrange(rows // 8) * 8
-            values = overflow_lane if kind == 2 else float32_group_lane(13 + kind)
+            values = special_lane if kind == 2 else float32_group_lane(dtype, limit + kind)
             x[start:start + 8, col] = torch.tensor(values, dtype=torch.float64)
             if kind < 2 and rows > 8:
-                x[(start + 8) % rows if rows >= 16 else 8, col] = 2.0**-40
-        x = x.to(BF16)
+                x[(start + 8) % rows if rows >= 16 else 8, col] = tiny
+        x = x.to(dtype)
         check(op, x, 0, False, F32, f"columns of {rows} rows")
-        check(op, x, 0, False, None, f"columns of {rows} rows, bfloat16 output")
+        check(op, x, 0, False, None, f"columns of {rows} rows, {dtype} output")
 
 
 @pytest.mark.parametrize("op", ["sum", "mean"])

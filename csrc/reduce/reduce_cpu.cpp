@@ -22,8 +22,8 @@
 #include "../exact/decide_block.h"
 #include "../exact/fp_env.h"
 #include "../exact/widen_avx512.h"
-#include "bf16_groups_avx512.h"
 #include "chain_tree.h"
+#include "groups16_avx512.h"
 #include "reduce.h"
 #include "reduce_kernel.h"
 
@@ -152,32 +152,27 @@ CARBON_REDUCE_V4 inline double largest_magnitude(__m512i lo, __m512i hi, const d
 // tree decides it.
 constexpr int kRowChains = 32;
 
-// bfloat16 rows: the same 32 chains (in parity layout), fed by groups of 8
-// values added exactly in float32 (bf16_groups_avx512.h): elements
-// k + i, k + 32 + i, ..., k + 224 + i share lane i of a 256-element group.
-// A chain takes one addition per exact group, at most 8 per other group and
-// one per 32-element vector of the tail: no more than the element-wise
-// chains' floor(n / 32) + 1, so chain_depth<kRowChains> still bounds it.
-CARBON_REDUCE_V4 Sums chain_sums_bf16_v4(const c10::BFloat16* x, int64_t n) {
+// bfloat16 and float16 rows: the same 32 chains (in the format's layout,
+// groups16_avx512.h), fed by groups of 8 values added exactly in float32:
+// elements k + i, k + 32 + i, ..., k + 224 + i share lane i of a
+// 256-element group. A chain takes one addition per exact group, at most 8
+// per other group and one per 32-element vector of the tail: no more than
+// the element-wise chains' floor(n / 32) + 1, so chain_depth<kRowChains>
+// still bounds it.
+template <typename T>
+CARBON_REDUCE_V4 Sums chain_sums16_v4(const T* x, int64_t n) {
+  using L = Lanes16<T>;
   constexpr int64_t kGroup = 32 * kGroupValues;
-  ParityChains c{_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
+  Chains16 c{_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
   __m512i largest = _mm512_setzero_si512();
   int64_t k = 0;
-  for (; k + kGroup <= n; k += kGroup) {
-    Bf16Group group;
-    for (int q = 0; q < kGroupValues; ++q) group.add(bf16_bits(x + k + 32 * q));
-    largest = _mm512_max_epu16(largest, group.largest);
-    if (__builtin_expect(group.exact(), 1)) {
-      add_parity(c, group.even, group.odd);
-    } else {
-      for (int q = 0; q < kGroupValues; ++q) add_parity(c, bf16_bits(x + k + 32 * q));
-    }
-  }
+  for (; k + kGroup <= n; k += kGroup)
+    largest = _mm512_max_epu16(largest, add_group<L>(c, 0xffffffffu, x + k, 32));
   for (; k < n; k += 32) {  // the tail, 32 at a time (masked lanes read nothing and add +0)
     const uint32_t lanes = n - k >= 32 ? 0xffffffffu : static_cast<uint32_t>((1ull << (n - k)) - 1);
-    const __m512i bits = bf16_bits(x + k, lanes);
-    largest = _mm512_max_epu16(largest, bf16_magnitudes(bits));
-    add_parity(c, bits);
+    const __m512i bits = bits16(x + k, lanes);
+    largest = _mm512_max_epu16(largest, magnitudes16(bits));
+    add_values<L>(c, bits);
   }
   const double bound = static_cast<double>(n) * largest_magnitude(largest, largest, x);
   return {fold_registers(c.s0, c.s1, c.s2, c.s3), bound, chain_depth<kRowChains>(n)};
@@ -185,7 +180,7 @@ CARBON_REDUCE_V4 Sums chain_sums_bf16_v4(const c10::BFloat16* x, int64_t n) {
 
 template <typename T>
 CARBON_REDUCE_V4 Sums chain_sums_v4(const T* x, int64_t n) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) return chain_sums_bf16_v4(x, n);
+  if constexpr (sizeof(T) == 2) return chain_sums16_v4(x, n);
   __m512d s0 = _mm512_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
   __m512i lo = _mm512_setzero_si512(), hi = lo;
   int64_t k = 0;
@@ -420,13 +415,15 @@ CARBON_REDUCE_V4 void column_chunk_sums_v4(const T* x, int64_t rows, int64_t col
   }
 }
 
-// bfloat16 columns on AVX-512: groups of 8 rows added exactly in float32
-// first (bf16_groups_avx512.h), 32 columns at a time in passes of kRowStep
-// rows, as column_chunk_sums_v4. Each column is one chain of at most `rows`
-// additions, as there. part[] keeps the columns' natural order; the chains
-// hold them in parity layout.
-CARBON_REDUCE_V4 void column_chunk_sums_bf16_v4(const c10::BFloat16* x, int64_t rows, int64_t cols, int64_t width,
-                                                double* part, double* abs_part) {
+// bfloat16 and float16 columns on AVX-512: groups of 8 rows added exactly
+// in float32 first (groups16_avx512.h), 32 columns at a time in passes of
+// kRowStep rows, as column_chunk_sums_v4. Each column is one chain of at
+// most `rows` additions, as there. part[] keeps the columns' natural order;
+// the chains hold them in the format's layout.
+template <typename T>
+CARBON_REDUCE_V4 void column_chunk_sums16_v4(const T* x, int64_t rows, int64_t cols, int64_t width, double* part,
+                                             double* abs_part) {
+  using L = Lanes16<T>;
   alignas(64) uint16_t largest[kColumnBlock];  // each column's largest magnitude, as bits
   std::memset(largest, 0, sizeof largest);
   for (int64_t j = 0; j < width; ++j) part[j] = 0.0;
@@ -434,35 +431,28 @@ CARBON_REDUCE_V4 void column_chunk_sums_bf16_v4(const c10::BFloat16* x, int64_t 
     const int64_t r1 = std::min(rows, r0 + kRowStep);
     for (int64_t j = 0; j < width; j += 32) {
       const uint32_t lanes = width - j >= 32 ? 0xffffffffu : static_cast<uint32_t>((1ull << (width - j)) - 1);
-      ParityChains c = load_parity_chains(part + j, lanes);
+      Chains16 c = load_chains<L>(part + j, lanes);
       __m512i largest_bits = _mm512_load_si512(largest + j);
       int64_t r = r0;
       for (; r + kGroupValues <= r1; r += kGroupValues) {
-        Bf16Group group;
-        for (int q = 0; q < kGroupValues; ++q) {
-          group.add(bf16_bits(x + (r + q) * cols + j, lanes));
-          // The rows lie a stride apart: fetch kPrefetchRows ahead (the
-          // hardware follows contiguous walks only; prefetches never fault).
+        // The rows lie a stride apart: fetch kPrefetchRows ahead (the
+        // hardware follows contiguous walks only; prefetches never fault).
+        for (int q = 0; q < kGroupValues; ++q)
           _mm_prefetch(reinterpret_cast<const char*>(x + (r + q + kPrefetchRows) * cols + j), _MM_HINT_T0);
-        }
-        largest_bits = _mm512_max_epu16(largest_bits, group.largest);
-        if (__builtin_expect(group.exact(), 1)) {
-          add_parity(c, group.even, group.odd);
-        } else {
-          for (int q = 0; q < kGroupValues; ++q) add_parity(c, bf16_bits(x + (r + q) * cols + j, lanes));
-        }
+        const __m512i group_largest = add_group<L>(c, lanes, x + r * cols + j, cols);
+        largest_bits = _mm512_max_epu16(largest_bits, group_largest);
       }
       for (; r < r1; ++r) {
-        const __m512i bits = bf16_bits(x + r * cols + j, lanes);
-        largest_bits = _mm512_max_epu16(largest_bits, bf16_magnitudes(bits));
-        add_parity(c, bits);
+        const __m512i bits = bits16(x + r * cols + j, lanes);
+        largest_bits = _mm512_max_epu16(largest_bits, magnitudes16(bits));
+        add_values<L>(c, bits);
       }
-      store_parity_chains(c, lanes, part + j);
+      store_chains<L>(c, lanes, part + j);
       _mm512_store_si512(largest + j, largest_bits);
     }
   }
   const __m512d count = _mm512_set1_pd(static_cast<double>(rows));
-  const c10::BFloat16* largest_values = reinterpret_cast<const c10::BFloat16*>(largest);
+  const T* largest_values = reinterpret_cast<const T*>(largest);
   for (int64_t j = 0; j < width; j += 8) {
     const __mmask8 lanes = width - j >= 8 ? 0xff : static_cast<__mmask8>((1u << (width - j)) - 1);
     _mm512_mask_storeu_pd(abs_part + j, lanes, _mm512_mul_pd(count, widen8(largest_values + j)));
@@ -487,8 +477,8 @@ void reduce_columns(const T* x, int64_t n, int64_t cols, bool mean, typename F::
       const int64_t rows = std::max<int64_t>(0, std::min(kRowChunk, n - c * kRowChunk));
       const int64_t width = std::min(kColumnBlock, cols - j0);
       auto* chunk_sums = v4 ? column_chunk_sums_v4<T> : column_chunk_sums<T>;
-      if constexpr (std::is_same_v<T, c10::BFloat16>)
-        if (v4) chunk_sums = column_chunk_sums_bf16_v4;
+      if constexpr (sizeof(T) == 2)
+        if (v4) chunk_sums = column_chunk_sums16_v4<T>;
       chunk_sums(x + c * kRowChunk * cols + j0, rows, cols, width,
                                                             sums.data() + c * cols + j0,
                                                             abs_sums.data() + c * cols + j0);
