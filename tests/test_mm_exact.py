@@ -94,6 +94,36 @@ def test_tall_narrow_products(shape, dtype, out_dtype, spread):
     check_mm(a, b, out_dtype, bias=random_values((N,), dtype, g), context=f"addmm {shape}")
 
 
+@pytest.mark.parametrize("a_dtype,b_dtype,out_dtype,bias_shape", [(F32, F32, None, None), (BF16, BF16, F32, (4100,)),
+                                                                   (F16, F32, F16, (1100, 4100))])
+def test_large_outputs_in_row_chunks(a_dtype, b_dtype, out_dtype, bias_shape, restore_num_threads):
+    """Products whose fp64 GEMM result would exceed 32 MiB run in chunks of
+    rows on the CPU (1100 x 4100 outputs: chunks of 256 rows and a last one of
+    76; csrc/matmul/matmul.cpp rows_per_chunk). Rows at and around the chunk
+    edges against the exact oracle, and against the same rows multiplied
+    alone (a small product, not chunked)."""
+    M, K, N = 1100, 7, 4100
+    g = generator(zlib.crc32(f"row chunks{a_dtype}{b_dtype}".encode()))
+    a, b = random_values((M, K), a_dtype, g, spread=3), random_values((K, N), b_dtype, g, spread=3)
+    bias = None if bias_shape is None else random_values(bias_shape, a_dtype, g)
+
+    def rows_of(index):
+        return bias if bias is None or bias.dim() == 1 else bias[index]
+
+    out = carbon.mm(a, b, out_dtype=out_dtype) if bias is None else carbon.addmm(bias, a, b, out_dtype=out_dtype)
+    rows = [0, 1, 255, 256, 257, 511, 512, 767, 1023, 1024, 1099]
+    expected = mm_bits(a[rows], b, rows_of(rows), out_dtype)
+    assert_bits_equal(out[rows], expected, "chunked rows", dtype=expected_dtype(a, b, out_dtype))
+    alone = [carbon.mm(a[i:i + 1], b, out_dtype=out_dtype) if bias is None else
+             carbon.addmm(rows_of(slice(i, i + 1)), a[i:i + 1], b, out_dtype=out_dtype) for i in (3, 300, 700, 1050)]
+    bits = torch.int16 if out.element_size() == 2 else torch.int32
+    assert torch.equal(out[[3, 300, 700, 1050]].view(bits), torch.cat(alone).view(bits))
+    for threads in (1, 2):  # the chunks are tasks of a parallel loop
+        torch.set_num_threads(threads)
+        again = carbon.mm(a, b, out_dtype=out_dtype) if bias is None else carbon.addmm(bias, a, b, out_dtype=out_dtype)
+        assert torch.equal(again.view(bits), out.view(bits)), f"{threads} threads"
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_huge_dynamic_range_in_one_row(dtype):
     """Terms of wildly different magnitudes (2^+-60 for the wide formats) in the same dot product."""

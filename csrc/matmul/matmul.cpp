@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "../dtypes.h"
+#include "../exact/fp_env.h"
 #include "matmul_cpu.h"
 
 namespace carbon {
@@ -73,6 +74,20 @@ MatmulView make_view(int64_t B, int64_t M, int64_t N, int64_t K, const at::Tenso
 // chunks cannot change a bit.
 constexpr int64_t kChunkBytesPerThread = int64_t{1} << 20;
 
+// Rows of one batch's product per chunk of the CPU path: all M unless the
+// fp64 GEMM's result, M x N doubles, is large (above 32 MiB and twice the
+// budget); then enough rows for the budget, but at least 256, so that each
+// chunk's GEMM still does 512 flops per element of b it reads again.
+// Measured (one thread / two, ms, whole product against row chunks):
+// 8192 x 16 x 4096 265 / 305 -> 129 / 155 (the 268 MB result's first-touch
+// page faults and memory traffic gone), 8192 x 256 x 8192 1125 / 1170 ->
+// 910 / 960, 8192 x 768 x 768 and 1024 x 256 x 8192 within 3% either way.
+int64_t rows_per_chunk(int64_t M, int64_t N, int64_t budget) {
+  const int64_t row_bytes = std::max<int64_t>(N, 1) * static_cast<int64_t>(sizeof(double));
+  if (M * row_bytes <= std::max<int64_t>(int64_t{32} << 20, 2 * budget)) return M;
+  return std::clamp<int64_t>(budget / row_bytes, 256, M);
+}
+
 // The CPU path of matmul_into, in chunks of the batch.
 void matmul_into_cpu(const at::Tensor& a3, const at::Tensor& b3, const at::Tensor& bias, at::Tensor& out,
                      bool lower_only) {
@@ -98,9 +113,48 @@ void matmul_into_cpu(const at::Tensor& a3, const at::Tensor& b3, const at::Tenso
   const int64_t per_batch = (M * K + N * K + M * N) * static_cast<int64_t>(sizeof(double));
   const int64_t budget = kChunkBytesPerThread * std::max<int64_t>(1, at::get_num_threads());
   const int64_t chunk = std::clamp<int64_t>(budget / std::max<int64_t>(per_batch, 1), 1, B);
+  const FormatId f = format_of(out.scalar_type());
+  const int64_t row_chunk = rows_per_chunk(M, N, budget);
+  if (!lower_only && row_chunk < M) {
+    // Large outputs: each batch's rows in chunks, so that the fp64 GEMM's
+    // result lives in scratch of row_chunk rows instead of all M (an LM
+    // head of 8192 x 50257 outputs would need 3.3 GB more). b is widened
+    // once per batch; each chunk, a task of its own (the BLAS then runs on
+    // one thread: measured, the BLAS's own threads over 32 calls of 256
+    // rows cost 2.5x one call of 8192 rows on 2 busy cores), widens its rows
+    // of a into its thread's scratch, multiplies them by all of b and rounds
+    // them. Every output is computed from its own row and column alone, so
+    // the chunks cannot change a bit.
+    const int64_t chunks = (M + row_chunk - 1) / row_chunk;
+    for (int64_t b = 0; b < B; ++b) {
+      at::Tensor bt64 = scratch_doubles({1, N, K});
+      at::Tensor bn = b_norm.narrow(0, b * N, N), bs = b_signs.narrow(0, b * N, N);
+      at::Tensor bq = b_quantum.narrow(0, b * N, N), bsp = b_spans.narrow(0, b * N, N);
+      widen_operand_cpu(b3t.narrow(0, b, 1), bt64, bn, bs, precision_of(b3.scalar_type()), 1.0, bq, bsp);
+      carbon::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t c = begin; c < end; ++c) {
+          const int64_t r0 = c * row_chunk, rows = std::min(row_chunk, M - r0), first = b * M + r0;
+          at::Tensor a64 = scratch_doubles({1, rows, K}), approx = scratch_doubles({1, rows, N});
+          at::Tensor an = a_norm.narrow(0, first, rows), as = a_signs.narrow(0, first, rows);
+          at::Tensor aq = a_quantum.narrow(0, first, rows), asp = a_spans.narrow(0, first, rows);
+          widen_operand_cpu(a3.narrow(0, b, 1).narrow(1, r0, rows), a64, an, as, precision_of(a3.scalar_type()),
+                            0x1p53, aq, asp);
+          const at::Tensor bias_rows = bias64.defined() ? bias64.narrow(1, r0, rows) : bias64;
+          MatmulView v = make_view(1, rows, N, K, bias_rows, b, approx, a64, bt64, an, bn, as, bs);
+          v.a_quantum53 = aq.const_data_ptr<double>();
+          v.b_quantum = bq.const_data_ptr<double>();
+          at::Tensor out_rows = out.narrow(0, b, 1).narrow(1, r0, rows);
+          const bool rounded = fp64_gemm_cpu(a64, bt64, asp, bsp, approx, false, [&](int64_t lo, int64_t hi) {
+            matmul_round_row_range_cpu(v, f, out_rows, false, lo, hi);
+          });
+          if (!rounded) matmul_round_rows_cpu(v, f, out_rows, false);
+        }
+      });
+    }
+    return;
+  }
   at::Tensor a64_all = scratch_doubles({chunk, M, K}), bt64_all = scratch_doubles({chunk, N, K});
   at::Tensor approx_all = scratch_doubles({chunk, M, N});  // tier 1's approximation
-  const FormatId f = format_of(out.scalar_type());
   for (int64_t b0 = 0; b0 < B; b0 += chunk) {
     const int64_t cb = std::min(chunk, B - b0);
     at::Tensor a64 = a64_all.narrow(0, 0, cb), bt64 = bt64_all.narrow(0, 0, cb), approx = approx_all.narrow(0, 0, cb);
