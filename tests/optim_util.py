@@ -1,11 +1,12 @@
 """Shared data for the optimizer tests: parameters and gradients with
-ordinary, tiny (subnormal) and huge values."""
+ordinary, tiny (subnormal) and huge values, and a bitwise comparison."""
 
 from __future__ import annotations
 
 import torch
 
 from data import generator, random_values
+from oracle import as_bits
 
 
 def wide_values(shape, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -26,3 +27,23 @@ def wide_values(shape, dtype: torch.dtype, seed: int) -> torch.Tensor:
         flat[4] = huge
         flat[5] = -huge
     return x
+
+
+def make_params(dtype, seed, shapes=((7, 5), (33,))):
+    return [torch.nn.Parameter(wide_values(s, dtype, seed + i)) for i, s in enumerate(shapes)]
+
+
+def set_grads(params, seed):
+    for i, p in enumerate(params):
+        p.grad = wide_values(p.shape, p.dtype, 1000 * seed + i)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    assert a.dtype == b.dtype and a.shape == b.shape, what
+    # flattened: a 0-dim mismatch gives nonzero() of shape (1, 0), numel 0
+    got, want = as_bits(a).reshape(-1), as_bits(b).reshape(-1)
+    if not torch.equal(got, want):
+        bad = (got != want).nonzero()[:, 0]
+        first = int(bad[0])
+        raise AssertionError(f"{what}: {bad.numel()} elements differ, first at flat index {first}: "
+                             f"got {a.reshape(-1)[first]!r}, expected {b.reshape(-1)[first]!r}")

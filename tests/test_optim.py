@@ -16,30 +16,10 @@ import torch
 import carbon
 from oracle import as_bits, bits_tensor, is_midpoint, round_bits
 from optim_reference import adam_reference, from_values, sgd_reference, values
-from optim_util import wide_values
+from optim_util import make_params, same_bits, set_grads, wide_values
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 STEPS = 4
-
-
-def make_params(dtype, seed, shapes=((7, 5), (33,))):
-    return [torch.nn.Parameter(wide_values(s, dtype, seed + i)) for i, s in enumerate(shapes)]
-
-
-def set_grads(params, seed):
-    for i, p in enumerate(params):
-        p.grad = wide_values(p.shape, p.dtype, 1000 * seed + i)
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
-    assert a.dtype == b.dtype and a.shape == b.shape, what
-    # flattened: a 0-dim mismatch gives nonzero() of shape (1, 0), numel 0
-    got, want = as_bits(a).reshape(-1), as_bits(b).reshape(-1)
-    if not torch.equal(got, want):
-        bad = (got != want).nonzero()[:, 0]
-        first = int(bad[0])
-        raise AssertionError(f"{what}: {bad.numel()} elements differ, first at flat index {first}: "
-                             f"got {a.reshape(-1)[first]!r}, expected {b.reshape(-1)[first]!r}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -11,27 +11,11 @@ import pytest
 import torch
 
 import carbon
-from oracle import as_bits
 from optim_reference import adam_reference, from_values, values
-from optim_util import wide_values
+from optim_util import make_params, same_bits, set_grads
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 HP = dict(betas=(0.8, 0.99), eps=1e-6)
-
-
-def make_params(dtype, seed, shapes=((7, 5), (33,))):
-    return [torch.nn.Parameter(wide_values(s, dtype, seed + i)) for i, s in enumerate(shapes)]
-
-
-def set_grads(params, step):
-    for i, p in enumerate(params):
-        p.grad = wide_values(p.shape, p.dtype, 1000 * step + i)
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
-    assert a.dtype == b.dtype and a.shape == b.shape, what
-    bad = (as_bits(a).reshape(-1) != as_bits(b).reshape(-1)).nonzero()
-    assert bad.numel() == 0, f"{what}: {bad.numel()} elements differ, first at {int(bad[0, 0])}"
 
 
 def reference_step(params, refs, t, lr, wd, kind, maximize, amsgrad, dtype):
