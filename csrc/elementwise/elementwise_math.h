@@ -910,16 +910,16 @@ CARBON_HD double acos_grad_core(double x) { return -1.0 / sqrt(fma(-x, x, 1.0));
 // erfinv(x) for a float32 value x (odd; a = |x|), by one Halley step from an approximation:
 //  * start: M. Giles' single-precision approximation ("Approximating the erfinv function",
 //    GPU Computing Gems Jade, 2011): w = -log(1 - a^2), then a P(w - 2.5) for w < 5 and
-//    a Q(sqrt(w) - 3) beyond, P and Q of degree 8 (his float32 constants, here exact as
-//    doubles), evaluated in binary64 with log_core. Its relative error ε0 over all float32
+//    a Q(sqrt(w) - 3) beyond, P and Q of degree 8 (his decimal constants, rounded to
+//    binary64), evaluated in binary64 with log_core. Its relative error eps0 over all float32
 //    a in (0, 1) is below 2^-22.9 (scripts/elementwise_ulp.py --erfinv-start measures it
 //    against the long double reference; docs/elementwise.md).
 //  * Halley's step for f(y) = erf(y) - a, whose f''/f' = -2y is exact and free:
 //    y <- y - f / (f' + y f), f' = erf'(y). It triples the number of correct bits:
-//    the error after it is (1 + y^2)/3 e0^3 + O(e0^4) (e0 = y ε0 the absolute error
-//    before), relative < (1 + y^2)/3 y^2 ε0^3 < 77 ε0^3 < 2^-62 (y <= erfinv(1 - 2^-24)
+//    the error after it is (1 + y^2)/3 e0^3 + O(e0^4) (e0 = y eps0 the absolute error
+//    before), relative < (1 + y^2)/3 y^2 eps0^3 < 77 eps0^3 < 2^-62 (y <= erfinv(1 - 2^-24)
 //    = 3.833, the largest for a float32 a < 1).
-//  * the residual f decides the accuracy: an error δ in it moves y by δ / f'(y).
+//  * the residual f decides the accuracy: an error d in it moves y by d / f'(y).
 //    a < 0.53 (y < 0.511): f = erf_core(y) - a, erf_core < 2^-48 relative (y*y rounds,
 //    which moves erf's series by < 0.1u): y moves by < 2^-48 erf(y) / (y erf'(y)) <= 1.19 *
 //    2^-48 relative (erf(y)/(y erf'(y)) grows from 1 at 0 to 1.19 at 0.511).
