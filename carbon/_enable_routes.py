@@ -2726,10 +2726,12 @@ ROUTES: Dict[str, Callable] = {
     "erf": _unary("erf", carbon_ops.erf), "silu": _unary("silu", carbon_ops.silu),
     "sin": _unary("sin", carbon_ops.sin), "cos": _unary("cos", carbon_ops.cos),
     "log1p": _unary("log1p", carbon_ops.log1p), "expm1": _unary("expm1", carbon_ops.expm1),
-    # log2 ... acos: carbon's functions (§6); their backward is autograd's formula (e.g. g / (x·RN(ln 2)),
-    # g·cosh x, g·rsqrt(1 − x²)) from these routes and the routed single operations, as for sin and cos
+    # log2 ... atanh: carbon's functions (§6); their backward is autograd's formula (e.g. g / (x·RN(ln 2)),
+    # g·cosh x, g·rsqrt(1 − x²), (√π/2)·exp(erfinv(x)²)·g) from these routes and the routed single operations,
+    # as for sin and cos. erfinv_ is torch.nn.init.trunc_normal_'s step in torch 2.11
     **{name: _unary(name, getattr(carbon_ops, name))
-       for name in ("log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos")},
+       for name in ("log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos", "erfinv", "asinh",
+                    "acosh", "atanh")},
     "elu": _elu, "elu_backward": _elu_backward, "celu": _celu, "softplus": _softplus, "softplus_backward": _softplus_backward,
     "log_sigmoid_forward": _log_sigmoid_forward, "log_sigmoid_backward": _log_sigmoid_backward,
     "gelu": _gelu, "gelu_backward": _gelu_backward, "silu_backward": _silu_backward,

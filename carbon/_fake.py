@@ -273,13 +273,13 @@ def _attention_probs_backward_fake(grad: Tensor, probs: Tensor, scale: float) ->
     return torch.empty_like(probs, memory_format=torch.contiguous_format)
 # ---------------------------------------------------------------------------
 # Elementwise math (exp, log, tanh, sigmoid, erf, gelu, silu, sin, cos, log1p, softplus, log_sigmoid, expm1,
-# log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos, their backward).
+# log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos, erfinv, asinh, acosh, atanh, their backward).
 # Same checks as csrc/elementwise/elementwise.cpp. Self-contained section.
 # ---------------------------------------------------------------------------
 
 ELEMENTWISE_FUNCTIONS = ("exp", "log", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "silu", "sin", "cos", "log1p",
                          "softplus", "log_sigmoid", "expm1", "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan",
-                         "asin", "acos")
+                         "asin", "acos", "erfinv", "asinh", "acosh", "atanh")
 
 
 def _elementwise_fake(op: str, x: Tensor) -> Tensor:
@@ -289,7 +289,8 @@ def _elementwise_fake(op: str, x: Tensor) -> Tensor:
 
 def _register_elementwise_fakes() -> None:
     for name in ("exp", "log", "tanh", "sigmoid", "erf", "silu", "sin", "cos", "log1p", "softplus", "log_sigmoid", "expm1",
-                 "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos"):
+                 "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos", "erfinv", "asinh", "acosh",
+                 "atanh"):
         torch.library.register_fake(f"carbon::{name}")(lambda x, _name=name: _elementwise_fake(_name, x))
 
 
@@ -353,7 +354,7 @@ def _elementwise_backward_fake(grad: Tensor, x: Tensor, fn: str) -> Tensor:
     op = "elementwise_backward"
     if fn not in ELEMENTWISE_FUNCTIONS:
         raise ValueError(f"carbon.{op}: unknown function '{fn}'; expected exp, log, tanh, sigmoid, erf, gelu, gelu_tanh, silu, sin, cos, log1p, softplus, log_sigmoid, expm1, "
-                         "log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin or acos")
+                         "log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos, erfinv, asinh, acosh or atanh")
     _check_dtype(op, "x", x)
     _check_dtype(op, "grad", grad)
     if grad.dtype != x.dtype:

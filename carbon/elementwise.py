@@ -1,5 +1,6 @@
 """Carbon's elementwise math: exp, log, tanh, sigmoid, erf, gelu, silu, sin, cos, log1p,
-softplus, log_sigmoid, expm1, log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos.
+softplus, log_sigmoid, expm1, log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos,
+erfinv, asinh, acosh, atanh.
 
 Each returns, elementwise and in the input's dtype (float32, bfloat16 or
 float16), ONE rounding (to nearest, ties to even) of an fp64 evaluation of
@@ -17,7 +18,8 @@ import torch
 from torch import Tensor
 
 __all__ = ["exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu", "sin", "cos", "log1p", "softplus", "log_sigmoid", "expm1",
-           "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos"]
+           "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos", "erfinv", "asinh", "acosh",
+           "atanh"]
 
 
 def exp(x: Tensor) -> Tensor:
@@ -138,6 +140,31 @@ def asin(x: Tensor) -> Tensor:
 def acos(x: Tensor) -> Tensor:
     """Arccosine, elementwise (acos(1) = 0, acos(-1) = pi; NaN for |x| > 1)."""
     return torch.ops.carbon.acos(x)
+
+
+def erfinv(x: Tensor) -> Tensor:
+    """Inverse error function, elementwise (odd; erfinv(+-1) = +-inf, NaN for
+    |x| > 1), accurate up to the float next to +-1 (``torch.nn.init.trunc_normal_``
+    and other initializers map uniform draws through it)."""
+    return torch.ops.carbon.erfinv(x)
+
+
+def asinh(x: Tensor) -> Tensor:
+    """Inverse hyperbolic sine, elementwise (odd: keeps the sign of zero;
+    +-inf at +-inf), without cancellation for small or negative x."""
+    return torch.ops.carbon.asinh(x)
+
+
+def acosh(x: Tensor) -> Tensor:
+    """Inverse hyperbolic cosine, elementwise (acosh(1) = 0, accurate next to
+    1; NaN for x < 1)."""
+    return torch.ops.carbon.acosh(x)
+
+
+def atanh(x: Tensor) -> Tensor:
+    """Inverse hyperbolic tangent, elementwise (odd; atanh(+-1) = +-inf, NaN
+    for |x| > 1)."""
+    return torch.ops.carbon.atanh(x)
 
 
 def softplus(x: Tensor) -> Tensor:

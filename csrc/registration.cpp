@@ -9,7 +9,7 @@
 #include "convert/round_to.h"
 #include "exact/fp_env.h"
 // ---- elementwise math (exp, log, tanh, sigmoid, erf, gelu, silu, sin, cos, log1p, softplus, log_sigmoid, expm1,
-// log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos) ----
+// log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos, erfinv, asinh, acosh, atanh) ----
 #include "elementwise/elementwise.h"
 #include "elementwise/pow.h"
 // ---- end elementwise math ----
@@ -81,6 +81,10 @@ TORCH_LIBRARY(carbon, m) {
   m.def("atan(Tensor x) -> Tensor");
   m.def("asin(Tensor x) -> Tensor");
   m.def("acos(Tensor x) -> Tensor");
+  m.def("erfinv(Tensor x) -> Tensor");
+  m.def("asinh(Tensor x) -> Tensor");
+  m.def("acosh(Tensor x) -> Tensor");
+  m.def("atanh(Tensor x) -> Tensor");
   m.def("softplus(Tensor x) -> Tensor");
   m.def("log_sigmoid(Tensor x) -> Tensor");
   m.def("pow_tensor_scalar(Tensor x, float exponent) -> Tensor");
@@ -200,6 +204,10 @@ void bind_kernels(torch::Library& m) {
   m.impl("atan", &carbon::in_default_fp_env<&carbon::atan_op>::call);
   m.impl("asin", &carbon::in_default_fp_env<&carbon::asin_op>::call);
   m.impl("acos", &carbon::in_default_fp_env<&carbon::acos_op>::call);
+  m.impl("erfinv", &carbon::in_default_fp_env<&carbon::erfinv_op>::call);
+  m.impl("asinh", &carbon::in_default_fp_env<&carbon::asinh_op>::call);
+  m.impl("acosh", &carbon::in_default_fp_env<&carbon::acosh_op>::call);
+  m.impl("atanh", &carbon::in_default_fp_env<&carbon::atanh_op>::call);
   m.impl("softplus", &carbon::in_default_fp_env<&carbon::softplus_op>::call);
   m.impl("log_sigmoid", &carbon::in_default_fp_env<&carbon::log_sigmoid_op>::call);
   m.impl("pow_tensor_scalar", &carbon::in_default_fp_env<&carbon::pow_tensor_scalar>::call);

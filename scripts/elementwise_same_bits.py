@@ -18,7 +18,7 @@ import carbon
 
 FUNCTIONS = ["exp", "log", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "silu", "sin", "cos", "log1p",
              "softplus", "log_sigmoid", "expm1", "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan",
-             "asin", "acos"]
+             "asin", "acos", "erfinv", "asinh", "acosh", "atanh"]
 BLOCK = 1 << 24
 
 

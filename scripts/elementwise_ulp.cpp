@@ -3,11 +3,13 @@
 // the same code as the kernels (csrc/elementwise/elementwise_math.h, then one
 // rounding with csrc/exact/float_format.h) and is compared with a reference
 // computed in x87 long double (64-bit significand) from glibc's long double
-// functions (expl, logl, tanhl, erfl, erfcl, tanl, atanl, ...), composed with care for
-// cancellation. Built and run by scripts/elementwise_ulp.py.
+// functions (expl, logl, tanhl, erfl, erfcl, tanl, atanl, asinhl, ...), composed with care
+// for cancellation (erfinv, which glibc lacks, by Newton steps on erfl / erfcl). Built and
+// run by scripts/elementwise_ulp.py.
 //
 //   elementwise_ulp [--functions a,b,...] [--stride k]
 //   elementwise_ulp --sincos-reduction   (smallest reduced argument of sin/cos)
+//   elementwise_ulp --erfinv-start       (largest relative error of erfinv's start)
 //
 // Per function it prints: the max error in ulps of float32 (as a real number,
 // measured against the long double reference), the input where it occurs, the
@@ -67,11 +69,32 @@ LD sigmoid_grad(LD y) {
 const LD kC = 2 * sqrtl(2 / kPiL);
 const LD kA = 0.044715L;
 
+// erfinv(x) in long double: the root y of erf(y) = a, a = |x| < 1, by Newton steps on
+// f(y) = erfl(y) - a for a <= 1/2 and on f(y) = (1 - a) - erfcl(y) above (1 - a is exact;
+// no cancellation next to 1). They start from Carbon's value only to converge in few
+// steps: each step squares the relative error, so after three nothing of the start is
+// left, and the result is the root of the glibc residual. A residual error of kRel moves
+// y by kRel erf(y) / (y erf'(y)) <= 1.2 kRel relative (a <= 1/2), or by kRel erfc(y) /
+// (y erf'(y)) < 1.2 kRel (a > 1/2); the steps' own roundings add 2^-63: < 2 kRel.
+Ref erfinvL(float xf) {
+  const LD x = xf, a = fabsl(x);
+  if (std::isnan(xf) || a > 1) return {NAN, 0};
+  if (a == 1) return {copysignl(INFINITY, x), 0};
+  if (a == 0) return {x, 0};
+  LD y = carbon::math::erfinv_core(static_cast<double>(a));
+  for (int i = 0; i < 3; ++i) {
+    const LD f = a <= 0.5L ? erfl(y) - a : (1 - a) - erfcl(y);
+    y -= f / (2 / sqrtl(kPiL) * expl(-y * y));
+  }
+  return exact(copysignl(y, x), 2 * kRel);
+}
+
 Ref reference(int id, float xf) {
   enum { EXP, LOG, TANH, SIG, ERF, GELU, GELUT, SILU, EXPG, LOGG, TANHG, SIGG, ERFG, GELUG, GELUTG, SILUG, SIN, COS, SING, COSG,
          LOG1P, SOFTPLUS, LOGSIG, LOG1PG, SOFTPLUSG, LOGSIGG, EXPM1, EXPM1G,
          LOG2, LOG10, EXP2, ERFC, SINH, COSH, TAN, ATAN, ASIN, ACOS,
-         LOG2G, LOG10G, EXP2G, ERFCG, SINHG, COSHG, TANG, ATANG, ASING, ACOSG };
+         LOG2G, LOG10G, EXP2G, ERFCG, SINHG, COSHG, TANG, ATANG, ASING, ACOSG,
+         ERFINV, ASINH, ACOSH, ATANH, ERFINVG, ASINHG, ACOSHG, ATANHG };
   const LD x = xf;
   if (id == EXP) return exact(expl(x));
   if (id == LOG) return exact(logl(x));
@@ -125,6 +148,21 @@ Ref reference(int id, float xf) {
     const LD v = 1 / sqrtl(1 - x * x);
     return exact(id == ASING ? v : -v);
   }
+  if (id == ERFINV) return erfinvL(xf);
+  // sqrt(pi)/2 e^{y^2}: y's relative error 2 kRel enters e^{y^2} times 2 y^2 (< 30)
+  if (id == ERFINVG) {
+    if (std::isnan(xf) || fabsl(x) > 1) return {NAN, 0};
+    if (fabsl(x) == 1) return {INFINITY, 0};
+    const LD y = erfinvL(xf).value;
+    return exact(sqrtl(kPiL) / 2 * expl(y * y), kRel + 2 * y * y * 2 * kRel + 0x1p-63L);
+  }
+  if (id == ASINH) return exact(asinhl(x));
+  if (id == ACOSH) return x < 1 ? Ref{NAN, 0} : exact(acoshl(x));
+  if (id == ATANH) return fabsl(x) > 1 ? Ref{NAN, 0} : exact(atanhl(x));
+  // x^2 is exact in long double for a float x; 1 + x^2, x - 1, x + 1, 1 - x^2 round at most once
+  if (id == ASINHG) return exact(1 / sqrtl(1 + x * x), 0x1p-62L);
+  if (id == ACOSHG) return x < 1 ? Ref{NAN, 0} : exact(1 / sqrtl((x - 1) * (x + 1)), 0x1p-62L);
+  if (id == ATANHG) return fabsl(x) > 1 ? Ref{NAN, 0} : exact(1 / (1 - x * x), 0x1p-62L);
   if (id == SOFTPLUSG) return sigmoidL(x);
   if (id == LOGSIGG) return sigmoidL(-x);
   // gelu, gelu_tanh, silu for 0 < |x| < 2^-60: x/2 + c x^2 + ..., c > 0, where
@@ -232,7 +270,15 @@ double core(int id, double x) {
     case 44: return tan_grad_core(x);
     case 45: return atan_grad_core(x);
     case 46: return asin_grad_core(x);
-    default: return acos_grad_core(x);
+    case 47: return acos_grad_core(x);
+    case 48: return erfinv_core(x);
+    case 49: return asinh_core(x);
+    case 50: return acosh_core(x);
+    case 51: return atanh_core(x);
+    case 52: return erfinv_grad_core(x);
+    case 53: return asinh_grad_core(x);
+    case 54: return acosh_grad_core(x);
+    default: return atanh_grad_core(x);
   }
 }
 const char* kNames[] = {"exp",      "log",      "tanh",      "sigmoid",      "erf",      "gelu",      "gelu_tanh",      "silu",
@@ -243,8 +289,10 @@ const char* kNames[] = {"exp",      "log",      "tanh",      "sigmoid",      "er
                         "log2",     "log10",    "exp2",      "erfc",         "sinh",     "cosh",      "tan",            "atan",
                         "asin",     "acos",
                         "log2_grad", "log10_grad", "exp2_grad", "erfc_grad", "sinh_grad", "cosh_grad", "tan_grad", "atan_grad",
-                        "asin_grad", "acos_grad"};
-constexpr int kCount = 48;
+                        "asin_grad", "acos_grad",
+                        "erfinv",   "asinh",    "acosh",     "atanh",
+                        "erfinv_grad", "asinh_grad", "acosh_grad", "atanh_grad"};
+constexpr int kCount = 56;
 
 float carbon_float(int id, float x) {
   constexpr FloatFormat f32 = Format<FormatId::kFloat32>::get();
@@ -356,6 +404,35 @@ int sincos_reduction_min() {
   return 0;
 }
 
+// The largest relative error of erfinv's starting approximation (erfinv_start) over all
+// float32 a in (0, 1), against erfinvL (elementwise_math.h's bound on the Halley step
+// relies on it).
+int erfinv_start_max() {
+  double best = 0;
+  uint32_t best_bits = 0;
+#pragma omp parallel
+  {
+    double mine = 0;
+    uint32_t mine_bits = 0;
+#pragma omp for schedule(dynamic, 65536)
+    for (int64_t b = 1; b < 0x3f800000; ++b) {
+      float a;
+      const uint32_t bits = static_cast<uint32_t>(b);
+      std::memcpy(&a, &bits, 4);
+      const LD ref = erfinvL(a).value;
+      const double e = static_cast<double>(fabsl((carbon::math::erfinv_start(a) - ref) / ref));
+      if (e > mine) mine = e, mine_bits = bits;
+    }
+#pragma omp critical
+    if (mine > best) best = mine, best_bits = mine_bits;
+  }
+  float w;
+  std::memcpy(&w, &best_bits, 4);
+  std::printf("erfinv start: max relative error 2^%.2f at a = %.9g (0x%08x)\n", std::log2(best), static_cast<double>(w),
+              best_bits);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -364,6 +441,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--sincos-reduction") return sincos_reduction_min();
+    if (a == "--erfinv-start") return erfinv_start_max();
     if (a == "--stride" && i + 1 < argc) {
       stride = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--functions" && i + 1 < argc) {

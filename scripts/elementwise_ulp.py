@@ -9,8 +9,10 @@ kernels' code and is compared with a long double reference. Prints per
 function the max error in ulps, where it occurs, how many results are not
 the correctly rounded value, and how many the reference cannot decide.
 Functions: exp log tanh sigmoid erf gelu gelu_tanh silu sin cos log1p softplus
-log_sigmoid expm1 log2 log10 exp2 erfc sinh cosh tan atan asin acos (default), and with --grads (or by name) their derivatives exp_grad ... cos_grad.
---sincos-reduction instead measures the smallest reduced argument of sin/cos.
+log_sigmoid expm1 log2 log10 exp2 erfc sinh cosh tan atan asin acos erfinv asinh acosh
+atanh (default), and with --grads (or by name) their derivatives exp_grad ... atanh_grad.
+--sincos-reduction instead measures the smallest reduced argument of sin/cos, and
+--erfinv-start the largest relative error of erfinv's starting approximation.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ SOURCE = os.path.join(ROOT, "scripts", "elementwise_ulp.cpp")
 HEADERS = [os.path.join(ROOT, "csrc", "elementwise", "elementwise_math.h"),
            os.path.join(ROOT, "csrc", "exact", "float_format.h"), os.path.join(ROOT, "csrc", "exact", "portable.h")]
 FORWARD = ["exp", "log", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "silu", "sin", "cos", "log1p", "softplus",
-           "log_sigmoid", "expm1", "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos"]
+           "log_sigmoid", "expm1", "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos",
+           "erfinv", "asinh", "acosh", "atanh"]
 GRADS = [f + "_grad" for f in FORWARD]
 
 
@@ -58,9 +61,13 @@ def main(argv=None) -> int:
     ap.add_argument("--stride", type=int, default=1, help="check every K-th bit pattern (default 1: all 2^32)")
     ap.add_argument("--sincos-reduction", action="store_true",
                     help="print the smallest |f| of sin/cos's reduction x 2/pi = q + f over all float32 x > pi/4")
+    ap.add_argument("--erfinv-start", action="store_true",
+                    help="print the largest relative error of erfinv's starting approximation over all float32 in (0, 1)")
     args = ap.parse_args(argv)
     if args.sincos_reduction:
         return subprocess.run([build(), "--sincos-reduction"]).returncode
+    if args.erfinv_start:
+        return subprocess.run([build(), "--erfinv-start"]).returncode
     names = args.functions.split(",") if args.functions else FORWARD + (GRADS if args.grads else [])
     binary = build()
     sys.stdout.flush()

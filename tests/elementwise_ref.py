@@ -24,7 +24,8 @@ mp.mp.prec = 256
 REL = Fraction(1, 2**41)  # tolerance around midpoints: 2^-41 relative (2^-17 float32 ulp)
 
 FORWARD = ("exp", "log", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "silu", "sin", "cos", "log1p", "softplus",
-           "log_sigmoid", "expm1", "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos")
+           "log_sigmoid", "expm1", "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos",
+           "erfinv", "asinh", "acosh", "atanh")
 A = mp.mpf("0.044715")
 C = mp.sqrt(2 / mp.pi)
 
@@ -105,6 +106,16 @@ def value(name: str, x: float):
         if abs(x) > 1:
             return math.nan
         return mp.asin(X) if name == "asin" else mp.acos(X)
+    if name in ("erfinv", "atanh"):
+        if abs(x) > 1:
+            return math.nan
+        if abs(x) == 1:
+            return math.copysign(math.inf, x)
+        return mp.erfinv(X) if name == "erfinv" else mp.atanh(X)
+    if name == "asinh":
+        return mp.asinh(X)
+    if name == "acosh":
+        return math.nan if x < 1 else mp.acosh(X)
     raise ValueError(name)
 
 
@@ -197,6 +208,23 @@ def derivative(name: str, x: float):
             return (math.inf if name == "asin" else -math.inf), 0
         v = 1 / mp.sqrt(1 - X * X)
         return (v if name == "asin" else -v), v
+    if name in ("erfinv", "atanh"):
+        if abs(x) > 1:
+            return math.nan, 0
+        if abs(x) == 1:
+            return math.inf, 0
+        v = mp.sqrt(mp.pi) / 2 * mp.exp(mp.erfinv(X) ** 2) if name == "erfinv" else 1 / (1 - X * X)
+        return v, v
+    if name == "asinh":
+        v = 1 / mp.sqrt(1 + X * X)
+        return v, v
+    if name == "acosh":
+        if x < 1:
+            return math.nan, 0
+        if x == 1:
+            return math.inf, 0
+        v = 1 / mp.sqrt(X * X - 1)
+        return v, v
     raise ValueError(name)
 
 
@@ -209,6 +237,8 @@ _LIMITS = {
     "log2": (math.inf, math.nan), "log10": (math.inf, math.nan), "exp2": (math.inf, 0.0), "erfc": (0.0, 2.0),
     "sinh": (math.inf, -math.inf), "cosh": (math.inf, math.inf), "tan": (math.nan, math.nan),
     "atan": (math.pi / 2, -math.pi / 2), "asin": (math.nan, math.nan), "acos": (math.nan, math.nan),
+    "erfinv": (math.nan, math.nan), "asinh": (math.inf, -math.inf), "acosh": (math.inf, math.nan),
+    "atanh": (math.nan, math.nan),
 }
 _GRAD_LIMITS = {
     "exp": (math.inf, 0.0), "log": (0.0, math.nan), "tanh": (0.0, 0.0), "sigmoid": (0.0, 0.0),
@@ -218,6 +248,7 @@ _GRAD_LIMITS = {
     "log2": (0.0, math.nan), "log10": (0.0, math.nan), "exp2": (math.inf, 0.0), "erfc": (-0.0, -0.0),
     "sinh": (math.inf, math.inf), "cosh": (math.inf, -math.inf), "tan": (math.nan, math.nan),
     "atan": (0.0, 0.0), "asin": (math.nan, math.nan), "acos": (math.nan, math.nan),
+    "erfinv": (math.nan, math.nan), "asinh": (0.0, 0.0), "acosh": (0.0, math.nan), "atanh": (math.nan, math.nan),
 }
 
 
@@ -256,7 +287,7 @@ def expected_bits(name: str, x: float, dtype: torch.dtype, rel: Fraction = REL) 
     if math.isinf(x):
         return {round_bits(_LIMITS[name][0 if x > 0 else 1], dtype)}
     if x == 0 and name in ("tanh", "erf", "gelu", "gelu_tanh", "silu", "sin", "log1p", "expm1", "sinh", "tan", "atan",
-                           "asin"):
+                           "asin", "erfinv", "asinh", "atanh"):
         return {round_bits(x, dtype)}  # odd or x*(...): keeps the sign of zero
     v = value(name, x)
     if isinstance(v, float):

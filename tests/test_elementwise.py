@@ -187,9 +187,12 @@ def test_gradients(name, dtype):
     if name in ("log", "log2", "log10"):
         xs = [abs(x) for x in xs]  # plus the negative points above, for NaN
         xs[:4] = [-1.0, -0.0, 0.0, 2.0]
-    if name in ("asin", "acos"):
+    if name in ("asin", "acos", "erfinv", "atanh"):
         xs = [math.tanh(x) for x in xs]  # mostly inside the domain [-1, 1]
         xs[:8] = [1.0, -1.0, 1.5, -3.0, math.inf, math.nan, 0.0, -0.0]
+    if name == "acosh":
+        xs = [1.0 + abs(x) for x in xs]  # the domain [1, inf), plus the points below it
+        xs[:8] = [1.0, 0.5, -1.0, -3.0, math.inf, math.nan, 0.0, -math.inf]
     check_grad(name, dtype, xs, gs)
 
 
@@ -229,10 +232,14 @@ def test_structural_midpoints_strict_gradient(name):
     assert not bad, f"d{name}: {len(bad)} of {len(xs)} not correctly rounded, e.g. {bad[:4]}"
 
 
-# ---------------------------------------------------------------- log2 ... acos: their own edges
+# ---------------------------------------------------------------- log2 ... atanh: their own edges
 
 def _f32_bits(v: float) -> int:
     return struct.unpack("<I", struct.pack("<f", v))[0]
+
+
+def _f32_value(v: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", v))[0]
 
 
 def _with_neighbours(values, d=2):
@@ -264,6 +271,16 @@ EDGES = {
     "atan": [0.125, 0.375, 0.625, 0.875, 1.0, 1.125, 8.0, 1e10, 1e30, 3.4e38, 2.0**-149, 1e-4],
     "asin": [1.0, 0.5, 0.999, 0.9999999, 1e-4, 2.0**-149, 2.0, 1e30],
     "acos": [1.0, 0.5, 0.999, 0.9999999, 1e-4, 2.0**-149, 2.0, 1e30],
+    # erfinv: the branch at 0.53 and Giles' start's at w = 5 (x = 0.99662), the tail up to the float next to 1
+    # (erfinv(1 - 2^-24) = 3.83), 1 (inf) and beyond (NaN), tiny and subnormal arguments
+    "erfinv": [0.53, 0.5, 0.25, 0.9, 0.99, 0.9966253, 0.999, 0.9999, 0.99999, 1.0 - 2.0**-24, 1.0 - 2.0**-23, 1.0,
+               1.0 + 2.0**-23, 2.0, 1e-4, 1e-30, 2.0**-126, 2.0**-149],
+    # asinh: tiny (x - x^3/6), the log1p branch at t = 1/4, large (log 2x), the largest float
+    "asinh": [2.0**-149, 1e-30, 2.0**-12, 1e-4, 0.25, 0.2475, 0.5, 1.0, 2.0, 1e4, 1e10, 1e30, 3.4e38],
+    # acosh: 1 (+0) and the floats next to it (sqrt(2 (x - 1))), large (log 2x), below 1 (NaN)
+    "acosh": [1.0, 1.0 + 2.0**-23, 1.0 + 2.0**-20, 1.0001, 1.03, 1.5, 2.0, 1e4, 2.0**53, 1e30, 3.4e38, 0.5, 2.0**-149],
+    # atanh: tiny (x + x^3/3), around 1/9 (t = 1/4 in log1p), next to 1 (inf at 1), beyond (NaN)
+    "atanh": [2.0**-149, 1e-30, 2.0**-12, 1e-4, 0.1, 0.1111111, 0.5, 0.9, 0.999, 1.0 - 2.0**-24, 1.0, 1.0 + 2.0**-23, 2.0],
 }
 
 
@@ -277,11 +294,15 @@ def test_edges_of_the_newer_functions(name):
         check(name, dtype, sorted(set(bits) | {b ^ f.sign_bit for b in bits}))
 
 
-@pytest.mark.parametrize("name", ["asin", "acos", "atan", "tan", "erfc"])
+WORKING_RANGE = {"asin": (-1, 1), "acos": (-1, 1), "atan": (-20, 20), "tan": (-10, 10), "erfc": (-6, 10.1),
+                 "erfinv": (-1, 1), "asinh": (-20, 20), "acosh": (1, 30), "atanh": (-1, 1)}
+
+
+@pytest.mark.parametrize("name", sorted(WORKING_RANGE))
 def test_newer_functions_on_their_working_range(name):
     # uniform values where the function is neither NaN nor saturated
     rng = random.Random(len(name))
-    lo, hi = {"asin": (-1, 1), "acos": (-1, 1), "atan": (-20, 20), "tan": (-10, 10), "erfc": (-6, 10.1)}[name]
+    lo, hi = WORKING_RANGE[name]
     check(name, torch.float32, [_f32_bits(rng.uniform(lo, hi)) for _ in range(3000)])
 
 
@@ -305,8 +326,18 @@ def test_newer_functions_known_values():
     assert u32(carbon.asin(torch.tensor([0.0, -0.0, 1.0, -1.0, 1.0000001, -inf]))) == \
         [0, 0x80000000, half_pi, half_pi | 0x80000000, 0x7FC00000, 0x7FC00000]
     assert u32(carbon.acos(torch.tensor([1.0, -1.0, 0.0, 1.0000001, inf]))) == [0, pi, half_pi, 0x7FC00000, 0x7FC00000]
-    # derivatives at the domain edges: asin'(+-1) = +inf, acos'(+-1) = -inf, log2'(0) = +inf
-    for name, at, want in (("asin", 1.0, inf), ("acos", -1.0, -inf), ("log2", 0.0, inf), ("log10", -0.0, inf)):
+    inf32, ninf32, nan32 = 0x7F800000, 0xFF800000, 0x7FC00000
+    assert u32(carbon.erfinv(torch.tensor([0.0, -0.0, 1.0, -1.0, 1.0000001, -1.0000001, inf, -inf]))) == \
+        [0, 0x80000000, inf32, ninf32, nan32, nan32, nan32, nan32]
+    # erfinv(1/2) = 0.47693627620446987338..., erfinv(0.9) = 1.16308715367667...: RN32 of them
+    assert carbon.erfinv(torch.tensor([0.5, -0.9])).tolist() == [_f32_value(0.4769362762044699), _f32_value(-1.1630871536766742)]
+    assert u32(carbon.asinh(torch.tensor([0.0, -0.0, inf, -inf]))) == [0, 0x80000000, inf32, ninf32]
+    assert u32(carbon.acosh(torch.tensor([1.0, 0.99999994, 0.0, -1.0, -inf, inf]))) == [0, nan32, nan32, nan32, nan32, inf32]
+    assert u32(carbon.atanh(torch.tensor([0.0, -0.0, 1.0, -1.0, 1.0000001, inf]))) == [0, 0x80000000, inf32, ninf32, nan32, nan32]
+    # derivatives at the domain edges: asin'(+-1) = +inf, acos'(+-1) = -inf, log2'(0) = +inf, erfinv'(+-1) =
+    # atanh'(+-1) = acosh'(1) = +inf
+    for name, at, want in (("asin", 1.0, inf), ("acos", -1.0, -inf), ("log2", 0.0, inf), ("log10", -0.0, inf),
+                           ("erfinv", -1.0, inf), ("atanh", 1.0, inf), ("acosh", 1.0, inf)):
         t = torch.tensor([at], requires_grad=True)
         (grad,) = torch.autograd.grad(getattr(carbon, name)(t), t, torch.ones(1))
         assert grad.tolist() == [want], name

@@ -104,18 +104,8 @@ def _train(name: str, threads: int):
     return as_bits(loss.detach()), {k: as_bits(v) for k, v in model.state_dict().items() if v.is_floating_point()}
 
 
-def _trunc_normal_uses_erfinv() -> bool:
-    """torch.nn.init.trunc_normal_ maps uniform draws through erfinv_ in torch
-    2.11 (later releases draw normals and reject), and carbon has no exact
-    erfinv (docs/enable.md)."""
-    import inspect
-    return "erfinv_" in inspect.getsource(torch.nn.init._no_grad_trunc_normal_)
-
-
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_a_training_step_gives_the_same_bits_at_one_and_two_threads(name, restore_num_threads):
-    if name == "vit" and _trunc_normal_uses_erfinv():
-        pytest.skip(f"torch {torch.__version__}: nn.init.trunc_normal_ uses erfinv_, which carbon.enable does not cover")
     try:
         loss1, one = _train(name, 1)
     except AttributeError as e:  # a model family this transformers version does not have

@@ -94,6 +94,41 @@ def test_geometric_draws_invert_carbons_uniforms():
     assert abs(float((got == 1).double().mean()) - p) < 0.04
 
 
+def test_trunc_normal_by_erfinv_runs_strict_and_gives_the_same_bits_at_one_and_two_threads(restore_num_threads):
+    """torch 2.11's nn.init.trunc_normal_ (and other initializers) map uniform draws through erfinv_, then
+    scale, shift and clamp: written out here, it runs under strict enable, erfinv_ gives carbon.erfinv of the
+    draws (against mpmath in test_elementwise.py), and every step has the same bits at 1 and 2 threads."""
+    mean, std, a, b = 0.0, 0.02, -0.04, 0.04
+    lo = 0.5 * (1 + math.erf((a - mean) / std / math.sqrt(2.0)))  # the normal's CDF at the bounds
+    hi = 0.5 * (1 + math.erf((b - mean) / std / math.sqrt(2.0)))
+
+    def init(threads: int):
+        torch.set_num_threads(threads)
+        with carbon.enabled(seed=5):  # strict
+            t = torch.empty(257, 129)
+            t.uniform_(2 * lo - 1, 2 * hi - 1)
+            draws = t.clone()
+            t.erfinv_()
+            inverted = t.clone()
+            t.mul_(std * math.sqrt(2.0))
+            t.add_(mean)
+            t.clamp_(min=a, max=b)
+        return draws, inverted, t
+
+    one, two = init(1), init(2)
+    for k, (x, y) in enumerate(zip(one, two)):
+        assert torch.equal(as_bits(x), as_bits(y)), f"step {k}"
+    draws, inverted, t = one
+    assert_bits_equal(inverted, as_bits(carbon.erfinv(draws)), "erfinv_")
+    assert t.min() >= a and t.max() <= b
+    # out= and functional forms run the same function
+    with carbon.enabled():
+        out = torch.empty_like(draws)
+        torch.erfinv(draws, out=out)
+        assert_bits_equal(out, as_bits(carbon.erfinv(draws)), "erfinv(out=)")
+        assert_bits_equal(torch.special.erfinv(draws), as_bits(carbon.erfinv(draws)), "torch.special.erfinv")
+
+
 def round_bits_value(q: Fraction) -> float:
     """RN32(q) as a Python float."""
     return bits_to_float(round_bits(q, F32), F32)

@@ -366,15 +366,18 @@ def test_elu_family_uses_carbons_expm1(kind):
     assert_bits_equal(leaf.grad, bits_tensor(want_g, F32), f"{kind} gradient")
 
 
-# ---- log2 ... acos: the aten ops run carbon's functions; their backward is torch's formula of routed ops -----------
+# ---- log2 ... atanh: the aten ops run carbon's functions; their backward is torch's formula of routed ops ----------
 
-NEWER_UNARY = ("log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos")
+NEWER_UNARY = ("log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos", "erfinv", "asinh", "acosh",
+               "atanh")
 
 
 def _domain(name: str, n: int = 200, seed: int = 40) -> torch.Tensor:
     u = torch.rand(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    if name in ("asin", "acos"):
+    if name in ("asin", "acos", "erfinv", "atanh"):
         return (u * 2 - 1).to(F32)
+    if name == "acosh":
+        return (1 + u * 20).to(F32)
     if name in ("log2", "log10"):
         return torch.pow(2.0, u * 60 - 30).to(F32)
     return (u * 40 - 20).to(F32)
@@ -405,7 +408,8 @@ def _rsqrt32(v: Fraction) -> Fraction:
 
 def _torch_backward_formula(name: str, x: float, g: float, y: float, other: float) -> Fraction:
     """torch's derivative formula for `name` (autograd's ops, each one float32 rounding), with `y` the
-    forward result and `other` carbon's cosh / sinh / exp where the formula calls one."""
+    forward result and `other` carbon's cosh / sinh / exp where the formula calls one (torch's
+    derivatives.yaml; a double constant times a float32 tensor is RN32(constant) times it)."""
     X, G, Y = Fraction(x), Fraction(g), Fraction(y)
     if name in ("log2", "log10"):
         return rn32(G / rn32(X * rn32(0.6931471805599453 if name == "log2" else 2.302585092994046)))
@@ -419,6 +423,14 @@ def _torch_backward_formula(name: str, x: float, g: float, y: float, other: floa
         return rn32(G * rn32(rn32(Y * Y) + 1))
     if name == "atan":
         return rn32(G / rn32(rn32(X * X) + 1))
+    if name == "erfinv":  # (M_PI_4 * M_2_SQRTPI) * exp(erfinv(x).pow(2)) * g
+        return rn32(rn32(Fraction(other) * rn32(0.7853981633974483 * 1.1283791670955126)) * G)
+    if name == "asinh":  # g * (x.pow(2) + 1).rsqrt()
+        return rn32(G * _rsqrt32(rn32(rn32(X * X) + 1)))
+    if name == "acosh":  # g * (x * x - 1).rsqrt()
+        return rn32(G * _rsqrt32(rn32(rn32(X * X) - 1)))
+    if name == "atanh":  # g * 1 / (1 - x.pow(2))
+        return rn32(G / rn32(1 - rn32(X * X)))
     root = _rsqrt32(rn32(rn32(-X * X) + 1))
     product = rn32(root * G)
     return product if name == "asin" else -product
@@ -434,7 +446,8 @@ def test_newer_elementwise_backward_runs_strict_as_torchs_formula(name):
     with carbon.enabled():  # strict: every op of the backward is routed or allowed
         y = getattr(torch, name)(leaf)
         y.backward(g)
-    other = {"sinh": carbon.cosh(x), "cosh": carbon.sinh(x), "erfc": carbon.exp(-(x * x))}.get(name, x)
+    other = {"sinh": carbon.cosh(x), "cosh": carbon.sinh(x), "erfc": carbon.exp(-(x * x)),
+             "erfinv": carbon.exp(carbon.erfinv(x) * carbon.erfinv(x))}.get(name, x)
     want = [round_bits(_torch_backward_formula(name, xv, gv, yv, ov), F32)
             for xv, gv, yv, ov in zip(_values(x), _values(g), _values(y), _values(other))]
     assert_bits_equal(leaf.grad, bits_tensor(want, F32), f"{name} gradient")

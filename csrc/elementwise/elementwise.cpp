@@ -98,6 +98,10 @@ const char* op_name(math::Fn fn) {
     case math::Fn::kAtan: return "atan";
     case math::Fn::kAsin: return "asin";
     case math::Fn::kAcos: return "acos";
+    case math::Fn::kErfinv: return "erfinv";
+    case math::Fn::kAsinh: return "asinh";
+    case math::Fn::kAcosh: return "acosh";
+    case math::Fn::kAtanh: return "atanh";
   }
   return "?";
 }
@@ -165,6 +169,10 @@ at::Tensor tan_op(const at::Tensor& x) { return run(math::Fn::kTan, x); }
 at::Tensor atan_op(const at::Tensor& x) { return run(math::Fn::kAtan, x); }
 at::Tensor asin_op(const at::Tensor& x) { return run(math::Fn::kAsin, x); }
 at::Tensor acos_op(const at::Tensor& x) { return run(math::Fn::kAcos, x); }
+at::Tensor erfinv_op(const at::Tensor& x) { return run(math::Fn::kErfinv, x); }
+at::Tensor asinh_op(const at::Tensor& x) { return run(math::Fn::kAsinh, x); }
+at::Tensor acosh_op(const at::Tensor& x) { return run(math::Fn::kAcosh, x); }
+at::Tensor atanh_op(const at::Tensor& x) { return run(math::Fn::kAtanh, x); }
 at::Tensor softplus_op(const at::Tensor& x) { return run(math::Fn::kSoftplus, x); }
 at::Tensor log_sigmoid_op(const at::Tensor& x) { return run(math::Fn::kLogSigmoid, x); }
 
@@ -184,14 +192,15 @@ at::Tensor elementwise_backward(const at::Tensor& grad, const at::Tensor& x, c10
       {"log2", math::Fn::kLog2},       {"log10", math::Fn::kLog10}, {"exp2", math::Fn::kExp2},
       {"erfc", math::Fn::kErfc},       {"sinh", math::Fn::kSinh},   {"cosh", math::Fn::kCosh},
       {"tan", math::Fn::kTan},         {"atan", math::Fn::kAtan},   {"asin", math::Fn::kAsin},
-      {"acos", math::Fn::kAcos},
+      {"acos", math::Fn::kAcos},       {"erfinv", math::Fn::kErfinv}, {"asinh", math::Fn::kAsinh},
+      {"acosh", math::Fn::kAcosh},     {"atanh", math::Fn::kAtanh},
   };
   const math::Fn* found = nullptr;
   for (const auto& entry : kNames)
     if (fn_name == entry.first) found = &entry.second;
   TORCH_CHECK_VALUE(found != nullptr, "carbon.elementwise_backward: unknown function '", std::string(fn_name),
                     "'; expected exp, log, tanh, sigmoid, erf, gelu, gelu_tanh, silu, sin, cos, log1p, softplus, log_sigmoid, expm1, "
-                    "log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin or acos");
+                    "log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos, erfinv, asinh, acosh or atanh");
   const char* op = "elementwise_backward";
   check_supported_dtype(op, "x", x);
   check_supported_dtype(op, "grad", grad);

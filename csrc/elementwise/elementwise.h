@@ -1,7 +1,7 @@
 // Host-side interface of the elementwise math ops: exp, log, tanh, sigmoid,
 // erf, gelu (erf form or tanh approximation), silu, sin, cos, log1p, softplus,
-// log_sigmoid, expm1, log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos
-// and their backward.
+// log_sigmoid, expm1, log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos,
+// erfinv, asinh, acosh, atanh and their backward.
 // out = RN_F(f_core(x)) and grad_x = RN_F(g * f'_core(x)) in x's format F,
 // with the shared host/device cores of elementwise_math.h.
 #pragma once
@@ -37,11 +37,16 @@ at::Tensor tan_op(const at::Tensor& x);
 at::Tensor atan_op(const at::Tensor& x);
 at::Tensor asin_op(const at::Tensor& x);
 at::Tensor acos_op(const at::Tensor& x);
+at::Tensor erfinv_op(const at::Tensor& x);
+at::Tensor asinh_op(const at::Tensor& x);
+at::Tensor acosh_op(const at::Tensor& x);
+at::Tensor atanh_op(const at::Tensor& x);
 at::Tensor softplus_op(const at::Tensor& x);
 at::Tensor log_sigmoid_op(const at::Tensor& x);
 // grad_x of function `fn` ("exp", "log", "tanh", "sigmoid", "erf", "gelu",
 // "gelu_tanh", "silu", "sin", "cos", "log1p", "softplus", "log_sigmoid", "expm1",
-// "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos") at x for the incoming gradient `grad` (same shape and dtype).
+// "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos", "erfinv", "asinh", "acosh",
+// "atanh") at x for the incoming gradient `grad` (same shape and dtype).
 at::Tensor elementwise_backward(const at::Tensor& grad, const at::Tensor& x, c10::string_view fn);
 
 // Device kernels over contiguous tensors of one dtype and size. grad is
@@ -80,6 +85,10 @@ void with_fn(math::Fn f, Body&& body) {
     case Fn::kAtan: return body(std::integral_constant<Fn, Fn::kAtan>{});
     case Fn::kAsin: return body(std::integral_constant<Fn, Fn::kAsin>{});
     case Fn::kAcos: return body(std::integral_constant<Fn, Fn::kAcos>{});
+    case Fn::kErfinv: return body(std::integral_constant<Fn, Fn::kErfinv>{});
+    case Fn::kAsinh: return body(std::integral_constant<Fn, Fn::kAsinh>{});
+    case Fn::kAcosh: return body(std::integral_constant<Fn, Fn::kAcosh>{});
+    case Fn::kAtanh: return body(std::integral_constant<Fn, Fn::kAtanh>{});
   }
 }
 

@@ -1,7 +1,7 @@
 // Carbon's elementwise math: exp, log, tanh, sigmoid, erf, gelu (erf form and
 // tanh approximation), silu, sin, cos, log1p, softplus, log_sigmoid, expm1,
-// log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos and their
-// derivatives, written once for the host and the device from IEEE basic
+// log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos, erfinv, asinh,
+// acosh, atanh and their derivatives, written once for the host and the device from IEEE basic
 // operations only (+, -, *, /, sqrt, explicit fma, integer bit manipulation).
 // No other libm / std:: math and no CUDA intrinsics, so the CPU and every GPU
 // perform the same operations on the same values and return the same bits.
@@ -906,11 +906,132 @@ CARBON_HD double acos_core(double x) { return 2.0 * atan_core(sqrt((1.0 - x) / (
 CARBON_HD double asin_grad_core(double x) { return 1.0 / sqrt(fma(-x, x, 1.0)); }
 CARBON_HD double acos_grad_core(double x) { return -1.0 / sqrt(fma(-x, x, 1.0)); }
 
+// ---- erfinv -----------------------------------------------------------------------
+// erfinv(x) for a float32 value x (odd; a = |x|), by one Halley step from an approximation:
+//  * start: M. Giles' single-precision approximation ("Approximating the erfinv function",
+//    GPU Computing Gems Jade, 2011): w = -log(1 - a^2), then a P(w - 2.5) for w < 5 and
+//    a Q(sqrt(w) - 3) beyond, P and Q of degree 8 (his decimal constants, rounded to
+//    binary64), evaluated in binary64 with log_core. Its relative error eps0 over all float32
+//    a in (0, 1) is below 2^-22.9 (scripts/elementwise_ulp.py --erfinv-start measures it
+//    against the long double reference; docs/elementwise.md).
+//  * Halley's step for f(y) = erf(y) - a, whose f''/f' = -2y is exact and free:
+//    y <- y - f / (f' + y f), f' = erf'(y). It triples the number of correct bits:
+//    the error after it is (1 + y^2)/3 e0^3 + O(e0^4) (e0 = y eps0 the absolute error
+//    before), relative < (1 + y^2)/3 y^2 eps0^3 < 77 eps0^3 < 2^-62 (y <= erfinv(1 - 2^-24)
+//    = 3.833, the largest for a float32 a < 1).
+//  * the residual f decides the accuracy: an error d in it moves y by d / f'(y).
+//    a < 0.53 (y < 0.511): f = erf_core(y) - a, erf_core < 2^-48 relative (y*y rounds,
+//    which moves erf's series by < 0.1u): y moves by < 2^-48 erf(y) / (y erf'(y)) <= 1.19 *
+//    2^-48 relative (erf(y)/(y erf'(y)) grows from 1 at 0 to 1.19 at 0.511).
+//    a >= 0.53 (y >= 0.51 > 0.5, inside erfc_large's range): near 1, erf(y) - a cancels,
+//    so f = c - erfc(y) with c = 1 - a (exact, Sterbenz) and erfc(y) = erfc_large(y, y*y):
+//    < 2^-48.5, plus y*y's rounding, which multiplies exp(-y^2) by 1 + y^2 u at most.
+//    These move y by their relative size times erfc(y) / (y |erfc'(y)|) =
+//    sqrt(pi)/2 erfcx(y)/y <= 1.06 (at y = 0.51, decreasing), and y^2 u of it by
+//    < (sqrt(pi)/2) y erfcx(y) u < u/2 (y erfcx(y) < 1/sqrt(pi)): < 1.06 * 2^-48.5 + u/2.
+//    The correction itself is below 2^-22 y, so its own roundings (a few u of it) and
+//    erf'(y)'s error count 2^-22 times; the final subtraction rounds once more (u).
+// Total: relative error < 2^-47.5. erfinv(+-1) = +-inf, |x| > 1 (and +-inf) NaN,
+// erfinv(+-0) = +-0, NaN stays NaN.
+// Derivative: erfinv'(x) = sqrt(pi)/2 e^{y^2}, y = erfinv(x). For a < 0.53 from exp_core:
+// y's error 2^-47.5 enters e^{y^2} times 2y^2 < 0.53, y*y rounds (< 0.27u of the
+// exponent), exp_core, the constant and the product: < 2^-47.5. Near 1, e^{y^2} would
+// multiply y's error by 2y^2 (up to 29), so instead e^{y^2} = erfcx(y) / erfc(y) with
+// erfc(y) = c = 1 - a exactly: erfcx_large(y) / c, whose sensitivity to y's relative
+// error, |y erfcx'(y)/erfcx(y)| = |2y^2 - 2y/(sqrt(pi) erfcx(y))|, is below 1 (0.40 at
+// y = 0.51, tending to 1): < 2^-47.5 + 2^-50 + 3u < 2^-47. +inf at +-1, NaN beyond.
+CARBON_HD double erfinv_start(double a) {  // 0 <= a < 1
+  constexpr double kCentral[9] = {  // P(w - 2.5), w < 5
+      0x1.e2cb0ff8247eap-26,  0x1.70966bff10cbdp-22, -0x1.d8e6adf666a10p-19, -0x1.26b5820448e6fp-18,
+      0x1.ca65b60594a34p-13,  -0x1.48a8100213441p-10, -0x1.11c9de0453890p-8, 0x1.f91ec6029d022p-3,
+      0x1.805c5df9db4dcp+0,
+  };
+  constexpr double kTail[9] = {  // Q(sqrt(w) - 3), w >= 5
+      -0x1.a3e135f3c6ebep-13, 0x1.a76ad6167e931p-14, 0x1.61b8e40100b9fp-10, -0x1.e17bce072a85dp-9,
+      0x1.7824f5fed8615p-8,   -0x1.f38badff9f607p-8, 0x1.354afbfd6b130p-7,  0x1.006db610f3984p+0,
+      0x1.6a9efc041cf02p+1,
+  };
+  const double w = -log_core(fma(-a, a, 1.0));
+  const double p = w < 5.0 ? horner(kCentral, w - 2.5) : horner(kTail, sqrt(w) - 3.0);
+  return p * a;
+}
+constexpr double kErfinvSplit = 0.53;  // erfinv(0.53) = 0.5109: erfc_large's range starts at 0.5
+CARBON_HD double erfinv_core(double x) {
+  const double a = abs_value(x);
+  if (!(a < 1.0)) return a == 1.0 ? with_sign_of(bits_to_double(kExpMask), x) : quiet_nan();  // NaN, |x| > 1
+  if (a == 0.0) return x;                                                                    // keeps the sign of zero
+  const double y = erfinv_start(a);
+  const double e = erf_grad_core(y);
+  double r;
+  if (a < kErfinvSplit) {
+    const double f = erf_core(y) - a;
+    r = y - f / fma(y, f, e);
+  } else {
+    const double f = (1.0 - a) - erfc_large(y, y * y);  // = erf(y) - a, without the cancellation
+    r = y - f / fma(y, f, e);
+  }
+  return with_sign_of(r, x);
+}
+CARBON_HD double erfinv_grad_core(double x) {
+  constexpr double kSqrtPiOver2 = 0x1.c5bf891b4ef6ap-1;  // RN(sqrt(pi)/2)
+  const double a = abs_value(x);
+  if (!(a <= 1.0)) return quiet_nan();  // NaN, |x| > 1
+  const double y = erfinv_core(a);
+  if (a < kErfinvSplit) return kSqrtPiOver2 * exp_core(y * y);
+  return kSqrtPiOver2 * (erfcx_large(y) / (1.0 - a));  // a = 1: y = inf, erfcx held finite, / 0: +inf
+}
+
+// ---- asinh, acosh, atanh ----------------------------------------------------------
+// All three as log1p of a non-negative argument t, where log1p (< 2^-49.8) has sensitivity
+// t / ((1 + t) log1p(t)) <= 1 to t's relative error: the total is log1p's bound plus t's.
+//  * asinh a (odd, a = |x|) = log1p(a + a^2 / (1 + sqrt(1 + a^2))) (= log(a + sqrt(1 + a^2))
+//    without its cancellation for small a): a^2 exact (float a), 1 + a^2 rounds (u), sqrt
+//    halves that and rounds (1.5u), 1 + sqrt (sensitivity < 1, u: 2.5u), the division (3.5u),
+//    the sum of two positive terms (4.5u): < 2^-49.8 + 4.5u < 2^-49.2. a^2 <= 1.2e77 does not
+//    overflow. asinh(+-inf) = +-inf, asinh(+-0) = +-0, NaN stays NaN.
+//  * acosh x (x >= 1) = log1p(d + sqrt(d (x + 1))), d = x - 1 (d (x + 1) = x^2 - 1 without its
+//    cancellation near 1): d and x + 1 (exact below 2^53; otherwise one rounding each), the
+//    product and the square root: < 2.5u, the positive sum < 3.5u: < 2^-49.3. acosh(1) = +0,
+//    acosh(+inf) = +inf, x < 1 (and -inf) NaN.
+//  * atanh a (odd, a = |x|) = log1p(2a / (1 - a)) / 2: 1 - a and the division round (2u):
+//    < 2^-49.8 + 2u < 2^-49.3. atanh(+-1) = +-inf (2a / 0 = inf), |x| > 1: 1 + t < 0, NaN;
+//    atanh(+-0) = +-0.
+// Near 0 asinh x and atanh x are x -+ x^3/... : never a rounding midpoint (x is a float),
+// and the bound keeps the result on x's side of it.
+// Derivatives: asinh' = 1/sqrt(1 + x^2) (fma, sqrt, division: < 2.5u; 0 at +-inf);
+// acosh' = 1/sqrt((x - 1)(x + 1)) (< 3.5u; +inf at 1, NaN below 1); atanh' = 1/(1 - x^2)
+// (one fma: 1 - x^2 rounds once, no cancellation; < 2u; +inf at +-1, NaN beyond).
+CARBON_HD double asinh_core(double x) {
+  if (!is_finite(x)) return x;  // NaN, +-inf
+  const double a = abs_value(x);
+  const double z = a * a;  // exact for float arguments
+  return with_sign_of(log1p_core(a + z / (1.0 + sqrt(1.0 + z))), x);
+}
+CARBON_HD double acosh_core(double x) {
+  if (x < 1.0) return quiet_nan();  // NaN passes through below
+  const double d = x - 1.0;
+  return log1p_core(d + sqrt(d * (x + 1.0)));
+}
+CARBON_HD double atanh_core(double x) {
+  const double a = abs_value(x);
+  return with_sign_of(0.5 * log1p_core((2.0 * a) / (1.0 - a)), x);
+}
+CARBON_HD double asinh_grad_core(double x) { return 1.0 / sqrt(fma(x, x, 1.0)); }
+CARBON_HD double acosh_grad_core(double x) {
+  if (x < 1.0) return quiet_nan();
+  return 1.0 / sqrt((x - 1.0) * (x + 1.0));
+}
+CARBON_HD double atanh_grad_core(double x) {
+  if (abs_value(x) > 1.0) return quiet_nan();
+  return 1.0 / fma(-x, x, 1.0);
+}
+
 // ---- dispatch ------------------------------------------------------------------
 // The functions as compile-time tags, so kernels specialize per function.
 enum class Fn { kExp, kLog, kTanh, kSigmoid, kErf, kGelu, kGeluTanh, kSilu, kSin, kCos, kLog1p, kSoftplus, kLogSigmoid,
-                kExpm1, kLog2, kLog10, kExp2, kErfc, kSinh, kCosh, kTan, kAtan, kAsin, kAcos };
-constexpr int kNumFns = 24;
+                kExpm1, kLog2, kLog10, kExp2, kErfc, kSinh, kCosh, kTan, kAtan, kAsin, kAcos, kErfinv, kAsinh, kAcosh,
+                kAtanh };
+constexpr int kNumFns = 28;
 
 template <Fn kFn>
 CARBON_HD double forward_core(double x) {
@@ -938,6 +1059,10 @@ CARBON_HD double forward_core(double x) {
   if constexpr (kFn == Fn::kAtan) return atan_core(x);
   if constexpr (kFn == Fn::kAsin) return asin_core(x);
   if constexpr (kFn == Fn::kAcos) return acos_core(x);
+  if constexpr (kFn == Fn::kErfinv) return erfinv_core(x);
+  if constexpr (kFn == Fn::kAsinh) return asinh_core(x);
+  if constexpr (kFn == Fn::kAcosh) return acosh_core(x);
+  if constexpr (kFn == Fn::kAtanh) return atanh_core(x);
 }
 
 template <Fn kFn>
@@ -966,6 +1091,10 @@ CARBON_HD double grad_core(double x) {
   if constexpr (kFn == Fn::kAtan) return atan_grad_core(x);
   if constexpr (kFn == Fn::kAsin) return asin_grad_core(x);
   if constexpr (kFn == Fn::kAcos) return acos_grad_core(x);
+  if constexpr (kFn == Fn::kErfinv) return erfinv_grad_core(x);
+  if constexpr (kFn == Fn::kAsinh) return asinh_grad_core(x);
+  if constexpr (kFn == Fn::kAcosh) return acosh_grad_core(x);
+  if constexpr (kFn == Fn::kAtanh) return atanh_grad_core(x);
 }
 
 // ---- main branches, for vector loops ------------------------------------------
