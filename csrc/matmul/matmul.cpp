@@ -88,6 +88,37 @@ int64_t rows_per_chunk(int64_t M, int64_t N, int64_t budget) {
   return std::clamp<int64_t>(budget / row_bytes, 256, M);
 }
 
+// Widened rows (of a, or of b transposed) and their statistics, as
+// widen_operand_cpu writes them.
+struct Widened {
+  at::Tensor values, norm, signs, quantum, spans;
+};
+
+// widen_operand_cpu of x into w (its tensors are views of the caller's).
+void widen(const at::Tensor& x, const Widened& w, int precision, double scale) {
+  at::Tensor values = w.values, norm = w.norm, signs = w.signs, quantum = w.quantum, spans = w.spans;
+  widen_operand_cpu(x, values, norm, signs, precision, scale, quantum, spans);
+}
+
+// Tier 1's approximation of a times bt (batches b0 on, as many as `a` holds)
+// into `approx`, and the rounding of every output into out_part. Any fp64
+// GEMM is fine: the bound covers every summation order, so the BLAS's
+// blocking and threading cannot matter. Each row is rounded on its own, so
+// rounding the GEMM's rows as they are done (while in the cache) or all of
+// them after it gives the same bits.
+void multiply_and_round(const Widened& a, const Widened& bt, at::Tensor& approx, const at::Tensor& bias64, int64_t b0,
+                        FormatId f, at::Tensor& out_part, bool lower_only) {
+  const int64_t B = a.values.size(0), M = a.values.size(1), K = a.values.size(2), N = bt.values.size(1);
+  MatmulView v = make_view(B, M, N, K, bias64, b0, approx, a.values, bt.values, a.norm, bt.norm, a.signs, bt.signs);
+  v.a_quantum53 = a.quantum.const_data_ptr<double>();
+  v.b_quantum = bt.quantum.const_data_ptr<double>();
+  const bool rounded = fp64_gemm_cpu(a.values, bt.values, a.spans, bt.spans, approx, lower_only,
+                                     [&](int64_t begin, int64_t end) {
+                                       matmul_round_row_range_cpu(v, f, out_part, lower_only, begin, end);
+                                     });
+  if (!rounded) matmul_round_rows_cpu(v, f, out_part, lower_only);
+}
+
 // The CPU path of matmul_into, in chunks of the batch.
 void matmul_into_cpu(const at::Tensor& a3, const at::Tensor& b3, const at::Tensor& bias, at::Tensor& out,
                      bool lower_only) {
@@ -127,27 +158,20 @@ void matmul_into_cpu(const at::Tensor& a3, const at::Tensor& b3, const at::Tenso
     // the chunks cannot change a bit.
     const int64_t chunks = (M + row_chunk - 1) / row_chunk;
     for (int64_t b = 0; b < B; ++b) {
-      at::Tensor bt64 = scratch_doubles({1, N, K});
-      at::Tensor bn = b_norm.narrow(0, b * N, N), bs = b_signs.narrow(0, b * N, N);
-      at::Tensor bq = b_quantum.narrow(0, b * N, N), bsp = b_spans.narrow(0, b * N, N);
-      widen_operand_cpu(b3t.narrow(0, b, 1), bt64, bn, bs, precision_of(b3.scalar_type()), 1.0, bq, bsp);
+      const Widened bt{scratch_doubles({1, N, K}), b_norm.narrow(0, b * N, N), b_signs.narrow(0, b * N, N),
+                       b_quantum.narrow(0, b * N, N), b_spans.narrow(0, b * N, N)};
+      widen(b3t.narrow(0, b, 1), bt, precision_of(b3.scalar_type()), 1.0);
       carbon::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
         for (int64_t c = begin; c < end; ++c) {
           const int64_t r0 = c * row_chunk, rows = std::min(row_chunk, M - r0), first = b * M + r0;
-          at::Tensor a64 = scratch_doubles({1, rows, K}), approx = scratch_doubles({1, rows, N});
-          at::Tensor an = a_norm.narrow(0, first, rows), as = a_signs.narrow(0, first, rows);
-          at::Tensor aq = a_quantum.narrow(0, first, rows), asp = a_spans.narrow(0, first, rows);
-          widen_operand_cpu(a3.narrow(0, b, 1).narrow(1, r0, rows), a64, an, as, precision_of(a3.scalar_type()),
-                            0x1p53, aq, asp);
+          const Widened a{scratch_doubles({1, rows, K}), a_norm.narrow(0, first, rows),
+                          a_signs.narrow(0, first, rows), a_quantum.narrow(0, first, rows),
+                          a_spans.narrow(0, first, rows)};
+          widen(a3.narrow(0, b, 1).narrow(1, r0, rows), a, precision_of(a3.scalar_type()), 0x1p53);
+          at::Tensor approx = scratch_doubles({1, rows, N});
           const at::Tensor bias_rows = bias64.defined() ? bias64.narrow(1, r0, rows) : bias64;
-          MatmulView v = make_view(1, rows, N, K, bias_rows, b, approx, a64, bt64, an, bn, as, bs);
-          v.a_quantum53 = aq.const_data_ptr<double>();
-          v.b_quantum = bq.const_data_ptr<double>();
           at::Tensor out_rows = out.narrow(0, b, 1).narrow(1, r0, rows);
-          const bool rounded = fp64_gemm_cpu(a64, bt64, asp, bsp, approx, false, [&](int64_t lo, int64_t hi) {
-            matmul_round_row_range_cpu(v, f, out_rows, false, lo, hi);
-          });
-          if (!rounded) matmul_round_rows_cpu(v, f, out_rows, false);
+          multiply_and_round(a, bt, approx, bias_rows, b, f, out_rows, false);
         }
       });
     }
@@ -157,27 +181,15 @@ void matmul_into_cpu(const at::Tensor& a3, const at::Tensor& b3, const at::Tenso
   at::Tensor approx_all = scratch_doubles({chunk, M, N});  // tier 1's approximation
   for (int64_t b0 = 0; b0 < B; b0 += chunk) {
     const int64_t cb = std::min(chunk, B - b0);
-    at::Tensor a64 = a64_all.narrow(0, 0, cb), bt64 = bt64_all.narrow(0, 0, cb), approx = approx_all.narrow(0, 0, cb);
-    at::Tensor an = a_norm.narrow(0, b0 * M, cb * M), bn = b_norm.narrow(0, b0 * N, cb * N);
-    at::Tensor as = a_signs.narrow(0, b0 * M, cb * M), bs = b_signs.narrow(0, b0 * N, cb * N);
-    at::Tensor aq = a_quantum.narrow(0, b0 * M, cb * M), bq = b_quantum.narrow(0, b0 * N, cb * N);
-    at::Tensor asp = a_spans.narrow(0, b0 * M, cb * M), bsp = b_spans.narrow(0, b0 * N, cb * N);
-    widen_operand_cpu(a3.narrow(0, b0, cb), a64, an, as, precision_of(a3.scalar_type()), 0x1p53, aq, asp);
-    widen_operand_cpu(b3t.narrow(0, b0, cb), bt64, bn, bs, precision_of(b3.scalar_type()), 1.0, bq, bsp);
-
-    MatmulView v = make_view(cb, M, N, K, bias64, b0, approx, a64, bt64, an, bn, as, bs);
-    v.a_quantum53 = aq.const_data_ptr<double>();
-    v.b_quantum = bq.const_data_ptr<double>();
+    const Widened a{a64_all.narrow(0, 0, cb), a_norm.narrow(0, b0 * M, cb * M), a_signs.narrow(0, b0 * M, cb * M),
+                    a_quantum.narrow(0, b0 * M, cb * M), a_spans.narrow(0, b0 * M, cb * M)};
+    const Widened bt{bt64_all.narrow(0, 0, cb), b_norm.narrow(0, b0 * N, cb * N), b_signs.narrow(0, b0 * N, cb * N),
+                     b_quantum.narrow(0, b0 * N, cb * N), b_spans.narrow(0, b0 * N, cb * N)};
+    widen(a3.narrow(0, b0, cb), a, precision_of(a3.scalar_type()), 0x1p53);
+    widen(b3t.narrow(0, b0, cb), bt, precision_of(b3.scalar_type()), 1.0);
+    at::Tensor approx = approx_all.narrow(0, 0, cb);
     at::Tensor out_chunk = out.narrow(0, b0, cb);
-    // Tier 1's approximation. Any fp64 GEMM is fine: the bound covers every
-    // summation order, so the BLAS's blocking and threading cannot matter.
-    // Each row is rounded on its own, so rounding the GEMM's rows as they
-    // are done (while in the cache) or all of them after it gives the same
-    // bits.
-    const bool rounded = fp64_gemm_cpu(a64, bt64, asp, bsp, approx, lower_only, [&](int64_t begin, int64_t end) {
-      matmul_round_row_range_cpu(v, f, out_chunk, lower_only, begin, end);
-    });
-    if (!rounded) matmul_round_rows_cpu(v, f, out_chunk, lower_only);
+    multiply_and_round(a, bt, approx, bias64, b0, f, out_chunk, lower_only);
   }
 }
 

@@ -455,7 +455,7 @@ void check_adam_lists(const char* op, at::TensorList params, at::TensorList grad
   if (!max_exp_avg_sqs.empty()) check_list(op, params, max_exp_avg_sqs, "max_exp_avg_sqs", true);
 }
 
-// The constants that do not depend on lr or t (set_step_constants sets the others).
+// The constants that do not depend on lr or t (set_lr_constants sets the others).
 AdamConstants adam_constants(double beta1, double beta2, double eps, double weight_decay, bool decoupled,
                              bool maximize) {
   AdamConstants c;
@@ -478,10 +478,7 @@ void adam_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_
                 double bias_correction1, double bias_correction2_sqrt, bool decoupled, bool maximize) {
   check_adam_lists("adam_step_", params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs);
   AdamConstants c = adam_constants(beta1, beta2, eps, weight_decay, decoupled, maximize);
-  c.step_size = lr / bias_correction1;
-  const double lr_wd = lr * weight_decay;
-  c.decay = 1.0 - lr_wd;
-  c.bias_correction2_sqrt = bias_correction2_sqrt;
+  set_lr_constants(c, lr, bias_correction1, bias_correction2_sqrt);
   if (params.empty()) return;
   if (params[0].is_cpu())
     return adam_cpu(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, [&](size_t) -> const AdamConstants& {

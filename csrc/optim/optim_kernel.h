@@ -50,18 +50,23 @@ CARBON_HD double beta_power(double beta, double t) {
   return r;
 }
 
-// The constants of an Adam step that depend on the learning rate and the
-// step count t (the others are set once per call). The same operations as
-// carbon.optim's host computation (1 - beta1^t, sqrt(1 - beta2^t), lr / c1,
-// 1 - lr * wd), so a step whose t and lr live in device memory (capturable
-// steps, computed in the kernel) has the bits of one whose constants came
-// from the host.
-CARBON_HD void set_step_constants(AdamConstants& c, double lr, double t) {
-  const double bias_correction1 = 1.0 - beta_power(c.beta1, t);
+// The constants of an Adam step that depend on the learning rate and on
+// the bias corrections c1 = 1 - beta1^t and c2s = sqrt(1 - beta2^t): the
+// step size lr / c1, c2s, and AdamW's decay 1 - lr * wd (the others are set
+// once per call).
+CARBON_HD void set_lr_constants(AdamConstants& c, double lr, double bias_correction1, double bias_correction2_sqrt) {
   c.step_size = lr / bias_correction1;
-  c.bias_correction2_sqrt = sqrt(1.0 - beta_power(c.beta2, t));
+  c.bias_correction2_sqrt = bias_correction2_sqrt;
   const double lr_wd = lr * c.weight_decay;
   c.decay = 1.0 - lr_wd;
+}
+
+// The same from t itself, with carbon.optim's host operations for c1 and
+// c2s, so a step whose t and lr live in device memory (capturable steps,
+// computed in the kernel) has the bits of one whose constants came from the
+// host.
+CARBON_HD void set_step_constants(AdamConstants& c, double lr, double t) {
+  set_lr_constants(c, lr, 1.0 - beta_power(c.beta1, t), sqrt(1.0 - beta_power(c.beta2, t)));
 }
 
 // Where a capturable step (adam_step_capturable_) reads t and lr: memory on
