@@ -1,4 +1,4 @@
-"""One-thread CPU times of carbon's layer_norm and sum against torch's, in one process.
+"""One-thread CPU times of carbon's layer_norm, sum and mm against torch's, in one process.
 
     python benchmarks/bench_cpu_one_thread.py [--reps N]
 
@@ -8,7 +8,9 @@ shared machine) over N calls after one warm-up; the minimum and the median
 are printed, and the ratio of the minima. "fwd+bwd" is
 carbon.layer_norm(x, (n,), w, b).backward(dy) (gradients of x, w and b) and
 the same through torch.nn.functional.layer_norm. Inputs random normal,
-w ~ 1 + 0.1 N, b ~ 0.1 N. Compare two builds by running this script with
+w ~ 1 + 0.1 N, b ~ 0.1 N. The mm rows are shapes whose CPU path has its own
+handling: tall, narrow products (the fp64 GEMM as its transpose), small K
+with a large output (row chunks), an LM head. Compare two builds by running this script with
 each, alternately, in the same period (docs/benchmarks.md).
 """
 
@@ -69,12 +71,23 @@ def sum_cases(reps):
     for rows, n, dtype, dim in [(4096, 768, torch.float32, 1), (4096, 768, torch.bfloat16, 1),
                                 (4096, 4096, torch.float32, 1), (4096, 4096, torch.bfloat16, 1),
                                 (4096, 4096, torch.float32, None), (4096, 4096, torch.bfloat16, None),
-                                (16384, 768, torch.float32, 1)]:
+                                (16384, 768, torch.float32, 1), (4096, 768, torch.float16, 1),
+                                (4096, 768, torch.float16, 0), (4096, 4096, torch.float16, 0)]:
         x = torch.randn((rows, n), generator=g).to(dtype)
         name = f"sum {rows}x{n} {str(dtype).replace('torch.', '')} dim={dim}"
         t = cpu_ms(lambda: x.sum(dim) if dim is not None else x.sum(), reps)
         c = cpu_ms(lambda: carbon.sum(x, dim) if dim is not None else carbon.sum(x), reps)
         print(f"| {name} | {t[0]:.2f} / {t[1]:.2f} | {c[0]:.2f} / {c[1]:.2f} | {c[0] / t[0]:.2f}x |")
+
+
+def mm_cases(reps):
+    g = torch.Generator().manual_seed(0)
+    for m, k, n in [(8192, 576, 64), (8192, 576, 128), (8192, 16, 4096), (1024, 256, 8192), (8192, 768, 768)]:
+        a, b = torch.randn((m, k), generator=g), 0.02 * torch.randn((k, n), generator=g)
+        r = max(3, reps // 5)
+        t = cpu_ms(lambda: torch.mm(a, b), r)
+        c = cpu_ms(lambda: carbon.mm(a, b), r)
+        print(f"| mm {m}x{k}x{n} float32 | {t[0]:.2f} / {t[1]:.2f} | {c[0]:.2f} / {c[1]:.2f} | {c[0] / t[0]:.2f}x |")
 
 
 def main():
@@ -87,6 +100,7 @@ def main():
     print("|---|---|---|---|")
     norm_cases(args.reps)
     sum_cases(args.reps)
+    mm_cases(args.reps)
 
 
 if __name__ == "__main__":
