@@ -373,6 +373,32 @@ def test_100k_elements_with_a_planted_tie(in_dtype, out_dtype, tie, extra, bits)
     assert_bits_equal(carbon.sum(rows.t(), 0, dtype=out_dtype), bits_tensor([bits, bits, 0], out_dtype), "columns")
 
 
+@pytest.mark.parametrize("nudge_sign", [1, -1])
+@pytest.mark.parametrize("in_dtype,out_dtype,tie,nudge,scale_exp,bits", [
+    (F32, F32, [1.0, 2.0**-24], 2.0**-44, 0, (0x3F800001, 0x3F800000)),
+    (BF16, F32, [1.0, 2.0**-24], 2.0**-44, 0, (0x3F800001, 0x3F800000)),
+    (F32, BF16, [1.0, 2.0**-8], 2.0**-40, 0, (0x3F81, 0x3F80)),
+    (F16, F16, [1.0, 2.0**-11], 2.0**-24, 8, (0x3C01, 0x3C00)),
+])
+def test_long_rows_just_off_a_tie(restore_num_threads, in_dtype, out_dtype, tie, nudge, scale_exp, bits, nudge_sign):
+    """A long row (several chunks) whose exact sum is a tie plus a nudge far
+    below tier 1's error bound (n max |x| is large: big values that cancel)
+    but far above the compensated tier's (~2^-53 of the sum): the compensated
+    tier decides it, whichever way the nudge points, at 1 and 2 threads."""
+    g = generator(seed_of("offtie", in_dtype, out_dtype))
+    v = random_values((40_001,), in_dtype, g, spread=3 if in_dtype == F16 else 40, scale_exp=scale_exp)
+    planted = exact_tensor(tie + [nudge_sign * nudge], in_dtype)
+    x = torch.cat([v, -v, planted])
+    x = x[torch.randperm(x.numel(), generator=g)]
+    expected = bits_tensor(bits[0] if nudge_sign > 0 else bits[1], out_dtype)
+    assert_bits_equal(sum_bits(x, dtype=out_dtype).view(out_dtype), expected, "oracle vs hand")
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        assert_bits_equal(carbon.sum(x, dtype=out_dtype), expected, f"1-D, {threads} threads")
+        assert_bits_equal(carbon.sum(x[None], 1, dtype=out_dtype), bits_tensor([bits[0] if nudge_sign > 0 else bits[1]],
+                                                                               out_dtype), f"one row, {threads} threads")
+
+
 # ---------------------------------------------------------------- invariance
 
 @pytest.mark.parametrize("in_dtype,out_dtype", [(F32, None), (BF16, F32), (BF16, None), (F16, None), (F32, BF16)])
