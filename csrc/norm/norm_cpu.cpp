@@ -191,22 +191,41 @@ CARBON_NORM_V4 double decode_squares_v4(const T* x, int64_t n, double* v) {
   return fold_chains(sc);
 }
 
-// decode_sums_v4 and, in the same pass, the sum of the exact squares v_k^2
-// in the same chains (element k into chain k mod kChains, the tail into
-// chain 0, then fold_chains: the tree of chain_squares(v, 0.0, n)).
+// decode_sums_v4 and, in the same pass, the sum of the exact squares v_k^2.
+// Two sets of chains, so that consecutive additions into a chain are two
+// iterations apart (with one set, every 8 elements wait on the latency of
+// the fma into q, 4 cycles).
+// With n >= 32: elements 16i + l go into chain l (l < 16, lanes of set 0 then
+// set 1) while 16 remain, the next 8 (if any) into set 0's chains, the two
+// sets are added lane-wise, the last n mod 8 go into chain 0, then
+// fold_chains. No value passes through more than floor(n / 16) + 1 + 1 + 7 + 3
+// additions, which is at most chain_depth(n) = floor(n / 8) + 10 for n >= 24,
+// the depth the callers' tier-1 tests take. Below 32 only set 0 runs: the
+// tree of chain_sums / chain_squares. Either way the decided means and
+// variances are the correctly rounded ones; only which rows tier 1 decides
+// can depend on the tree.
 template <typename T>
 CARBON_NORM_V4 Sums decode_moments_v4(const T* x, int64_t n, double* v, double* squares) {
-  Lanes s = {}, a = {}, q = {};
+  Lanes s = {}, a = {}, q = {}, s1 = {}, a1 = {}, q1 = {};
   int64_t k = 0;
-  for (; k + kChains <= n; k += kChains) {
-    const Lanes e = decode_lanes(x + k);
-    store_lanes(v + k, e);
-    s = s + e;
-    a = a + abs_lanes(e);
-    // q (+) e e as one fma: e e is exact (a square of a float value), so
-    // the same value, on the multiply pipes (see centered_lanes).
-    q = (Lanes)_mm512_fmadd_pd((__m512d)e, (__m512d)e, (__m512d)q);
-  }
+  auto step = [&](Lanes& sum, Lanes& abs_sum, Lanes& square_sum, int64_t at) CARBON_NORM_V4 {
+    const Lanes e = decode_lanes(x + at);
+    store_lanes(v + at, e);
+    sum = sum + e;
+    abs_sum = abs_sum + abs_lanes(e);
+    // square_sum (+) e e as one fma: e e is exact (a square of a float
+    // value), so the same value, on the multiply pipes (see centered_lanes).
+    square_sum = (Lanes)_mm512_fmadd_pd((__m512d)e, (__m512d)e, (__m512d)square_sum);
+  };
+  if (n >= 32)
+    for (; k + 2 * kChains <= n; k += 2 * kChains) {
+      step(s, a, q, k);
+      step(s1, a1, q1, k + kChains);
+    }
+  for (; k + kChains <= n; k += kChains) step(s, a, q, k);
+  s = s + s1;
+  a = a + a1;
+  q = q + q1;
   double sc[kChains], ac[kChains], qc[kChains];
   store_lanes(sc, s);
   store_lanes(ac, a);
@@ -965,8 +984,8 @@ void forward_rows(const NormArgs& a, at::Tensor& y_tensor) {
   });
 }
 
-// The backward of one row: dx into out; leaves xhat in xh (which the fused
-// column sums read).
+// The backward of one row: dx into out; leaves xhat in xh or in the
+// caller's row (which the fused column sums read).
 template <typename T>
 struct RowBackward {
   using F = typename FormatOf<T>::type;
@@ -988,11 +1007,13 @@ struct RowBackward {
     if (w) wf.assign(w, w + n);
   }
 
-  void run(int64_t r) {
+  // The row's x-hat goes to xh_out when given (the fused backward's block
+  // buffer), else to xh.
+  void run(int64_t r, double* xh_out = nullptr) {
     const double mu = a.rms ? 0.0 : load32(mean + r), rs = load32(rstd + r);
     const T* xr = x + r * n;
     const T* dr = dy + r * n;
-    double* h = xh.data();
+    double* h = xh_out ? xh_out : xh.data();
     double* q = g.data();
     double* d = dv.data();
     Sums s, p;
@@ -1232,70 +1253,34 @@ void param_grads(const NormArgs& a, const at::Tensor& dy_tensor, at::Tensor& dw_
 // correctly rounded exact sum whatever decides it.
 constexpr int64_t kGradBlock = 64;
 
-// Rows whose terms are added into the column partials together: each
-// partial is loaded and stored once per kRowsPerAdd rows, and still gets
-// the rows' terms one at a time in row order (the same sums).
-constexpr int kRowsPerAdd = 4;
-
-// Adds the dy * xhat (kW) and dy (kB) terms of rows 0..R-1 (dy rows dy[i],
-// re-decoded from the cache, and xhat rows xh[i]), with their absolute
-// values, into the column partials, in row order (exact products of two
-// float values).
+// Adds the dy * xhat (kW) and dy (kB) terms of R consecutive rows (dy rows
+// `stride` apart, re-decoded from the cache; xhat rows `xh_stride` apart)
+// into the partials of columns 0..width-1, with their absolute values, in
+// row order (exact products of two float values). Each partial is loaded
+// and stored once per R rows.
 template <typename T, int R, bool kW, bool kB>
-CARBON_NORM_CLONES void add_rows_to_columns(const T* const* dy, const double* const* xh, int64_t n,
-                                            double* __restrict__ sw, double* __restrict__ aw,
-                                            double* __restrict__ sb, double* __restrict__ ab) {
-  const T* __restrict__ y0 = dy[0];
-  const double* __restrict__ h0 = xh[0];
-  const T* __restrict__ y1 = dy[R > 1 ? 1 : 0];
-  const double* __restrict__ h1 = xh[R > 1 ? 1 : 0];
-  const T* __restrict__ y2 = dy[R > 2 ? 2 : 0];
-  const double* __restrict__ h2 = xh[R > 2 ? 2 : 0];
-  const T* __restrict__ y3 = dy[R > 3 ? 3 : 0];
-  const double* __restrict__ h3 = xh[R > 3 ? 3 : 0];
-  for (int64_t j = 0; j < n; ++j) {
-    const double d0 = element_value(y0[j]);
-    const double d1 = R > 1 ? element_value(y1[j]) : 0.0;
-    const double d2 = R > 2 ? element_value(y2[j]) : 0.0;
-    const double d3 = R > 3 ? element_value(y3[j]) : 0.0;
+inline __attribute__((always_inline)) void add_row_group(const T* dy, int64_t stride, const double* xh,
+                                                         int64_t xh_stride, int64_t width, double* __restrict__ sw,
+                                                         double* __restrict__ aw, double* __restrict__ sb,
+                                                         double* __restrict__ ab) {
+  for (int64_t j = 0; j < width; ++j) {
+    double d[R];
+    for (int i = 0; i < R; ++i) d[i] = element_value(dy[i * stride + j]);
     if (kW) {
       double s = sw[j], a = aw[j];
-      const double p0 = d0 * h0[j];
-      s = s + p0;
-      a = a + abs_value(p0);
-      if (R > 1) {
-        const double p1 = d1 * h1[j];
-        s = s + p1;
-        a = a + abs_value(p1);
-      }
-      if (R > 2) {
-        const double p2 = d2 * h2[j];
-        s = s + p2;
-        a = a + abs_value(p2);
-      }
-      if (R > 3) {
-        const double p3 = d3 * h3[j];
-        s = s + p3;
-        a = a + abs_value(p3);
+      for (int i = 0; i < R; ++i) {
+        const double p = d[i] * xh[i * xh_stride + j];
+        s = s + p;
+        a = a + abs_value(p);
       }
       sw[j] = s;
       aw[j] = a;
     }
     if (kB) {
       double s = sb[j], a = ab[j];
-      s = s + d0;
-      a = a + abs_value(d0);
-      if (R > 1) {
-        s = s + d1;
-        a = a + abs_value(d1);
-      }
-      if (R > 2) {
-        s = s + d2;
-        a = a + abs_value(d2);
-      }
-      if (R > 3) {
-        s = s + d3;
-        a = a + abs_value(d3);
+      for (int i = 0; i < R; ++i) {
+        s = s + d[i];
+        a = a + abs_value(d[i]);
       }
       sb[j] = s;
       ab[j] = a;
@@ -1303,33 +1288,95 @@ CARBON_NORM_CLONES void add_rows_to_columns(const T* const* dy, const double* co
   }
 }
 
-template <typename T, int R>
-void add_rows(const T* const* d, const double* const* xh, int64_t n, bool want_w, bool want_b, double* sw,
-              double* aw, double* sb, double* ab) {
-  if (want_w && want_b)
-    add_rows_to_columns<T, R, true, true>(d, xh, n, sw, aw, sb, ab);
-  else if (want_w)
-    add_rows_to_columns<T, R, true, false>(d, xh, n, sw, aw, sb, ab);
-  else
-    add_rows_to_columns<T, R, false, true>(d, xh, n, sw, aw, sb, ab);
+// add_row_group over rows 0..rows-1, four at a time.
+template <typename T, bool kW, bool kB>
+CARBON_NORM_CLONES void add_rows_to_columns(const T* dy, int64_t stride, const double* xh, int64_t xh_stride,
+                                            int64_t rows, int64_t width, double* __restrict__ sw,
+                                            double* __restrict__ aw, double* __restrict__ sb,
+                                            double* __restrict__ ab) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4)
+    add_row_group<T, 4, kW, kB>(dy + r * stride, stride, xh + r * xh_stride, xh_stride, width, sw, aw, sb, ab);
+  for (; r < rows; ++r)
+    add_row_group<T, 1, kW, kB>(dy + r * stride, stride, xh + r * xh_stride, xh_stride, width, sw, aw, sb, ab);
 }
 
-// add_rows for 1 <= count <= kRowsPerAdd rows.
-template <typename T>
-void add_rows_any(int count, const T* const* d, const double* const* xh, int64_t n, bool want_w, bool want_b,
-                  double* sw, double* aw, double* sb, double* ab) {
-  switch (count) {
-    case 1: return add_rows<T, 1>(d, xh, n, want_w, want_b, sw, aw, sb, ab);
-    case 2: return add_rows<T, 2>(d, xh, n, want_w, want_b, sw, aw, sb, ab);
-    case 3: return add_rows<T, 3>(d, xh, n, want_w, want_b, sw, aw, sb, ab);
-    default: return add_rows<T, 4>(d, xh, n, want_w, want_b, sw, aw, sb, ab);
+// add_rows_to_columns on AVX-512, the same values: 16 columns at a time
+// (two vectors per partial), their partials held in registers while the
+// block's rows pass (no partial is loaded or stored per row, and the two
+// vectors' chains interleave, so no addition waits on the previous one's
+// latency). The dweight terms ride on the multiply pipes: dy and x-hat are
+// float32 values, so dy x-hat and |dy| |x-hat| = |dy x-hat| are exact in
+// fp64 and fma(dy, x-hat, s) = s (+) dy x-hat (see centered_lanes).
+template <typename T, bool kW, bool kB>
+CARBON_NORM_V4 void add_rows_to_columns_v4(const T* dy, int64_t stride, const double* xh, int64_t rows, int64_t n,
+                                           double* sw, double* aw, double* sb, double* ab) {
+  constexpr int V = 2;  // vectors of kChains columns per pass
+  int64_t j = 0;
+  for (; j + V * kChains <= n; j += V * kChains) {
+    __m512d s[V], a[V], t[V], c[V];
+    for (int q = 0; q < V; ++q) s[q] = a[q] = t[q] = c[q] = _mm512_setzero_pd();
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* d = dy + r * stride + j;
+      const double* h = xh + r * n + j;
+      for (int q = 0; q < V; ++q) {
+        const __m512d v = (__m512d)decode_lanes(d + q * kChains);
+        if (kW) {
+          const __m512d e = _mm512_loadu_pd(h + q * kChains);
+          s[q] = _mm512_fmadd_pd(v, e, s[q]);
+          a[q] = _mm512_fmadd_pd(_mm512_abs_pd(v), _mm512_abs_pd(e), a[q]);
+        }
+        if (kB) {
+          t[q] = _mm512_add_pd(t[q], v);
+          c[q] = _mm512_add_pd(c[q], _mm512_abs_pd(v));
+        }
+      }
+    }
+    for (int q = 0; q < V; ++q) {
+      const int64_t at = j + q * kChains;
+      if (kW) {
+        _mm512_storeu_pd(sw + at, s[q]);
+        _mm512_storeu_pd(aw + at, a[q]);
+      }
+      if (kB) {
+        _mm512_storeu_pd(sb + at, t[q]);
+        _mm512_storeu_pd(ab + at, c[q]);
+      }
+    }
   }
+  if (j == n) return;
+  // The last n mod 16 columns: partials from +0, as above.
+  for (int64_t k = j; k < n; ++k) sw[k] = aw[k] = sb[k] = ab[k] = 0.0;
+  add_rows_to_columns<T, kW, kB>(dy + j, stride, xh + j, n, rows, n - j, sw + j, aw + j, sb + j, ab + j);
+}
+
+// The column partials of `rows` rows from +0: partials[j] = the rows' terms
+// of column j added in row order.
+template <typename T>
+void block_partials(const T* dy, int64_t stride, const double* xh, int64_t rows, int64_t n, bool want_w,
+                    bool want_b, double* sw, double* aw, double* sb, double* ab) {
+  if (use_lanes()) {
+    if (want_w && want_b) return add_rows_to_columns_v4<T, true, true>(dy, stride, xh, rows, n, sw, aw, sb, ab);
+    if (want_w) return add_rows_to_columns_v4<T, true, false>(dy, stride, xh, rows, n, sw, aw, sb, ab);
+    return add_rows_to_columns_v4<T, false, true>(dy, stride, xh, rows, n, sw, aw, sb, ab);
+  }
+  std::fill(sw, sw + n, 0.0);
+  std::fill(aw, aw + n, 0.0);
+  std::fill(sb, sb + n, 0.0);
+  std::fill(ab, ab + n, 0.0);
+  if (want_w && want_b) return add_rows_to_columns<T, true, true>(dy, stride, xh, n, rows, n, sw, aw, sb, ab);
+  if (want_w) return add_rows_to_columns<T, true, false>(dy, stride, xh, n, rows, n, sw, aw, sb, ab);
+  return add_rows_to_columns<T, false, true>(dy, stride, xh, n, rows, n, sw, aw, sb, ab);
 }
 
 // dx, dweight and dbias in one pass over x and dy: blocks of kGradBlock rows
 // in parallel; each block runs its rows' backward (the same per-row
-// operations as backward_rows) and adds each row into its block's column
-// partials while the row is in cache; then finish_columns.
+// operations as backward_rows), keeping the rows' x-hat in a block buffer
+// (kGradBlock rows: 384 KB for n = 768, in L2 with the block's dy), then
+// sums the block's columns from there; then finish_columns. (Adding each
+// row into the partials as it was done, four rows at a time, kept four
+// rows' buffers and the partials in L1 together, which did not fit: the
+// rows' own backward ran 1.5x slower.)
 template <typename T>
 void backward_fused(const NormArgs& a, const at::Tensor& dy_tensor, at::Tensor& dx_tensor, at::Tensor& dw_tensor,
                     at::Tensor& db_tensor) {
@@ -1340,30 +1387,16 @@ void backward_fused(const NormArgs& a, const at::Tensor& dy_tensor, at::Tensor& 
   ColumnPartials P(blocks, n);
   const std::vector<double> wv = decode_param(a.weight);
   auto* dx = static_cast<typename F::Bits*>(dx_tensor.mutable_data_ptr());
+  const T* dy = dy_tensor.const_data_ptr<T>();
   const int64_t grain = std::max<int64_t>(1, grain_for(n) / kGradBlock);
   carbon::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
-    std::vector<RowBackward<T>> group;
-    for (int i = 0; i < kRowsPerAdd; ++i)
-      group.emplace_back(a, a.x.const_data_ptr<T>(), dy_tensor.const_data_ptr<T>(), dx,
-                         wv.empty() ? nullptr : wv.data());
-    const T* d[kRowsPerAdd];
-    const double* h[kRowsPerAdd];
-    for (int i = 0; i < kRowsPerAdd; ++i) h[i] = group[i].xh.data();
+    RowBackward<T> row(a, a.x.const_data_ptr<T>(), dy, dx, wv.empty() ? nullptr : wv.data());
+    std::vector<double> xh(kGradBlock * n);
     for (int64_t c = begin; c < end; ++c) {
-      double *sw = P.sw.get() + c * n, *aw = P.aw.get() + c * n, *sb = P.sb.get() + c * n, *ab = P.ab.get() + c * n;
-      std::fill(sw, sw + n, 0.0);
-      std::fill(aw, aw + n, 0.0);
-      std::fill(sb, sb + n, 0.0);
-      std::fill(ab, ab + n, 0.0);
-      const int64_t r_end = std::min(rows, (c + 1) * kGradBlock);
-      for (int64_t r = c * kGradBlock; r < r_end; r += kRowsPerAdd) {
-        const int count = static_cast<int>(std::min<int64_t>(kRowsPerAdd, r_end - r));
-        for (int i = 0; i < count; ++i) {
-          group[i].run(r + i);
-          d[i] = dy_tensor.const_data_ptr<T>() + (r + i) * n;
-        }
-        add_rows_any<T>(count, d, h, n, want_w, want_b, sw, aw, sb, ab);
-      }
+      const int64_t r0 = c * kGradBlock, count = std::min(rows, r0 + kGradBlock) - r0;
+      for (int64_t i = 0; i < count; ++i) row.run(r0 + i, xh.data() + i * n);
+      block_partials<T>(dy + r0 * n, n, xh.data(), count, n, want_w, want_b, P.sw.get() + c * n,
+                        P.aw.get() + c * n, P.sb.get() + c * n, P.ab.get() + c * n);
     }
   });
   finish_columns<T>(a, dy_tensor, P, kGradBlock, dw_tensor, db_tensor);
