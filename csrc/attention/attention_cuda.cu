@@ -17,7 +17,12 @@ __global__ void attention_logits_kernel(const float* s, int64_t total, int64_t T
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t j = e % Tk, i = (e / Tk) % Tq, b = e / (Tk * Tq);
     const double m = mask == nullptr ? -0.0 : element_value(mask[b * sb + i * sq + j * sk]);
-    out[e] = static_cast<float>(attention_logit(s[e], scale, m, causal && j > i));
+    // The bits by encode, not a hardware double -> float conversion: the
+    // value is already a float32 value, but a NaN (a NaN score or mask,
+    // inf - inf) would convert to the GPU's NaN 0x7FFFFFFF, where the
+    // contract (and the CPU, for a NaN score or mask) writes 0x7FC00000.
+    reinterpret_cast<uint32_t*>(out)[e] =
+        encode(attention_logit(s[e], scale, m, causal && j > i), Format<FormatId::kFloat32>::get());
   }
 }
 
