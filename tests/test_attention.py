@@ -190,6 +190,24 @@ def test_close_to_torch():
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-6)
 
 
+def test_attention_logits_nan_results_are_the_canonical_nan():
+    """Every NaN logit is 0x7FC00000 (contract §1): a NaN score of either
+    sign, a NaN mask, and +inf score plus -inf mask (x86 gives the last a
+    negative NaN); infinities and numbers are unchanged. Rows long enough
+    for the vector loops (and their fallback) and a short one."""
+    nan_bits = 0x7FC00000
+    for n in (4, 37):
+        scores = [float("nan"), -float("nan"), float("inf"), 1.0] * n
+        masks = [0.0, 0.0, -float("inf"), float("nan")] * n
+        s = torch.tensor(scores, dtype=torch.float32).view(1, 1, -1)
+        m = torch.tensor(masks, dtype=torch.float32).view(1, 1, -1)
+        for mask, want in ((None, [nan_bits, nan_bits, 0x7F800000, 0x3F000000]),
+                           (m, [nan_bits, nan_bits, nan_bits, nan_bits])):
+            out = torch.ops.carbon.attention_logits(s, 0.5, mask, False)
+            got = (out.view(torch.int32).flatten().long() & 0xFFFFFFFF).tolist()
+            assert got == want * n, (n, mask is None, [hex(v) for v in got[:4]])
+
+
 def test_attention_logits_opcheck():
     g = generator(2)
     s = torch.randn(2, 4, 5, generator=g)

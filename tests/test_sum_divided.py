@@ -11,6 +11,7 @@ import random
 import pytest
 import torch
 
+import carbon  # noqa: F401  (registers torch.ops.carbon; this file must run alone too)
 from tests.oracle import as_bits, row_quotient_bits
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -41,6 +42,42 @@ def test_ties_cancellation_and_order():
     ref = as_bits(torch.ops.carbon.sum_divided(x, torch.tensor(7)))
     assert torch.equal(ref, as_bits(torch.ops.carbon.sum_divided(x.flip(0), torch.tensor(7))))
     check(values, 7, torch.float32)
+
+
+LARGE_DIVISORS = (2**32 - 1, 2**32, 2**32 + 1, 3 * 2**40 + 7, 2**53 - 1, 2**53, 2**53 + 1, 2**62 + 3, 2**63 - 1)
+
+
+def chunks24(value: int, scale: float) -> list:
+    """value * scale as float32-exact pieces: value's 24-bit chunks, each times scale."""
+    pieces = []
+    shift = 0
+    while value:
+        pieces.append(float(value & 0xFFFFFF) * 2.0**shift * scale)
+        value >>= 24
+        shift += 24
+    return pieces
+
+
+def tie_values(d: int, nudge: float) -> list:
+    """Float32 values summing exactly to (1 + 2^-24) d + nudge: over d, a float32
+    midpoint (ties to even: 1.0) pushed up or down by nudge / d."""
+    return chunks24(d, 1.0) + chunks24(d, 2.0**-24) + ([nudge] if nudge else [])
+
+
+@pytest.mark.parametrize("d", LARGE_DIVISORS)
+def test_divisors_beyond_32_and_53_bits(d):
+    """Any positive int64 divisor: the exact tier's long division (32-bit digits
+    below 2^32, bit by bit above) and the skip of tiers 1 and 2 above 2^53,
+    where d is not exact as a double. A midpoint quotient (the exact tier's
+    tie) and one nudged by 2^-120 either way (its sticky bit), against the
+    oracle and by hand, in two element orders; random values too."""
+    for nudge, bits in ((0.0, 0x3F800000), (2.0**-120, 0x3F800001), (-(2.0**-120), 0x3F800000)):
+        values = tie_values(d, nudge)
+        assert row_quotient_bits(values, d, torch.float32) == bits
+        for order in (values, values[::-1]):
+            check(order, d, torch.float32)
+    rng = random.Random(d)
+    check([rng.gauss(0, 1) * 2.0 ** rng.randint(-20, 60) for _ in range(50)], d, torch.float32)
 
 
 def test_specials_and_empty():
@@ -74,3 +111,8 @@ def test_gpu_equals_cpu_without_sync():
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert torch.equal(as_bits(gpu.cpu()), as_bits(torch.ops.carbon.sum_divided(x, d)))
+    for big in LARGE_DIVISORS:  # the exact tier's long division on the device
+        for nudge in (0.0, 2.0**-120, -(2.0**-120)):
+            y = torch.tensor(tie_values(big, nudge), dtype=torch.float32)
+            want = as_bits(torch.ops.carbon.sum_divided(y, torch.tensor(big)))
+            assert torch.equal(as_bits(torch.ops.carbon.sum_divided(y.cuda(), torch.tensor(big).cuda()).cpu()), want)

@@ -13,9 +13,14 @@
 
 namespace carbon {
 
+// A NaN result (a NaN score or mask, or +inf + -inf) is §1's canonical NaN,
+// whatever sign and payload the hardware's arithmetic gave it (x86 makes
+// inf + -inf a negative NaN and keeps a NaN operand's sign).
 CARBON_HD double attention_logit(double s, double scale, double mask, bool masked_out) {
   if (masked_out) return -INFINITY;
-  return round_double(s * scale + mask, Format<FormatId::kFloat32>::get());
+  const double z = s * scale + mask;
+  if (z != z) return bits_to_double(kExpMask | (1ull << 51));
+  return round_double(z, Format<FormatId::kFloat32>::get());
 }
 
 }  // namespace carbon

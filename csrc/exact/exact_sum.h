@@ -171,20 +171,40 @@ CARBON_HD double exact_sum_round(int64_t* limb, uint32_t flags, const FloatForma
   return exact_zero(flags);
 }
 
-// RN_f(sum / n) for 0 < n < 2^32: one rounding of the exact quotient. Long
-// division by 32-bit digits (each step divides a number below n * 2^32, which
-// fits in 64 bits); a nonzero remainder is the sticky bit. The quotient keeps
-// every bit down to 2^kLowestBit, far below any format's quantum, so the
-// rounding sees all the bits it needs. The limbs end up holding the quotient.
+// RN_f(sum / n) for 0 < n < 2^63: one rounding of the exact quotient. Long
+// division by 32-bit digits: below 2^32 each step divides a number below
+// n * 2^32, which fits in 64 bits; from 2^32 on (sum_divided's divisor is any
+// int64) each digit is divided bit by bit (the top limb, a non-negative
+// int64, by all its 63 bits), the remainder staying below n < 2^63, so
+// 2 rem + 1 fits. A nonzero remainder is the sticky bit. The
+// quotient keeps every bit down to 2^kLowestBit, far below any format's
+// quantum (an element over n < 2^63 is at least 2^-212), so the rounding sees
+// all the bits it needs. The limbs end up holding the quotient.
 CARBON_HD double exact_sum_round_divided(int64_t* limb, uint32_t flags, uint64_t n, const FloatFormat& f) {
   double out;
   if (exact_sum_special(flags, &out)) return out;
   const bool negative = exact_sum_to_magnitude(limb);
   uint64_t rem = 0;
-  for (int i = kLimbs - 1; i >= 0; --i) {
-    const uint64_t cur = (rem << 32) | static_cast<uint64_t>(limb[i]);
-    limb[i] = static_cast<int64_t>(cur / n);
-    rem = cur % n;
+  if (n < (1ull << 32)) {
+    for (int i = kLimbs - 1; i >= 0; --i) {
+      const uint64_t cur = (rem << 32) | static_cast<uint64_t>(limb[i]);
+      limb[i] = static_cast<int64_t>(cur / n);
+      rem = cur % n;
+    }
+  } else {
+    for (int i = kLimbs - 1; i >= 0; --i) {
+      const uint64_t digit = static_cast<uint64_t>(limb[i]);  // the top limb may exceed 32 bits
+      uint64_t q = 0;
+      for (int b = i == kLimbs - 1 ? 62 : 31; b >= 0; --b) {
+        rem = (rem << 1) | ((digit >> b) & 1u);
+        q <<= 1;
+        if (rem >= n) {
+          rem -= n;
+          q |= 1u;
+        }
+      }
+      limb[i] = static_cast<int64_t>(q);
+    }
   }
   if (round_digits(limb, rem != 0, negative, f, &out)) return out;
   return exact_zero(flags);

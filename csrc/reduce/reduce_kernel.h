@@ -42,8 +42,13 @@ CARBON_HD double empty_reduction(bool mean) { return mean ? bits_to_double(kExpM
 // by a tree in which no value passes through more than `depth` additions:
 // |fl - c| <= gamma_depth * sum|x| (Higham, ch. 4), and the absolute sum,
 // computed alike, is within the slack of the true one.
+// A mean's divisor above 2^53 (sum_divided takes any int64) is not exact as
+// a double: tiers 1 and 2 leave such quotients to the exact tier.
+constexpr int64_t kLargestExactDivisor = int64_t(1) << 53;
+
 CARBON_HD bool reduce_round_fast(double sum, double abs_sum, int64_t n, int64_t depth, bool mean,
                                  const FloatFormat& f, double* out) {
+  if (mean && n > kLargestExactDivisor) return false;
   const double beta = gamma_n(depth) * abs_sum * kBoundSlack;
   return mean ? round_quotient_if_decided(sum, beta, static_cast<double>(n), f, out)
               : round_if_decided(sum, beta, f, out);
@@ -52,6 +57,7 @@ CARBON_HD bool reduce_round_fast(double sum, double abs_sum, int64_t n, int64_t 
 // Tier 2's decision, from a compensated sum built in at most `depth` steps.
 CARBON_HD bool reduce_round_compensated(const CompensatedSum& acc, double abs_sum, int64_t n, int64_t depth,
                                         bool mean, const FloatFormat& f, double* out) {
+  if (mean && n > kLargestExactDivisor) return false;
   const double value = acc.s + acc.t;
   const double beta = compensated_bound(value, abs_sum, depth);
   return mean ? round_quotient_if_decided(value, beta, static_cast<double>(n), f, out)
