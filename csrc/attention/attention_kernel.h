@@ -19,7 +19,7 @@ namespace carbon {
 CARBON_HD double attention_logit(double s, double scale, double mask, bool masked_out) {
   if (masked_out) return -INFINITY;
   const double z = s * scale + mask;
-  if (z != z) return bits_to_double(kExpMask | (1ull << 51));
+  if (z != z) return canonical_nan();
   return round_double(z, Format<FormatId::kFloat32>::get());
 }
 

@@ -119,6 +119,12 @@ CARBON_HD uint32_t encode_normal(uint64_t mag, const FloatFormat& f) {
   return static_cast<uint32_t>((mag >> (53 - f.precision)) - rebias);
 }
 
+// The canonical NaN as a double: positive, quiet bit only. encode() turns
+// it into every format's canonical NaN (contract §1); kernels return it
+// wherever a NaN result's sign or payload would otherwise depend on the
+// hardware.
+CARBON_HD double canonical_nan() { return bits_to_double(kExpMask | (1ull << 51)); }
+
 // RN_f(x) for any double x, returned as a double exactly representable in f.
 CARBON_HD double round_double(double x, const FloatFormat& f) {
   const uint64_t u = double_to_bits(x);

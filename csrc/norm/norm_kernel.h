@@ -46,7 +46,6 @@ using F32 = Format<FormatId::kFloat32>;
 
 CARBON_HD double rn32(double x) { return round_double(x, F32::get()); }
 
-CARBON_HD double canonical_nan() { return bits_to_double(kExpMask | (1ull << 51)); }
 
 // ---------------------------------------------------------------- statistics
 

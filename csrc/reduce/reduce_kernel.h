@@ -36,7 +36,7 @@ CARBON_HD double element_value(const c10::BFloat16& x) {
 }
 
 // What a reduction returns for an empty row: sum +0, mean 0/0 = NaN.
-CARBON_HD double empty_reduction(bool mean) { return mean ? bits_to_double(kExpMask | (1ull << 51)) : 0.0; }
+CARBON_HD double empty_reduction(bool mean) { return mean ? canonical_nan() : 0.0; }
 
 // Tier 1: decide from the fp64 sum and absolute sum of n > 0 values, summed
 // by a tree in which no value passes through more than `depth` additions:

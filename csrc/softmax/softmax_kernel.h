@@ -60,7 +60,6 @@ CARBON_HD RowCase row_case(const RowMax& r) {
   return RowCase::kNormal;
 }
 
-CARBON_HD double canonical_nan() { return bits_to_double(kExpMask | (1ull << 51)); }
 
 // e_j = carbon.exp(RN32(x_j - m)): in [0, 1], and exactly 1 at the maximum.
 CARBON_HD float softmax_exp(float x, float m) { return exp32(x - m); }
