@@ -92,6 +92,18 @@ def test_close_to_torch():
         torch.testing.assert_close(p.grad, q.grad, rtol=4e-7, atol=0)
 
 
+def test_inf_norm_of_nan_gradients_is_the_canonical_nan():
+    """Any NaN among the gradients (sign, payload, signaling) gives the total
+    0x7FC00000 (contract §1) and canonical NaN gradients."""
+    for bits in (0x7FC00123, 0xFFC00000, 0x7F800001, 0xFFFFFFFF):
+        g = torch.tensor([1.0, 2.0, 3.0])
+        g.view(torch.int32)[1] = bits - (1 << 32) if bits >= (1 << 31) else bits
+        ps = params_with_grads([g, torch.tensor([0.5])])
+        total = carbon.nn.utils.clip_grad_norm_(ps, 1.0, math.inf)
+        assert total.view(torch.int32).item() & 0xFFFFFFFF == 0x7FC00000, hex(bits)
+        assert [v & 0xFFFFFFFF for v in ps[0].grad.view(torch.int32).tolist()] == [0x7FC00000] * 3, hex(bits)
+
+
 def test_nonfinite():
     grads = [torch.tensor([1.0, math.inf])]
     with pytest.raises(RuntimeError, match="non-finite"):

@@ -63,6 +63,27 @@ def test_clip_matches_cpu(dtype, norm_type, scale):
         assert torch.equal(as_bits(a), as_bits(b))
 
 
+@pytest.mark.parametrize("norm_type", [2.0, math.inf])
+def test_clip_of_nan_gradients_matches_cpu(norm_type):
+    """NaN gradients of any sign and payload: the total and the gradients are
+    the CPU's canonical NaNs."""
+    def grads(device):
+        g = torch.tensor([1.0, 2.0, 3.0, 4.0])
+        g.view(torch.int32)[1] = 0x7FC00123
+        g.view(torch.int32)[2] = 0xFFC00000 - (1 << 32)
+        return [p.to(device) for p in (g, torch.tensor([0.5]))]
+
+    out = []
+    for device in ("cuda", "cpu"):
+        ps = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads(device)]
+        for p, g in zip(ps, grads(device)):
+            p.grad = g
+        total = carbon.nn.utils.clip_grad_norm_(ps, 1.0, norm_type)
+        out.append([total.cpu()] + [p.grad.cpu() for p in ps])
+    for a, b in zip(*out):
+        assert torch.equal(as_bits(a), as_bits(b))
+
+
 def test_sum_squares_exact_tier_on_gpu():
     g = [torch.tensor([1.0], device="cuda"), torch.tensor([2.0**-12], device="cuda")]
     assert float(torch.ops.carbon.sum_squares(g)) == 1.0  # the tie 1 + 2^-24, to even

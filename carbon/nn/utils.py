@@ -46,6 +46,10 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
         total = torch.ops.carbon.sum_squares(nonempty, True)
     else:
         total = torch.stack([torch.linalg.vector_norm(g, math.inf).float() for g in nonempty]).max()
+        # A NaN gradient makes the max NaN with whatever bits the device's
+        # kernels give it (a GPU's max or abs may keep a payload or write
+        # 0x7FFFFFFF): return the canonical NaN (contract §1) on every device.
+        total = torch.where(total.isnan(), torch.full((), math.nan, dtype=torch.float32, device=device), total)
     if error_if_nonfinite and bool(total.isnan() | total.isinf()):
         raise RuntimeError(
             f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it cannot be "
