@@ -157,8 +157,12 @@ __global__ void cross_entropy_rows_kernel(const T* x, const int64_t* target, int
   __shared__ double value;
   const int tid = threadIdx.x;
   for (int64_t i = blockIdx.x; i < N; i += gridDim.x) {
-    float* lsm = log_probs + i * C;
-    softmax_row<T, F32, true>(x + i * C, C, reinterpret_cast<uint32_t*>(lsm), sh, &value);
+    // softmax_row writes the row's bits as uint32_t; read them back through
+    // the same type (a float* read of memory stored through a uint32_t* is
+    // undefined behaviour, which a compiler may reorder before the store).
+    uint32_t* lsm_bits = reinterpret_cast<uint32_t*>(log_probs + i * C);
+    auto lsm = [lsm_bits](int64_t j) { return __uint_as_float(lsm_bits[j]); };
+    softmax_row<T, F32, true>(x + i * C, C, lsm_bits, sh, &value);
     const int64_t t = target[i];
     if (t == ignore_index) {
       if (tid == 0) row_loss[i] = 0.0f;
@@ -167,8 +171,8 @@ __global__ void cross_entropy_rows_kernel(const T* x, const int64_t* target, int
     double s = 0.0, a = 0.0;
     if (eps != 0.0)
       for (int64_t j = tid; j < C; j += kThreads) {
-        s = s + lsm[j];
-        a = a + abs_value(lsm[j]);
+        s = s + lsm(j);
+        a = a + abs_value(lsm(j));
       }
     block_sum2(sh, s, a);  // also makes every thread's lsm writes visible
     if (tid == 0) {
@@ -180,10 +184,10 @@ __global__ void cross_entropy_rows_kernel(const T* x, const int64_t* target, int
           double mean;
           if (!reduce_round_fast(s, a, C, block_depth(C), true, float32_format(), &mean))
             mean = reduce_exact_values(
-                C, [&](int64_t k) { return static_cast<double>(lsm[k]); }, a, true, float32_format());
+                C, [&](int64_t k) { return static_cast<double>(lsm(k)); }, a, true, float32_format());
           smooth = -mean;
         }
-        row_loss[i] = static_cast<float>(cross_entropy_loss(0.0f - lsm[t], eps, smooth));
+        row_loss[i] = static_cast<float>(cross_entropy_loss(0.0f - lsm(t), eps, smooth));
       }
     }
   }
