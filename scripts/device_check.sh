@@ -9,7 +9,8 @@
 #   1. environment  (GPU, torch, nvcc)
 #   2. build        TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 pip install --no-build-isolation --no-deps -e .
 #   3. smoke        carbon.mm on a CUDA tensor (are the CUDA kernels built?)
-#   4. tests        python -m pytest -q tests -m cuda [-n 4 with pytest-xdist]   (exit 5 = no tests collected: OK, reported)
+#   4. tests        python -m pytest -v tests -m cuda [-n 8 with pytest-xdist] > tests_full.log (each result as it
+#                   finishes, so a cut-off run still names its failures); exit 5 = no tests collected: OK, reported
 #                   On a machine without a GPU these are all skipped.
 #   5. benchmark    python benchmarks/bench_mm.py --device cuda
 #                   python benchmarks/bench_reduce.py --device cuda
@@ -128,12 +129,22 @@ record "$STEP_RC"
 
 # ---- 4. tests ----------------------------------------------------------------
 if [[ -d tests ]]; then
-  # pytest-xdist (in the H200 image) runs the CUDA tests in 4 processes: faster,
-  # and a kernel fault that poisons one process's CUDA context does not fail
-  # the tests of the other three.
+  # pytest-xdist (in the H200 image) runs the CUDA tests in 8 processes: the
+  # tests' CPU references and oracles (most of their time) use 8 of the 16
+  # cores, and a kernel fault that poisons one process's CUDA context does not
+  # fail the tests of the others.
   XDIST=()
-  if "$PY" -c "import xdist" 2>/dev/null; then XDIST=(-n 4); fi
-  run_step tests "$T_TESTS" "$PY" -m pytest -q tests -m cuda -p no:cacheprovider --durations=5 "${XDIST[@]}"
+  if "$PY" -c "import xdist" 2>/dev/null; then XDIST=(-n 8); fi
+  # Every test's result goes to tests_full.log as it finishes (-v, unbuffered),
+  # so a run cut off by the time limit still says which tests passed and
+  # failed; the console (tests.log) gets the failures and pytest's last line.
+  run_step tests "$T_TESTS" env PYTHONUNBUFFERED=1 bash -c '
+    log="$1"; shift
+    "$0" -m pytest tests -m cuda -p no:cacheprovider -v -rfE --tb=short --durations=5 "$@" > "$log" 2>&1
+    rc=$?
+    grep -E "^(FAILED|ERROR) |^=+ .* in [0-9.]+s|slowest|^[0-9.]+s (call|setup)" "$log" | tail -n 60
+    exit $rc
+  ' "$PY" "$LOGDIR/tests_full.log" "${XDIST[@]}"
   if [[ "$STEP_RC" -eq 5 ]]; then
     echo "(pytest exit 5 = no tests collected; counted as OK)"
     record 0 "no tests collected: pytest exit 5"
@@ -143,8 +154,13 @@ if [[ -d tests ]]; then
 else
   STEP_NAMES+=("tests"); STEP_STATUS+=("skipped: no tests/ directory"); STEP_SECS+=("0")
 fi
-# pytest's final line, e.g. "300 passed, 6 skipped, 818 deselected in 41.2s".
+# pytest's final line, e.g. "300 passed, 6 skipped, 818 deselected in 41.2s";
+# after a timeout, the results logged so far.
 TEST_COUNTS="$(grep -E ' in [0-9.]+s' "$LOGDIR/tests.log" 2>/dev/null | tail -n 1 | tr -d '=' | sed 's/^ *//; s/ *$//' || true)"
+if [[ -z "$TEST_COUNTS" && -f "$LOGDIR/tests_full.log" ]]; then
+  TEST_COUNTS="cut off: $(grep -c ' PASSED' "$LOGDIR/tests_full.log") passed, $(grep -c ' FAILED' "$LOGDIR/tests_full.log") failed, $(grep -c ' ERROR' "$LOGDIR/tests_full.log") errors so far"
+fi
+TEST_FAILURES="$(grep -hoE '(FAILED|ERROR) tests/[^ ]+' "$LOGDIR/tests_full.log" 2>/dev/null | sort -u | head -n 40 || true)"
 
 # ---- 5. benchmark ------------------------------------------------------------
 run_step bench "$T_BENCH" "$PY" benchmarks/bench_mm.py --device cuda
@@ -185,6 +201,10 @@ done
 echo
 echo "build: ${BUILD_SECS} s"
 echo "tests (-m cuda): ${TEST_COUNTS:-none collected or no counts (see $LOGDIR/tests.log)}"
+if [[ -n "$TEST_FAILURES" ]]; then
+  echo "failing tests (first 40; tracebacks in $LOGDIR/tests_full.log):"
+  echo "$TEST_FAILURES" | sed 's/^/  /'
+fi
 echo "benchmark ratios:"
 grep -hE '^RATIO' "$LOGDIR"/*.log 2>/dev/null | sed 's/^/  /' || echo "  (none: see the benchmark logs in $LOGDIR)"
 echo "demo (carbon rows):"
