@@ -18,6 +18,17 @@ from oracle import assert_bits_equal, bits_tensor, bmm_bits, is_midpoint, mm_bit
 SHAPES = [(1, 1, 1), (3, 5, 7), (17, 33, 9), (4, 0, 5), (6, 1, 3), (2, 3000, 3), (8, 64, 8)]
 
 
+@pytest.fixture(autouse=True, params=["direct", "general"])
+def matmul_path(request, monkeypatch):
+    """Every case runs twice on the CPU: products with K <= 16 and at most 8
+    rows per batch take the direct small-K path (csrc/matmul/matmul_small_k_cpu.cpp)
+    unless CARBON_MATMUL_GENERAL is set, which sends them through the general
+    path (fp64 copies, row statistics, GEMM) as every larger product."""
+    if request.param == "general":
+        monkeypatch.setenv("CARBON_MATMUL_GENERAL", "1")
+    return request.param
+
+
 def expected_dtype(a, b, out_dtype):
     return out_dtype if out_dtype is not None else torch.promote_types(a.dtype, b.dtype)
 

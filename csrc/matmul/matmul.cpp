@@ -11,6 +11,7 @@
 #include "../dtypes.h"
 #include "../exact/fp_env.h"
 #include "matmul_cpu.h"
+#include "matmul_small_k.h"
 
 namespace carbon {
 namespace {
@@ -122,6 +123,9 @@ void multiply_and_round(const Widened& a, const Widened& bt, at::Tensor& approx,
 // The CPU path of matmul_into, in chunks of the batch.
 void matmul_into_cpu(const at::Tensor& a3, const at::Tensor& b3, const at::Tensor& bias, at::Tensor& out,
                      bool lower_only) {
+  // A short inner dimension and few rows (a depthwise convolution): the
+  // direct path, without the copies and row statistics below.
+  if (!lower_only && matmul_small_k_cpu(a3, b3, bias, out)) return;
   const int64_t B = a3.size(0), M = a3.size(1), K = a3.size(2), N = b3.size(2);
   // Exact copies in double (every supported value is a double), laid out so
   // that a row of a and a column of b are contiguous for the exact tiers,
