@@ -1144,3 +1144,54 @@ def test_allclose_compares_with_single_rounded_steps():
     assert 0 < sum(close) < len(close)  # the boundary cuts both ways: the test can fail
     with carbon.enabled():
         assert torch.allclose(x[torch.tensor(close)], y[torch.tensor(close)])
+
+
+class _Divisions(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the divisor of every aten.div the routes run (entered beneath carbon's mode, it sees the ops a
+    route's handler calls)."""
+
+    def __init__(self):
+        super().__init__()
+        self.divisors = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.overloadpacket in (torch.ops.aten.div, torch.ops.aten.div_):
+            self.divisors.append((str(func), args[0], args[1] if len(args) > 1 else kwargs.get("other")))
+        return func(*args, **kwargs)
+
+
+def _assert_tensor_divisors(divisions: _Divisions) -> None:
+    """CUDA turns x / y with a Python or CPU scalar y into x·RN(1/y) (trunc(x·RN(1/y)) for rounding_mode='trunc'),
+    which is not the quotient the CPU computes: every divisor must be a tensor on the dividend's device."""
+    assert divisions.divisors
+    for name, x, y in divisions.divisors:
+        assert isinstance(y, torch.Tensor) and y.device == x.device, f"{name} divides by {y!r}"
+
+
+def test_routes_divide_by_tensors_on_the_dividends_device_not_by_numbers():
+    """On the meta device (standing in for CUDA, where a number divisor becomes a reciprocal multiplication):
+    div with a rounding mode, histc's bin rule and roi_align's bin sizes divide by device tensors."""
+    from carbon._enable_routes import _RoiSamples
+
+    x = torch.empty(10, device="meta")
+    with _Divisions() as d, carbon.enabled():
+        torch.div(x, 7.0, rounding_mode="trunc")
+        torch.div(x, torch.tensor(7.0), rounding_mode="floor")
+        torch.histc(x, 8, -1.0, 2.0)
+    _assert_tensor_divisors(d)
+    with _Divisions() as d:  # a route's own aten calls run below carbon's mode
+        _RoiSamples(torch.empty(3, 5, device="meta"), 0.5, (3, 7), (3, 2), False, 16, 16)
+    _assert_tensor_divisors(d)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_div_with_a_rounding_mode_and_a_number_divisor_is_torchs_cpu_result(dtype):
+    x = (_randn(400, seed=140) * 100).to(dtype)
+    for mode in ("trunc", "floor"):
+        for y in (7.0, -3.0, 0.1, torch.tensor(7.0), 3):
+            with carbon.enabled():
+                got = torch.div(x, y, rounding_mode=mode)
+            want = torch.div(x, y, rounding_mode=mode)
+            assert got.dtype == want.dtype
+            assert_bits_equal(got, as_bits(want), f"{mode} {y}")
