@@ -1195,3 +1195,18 @@ def test_div_with_a_rounding_mode_and_a_number_divisor_is_torchs_cpu_result(dtyp
             want = torch.div(x, y, rounding_mode=mode)
             assert got.dtype == want.dtype
             assert_bits_equal(got, as_bits(want), f"{mode} {y}")
+
+
+def test_scatter_with_a_reduction_is_refused_and_plain_scatter_runs():
+    """docs/enable.md allows scatter "without reduction": scatter(..., reduce='add' / 'multiply') adds or
+    multiplies one element at a time, in index order on the CPU and in the order of atomics on CUDA."""
+    x, src = _randn(4, 3, seed=150), _randn(5, 3, seed=151)
+    idx = torch.tensor([[0, 1, 2], [0, 0, 0], [3, 1, 0], [0, 2, 2], [1, 1, 1]])
+    with carbon.enabled():
+        for reduce in ("add", "multiply"):
+            with pytest.raises(carbon.NotExactError, match="scatter"):
+                torch.scatter(x, 0, idx, src, reduce=reduce)
+            with pytest.raises(carbon.NotExactError, match="scatter"):
+                x.clone().scatter_(0, idx, 2.0, reduce=reduce)
+        assert torch.equal(torch.scatter(x, 0, idx[:1], src), x.scatter(0, idx[:1], src))
+        assert torch.equal(torch.scatter_add(x, 0, idx, src), carbon.scatter_add(x, 0, idx, src))
