@@ -1700,7 +1700,9 @@ def _index_put(a: dict) -> Any:
         raise NotCovered("index_put with accumulate=True and a non-integer index")
     first, k = used[0], len(used)
     sizes = [x.shape[d] for d in used]
-    idx = aten.broadcast_tensors([expanded[d] for d in used])
+    # torch lets a CUDA tensor be indexed by CPU index tensors (x[cpu_idx], x[:, [0, 2]]); the backward's
+    # index_put then gets them as they are, and carbon.index_add wants its index on x's device
+    idx = aten.broadcast_tensors([expanded[d].to(x.device) for d in used])
     flat = None
     for d, (ix, size) in enumerate(zip(idx, sizes)):
         ix = aten.where(aten.lt(ix, 0), aten.add(ix, size), ix).to(torch.int64)  # torch's negative indices
