@@ -395,6 +395,13 @@ def _ctc_loss_backward(a: dict) -> Tensor:
     return aten.where(live, grad, 0.0)
 
 
+def _no_library_ctc_loss(a: dict) -> bool:
+    """_use_cudnn_ctc_loss / _use_miopen_ctc_loss: False. torch's ctc_loss asks them whenever the
+    log-probabilities are on a GPU (a query op with a float tensor argument, which strict mode would
+    refuse), and cuDNN's CTC is not routed; with False torch runs _ctc_loss, which is."""
+    return False
+
+
 def _beyond(lat: "_CtcLattice", t: int) -> Tensor:
     """Sequences that end before step t: no β there."""
     return torch.tensor([t > v - 1 for v in lat.lengths], device=lat.ext.device).unsqueeze(1)
@@ -2782,6 +2789,7 @@ ROUTES: Dict[str, Callable] = {
     "upsample_bicubic2d_backward": _upsample_linear_backward(2, cubic=True),
     # folding, modulo, log-add-exp, distance
     "_ctc_loss": _ctc_loss, "_ctc_loss_backward": _ctc_loss_backward,
+    "_use_cudnn_ctc_loss": _no_library_ctc_loss, "_use_miopen_ctc_loss": _no_library_ctc_loss,
     "_pdist_forward": _pdist_forward, "_pdist_backward": _pdist_backward, "linalg_cross": _linalg_cross,
     "soft_margin_loss": _soft_margin_loss, "soft_margin_loss_backward": _soft_margin_loss_backward, "sinc": _sinc,
     "polar": _polar,

@@ -946,6 +946,18 @@ def test_ctc_loss_zero_infinity_and_impossible_alignments():
     assert torch.equal(lp.grad, torch.zeros_like(lp))
 
 
+def test_ctc_loss_on_a_gpu_does_not_ask_for_cudnn():
+    """On a GPU torch's ctc_loss first asks _use_cudnn_ctc_loss (and, on ROCm builds, _use_miopen_ctc_loss):
+    a query with a float tensor argument, which strict mode refused, so every CTC loss on CUDA raised.
+    Routed, they answer False (cuDNN's CTC is not routed; torch's _ctc_loss is)."""
+    lp = torch.randn(6, 2, 5, generator=torch.Generator().manual_seed(9)).log_softmax(2)
+    targets = torch.tensor([1, 2, 3, 3, 4], dtype=torch.int32)  # cuDNN's layout: concatenated int32 on the CPU
+    with carbon.enabled():
+        for op in (torch.ops.aten._use_cudnn_ctc_loss, torch.ops.aten._use_miopen_ctc_loss):
+            assert op(lp, targets, [6, 5], [2, 3], 0) is False
+            assert op(lp, targets, torch.tensor([6, 5]), torch.tensor([2, 3]), 0) is False
+
+
 # ---- index_copy, embedding max_norm, RReLU, vdot ---------------------------------------------------------------------
 
 def test_index_copy_lets_the_last_duplicate_write_win():
