@@ -147,8 +147,23 @@ def _rsub(a: dict) -> Any:
 def _div(a: dict) -> Tensor:
     mode = a.get("rounding_mode")
     if mode is not None:
-        return aten.div(a["self"], a["other"], rounding_mode=mode)
+        return _rounded_divide(a["self"], a["other"], mode)
     return true_divide(a["self"], a["other"])
+
+
+def _rounded_divide(x: Any, y: Any, mode: str) -> Tensor:
+    """div with rounding_mode 'trunc' / 'floor': the divisor of floating operands as a 0-dim tensor on x's
+    device in the compute dtype (as true_divide), so that torch runs its tensor-by-tensor kernel everywhere.
+    With a Python or CPU scalar divisor, CUDA computes trunc(x·RN(1/y)) ('trunc') and (x − fmod(x, y))·RN(1/y)
+    ('floor') instead of the quotient, so e.g. trunc(x / y) could be one lower than on the CPU."""
+    if not isinstance(x, Tensor) or not _any_float(x, y):
+        return aten.div(x, y, rounding_mode=mode)
+    if isinstance(y, Tensor) and not (y.dim() == 0 and (y.device != x.device or y.device.type == "cpu")):
+        return aten.div(x, y, rounding_mode=mode)
+    out_dtype = torch.result_type(x, y)
+    xs = x.to(_opmath(out_dtype))
+    q = aten.div(xs, _scalar_like(xs, y), rounding_mode=mode)
+    return q if q.dtype == out_dtype else q.to(out_dtype)
 
 
 def _addcmul(a: dict) -> Tensor:
@@ -378,6 +393,13 @@ def _ctc_loss_backward(a: dict) -> Tensor:
     if a.get("zero_infinity", False):
         live = aten.logical_and(live, aten.logical_not(aten.isinf(loss)).reshape([1, n, 1]))
     return aten.where(live, grad, 0.0)
+
+
+def _no_library_ctc_loss(a: dict) -> bool:
+    """_use_cudnn_ctc_loss / _use_miopen_ctc_loss: False. torch's ctc_loss asks them whenever the
+    log-probabilities are on a GPU (a query op with a float tensor argument, which strict mode would
+    refuse), and cuDNN's CTC is not routed; with False torch runs _ctc_loss, which is."""
+    return False
 
 
 def _beyond(lat: "_CtcLattice", t: int) -> Tensor:
@@ -1685,7 +1707,9 @@ def _index_put(a: dict) -> Any:
         raise NotCovered("index_put with accumulate=True and a non-integer index")
     first, k = used[0], len(used)
     sizes = [x.shape[d] for d in used]
-    idx = aten.broadcast_tensors([expanded[d] for d in used])
+    # torch lets a CUDA tensor be indexed by CPU index tensors (x[cpu_idx], x[:, [0, 2]]); the backward's
+    # index_put then gets them as they are, and carbon.index_add wants its index on x's device
+    idx = aten.broadcast_tensors([expanded[d].to(x.device) for d in used])
     flat = None
     for d, (ix, size) in enumerate(zip(idx, sizes)):
         ix = aten.where(aten.lt(ix, 0), aten.add(ix, size), ix).to(torch.int64)  # torch's negative indices
@@ -1855,7 +1879,7 @@ def _histc(a: dict) -> Tensor:
         lo, hi = lo - 1.0, hi + 1.0
     v = x.reshape([-1]).double()
     inside = aten.logical_and(aten.ge(v, lo), aten.le(v, hi))
-    k = aten.floor(aten.div(aten.mul(aten.sub(v, lo), float(bins)), hi - lo))
+    k = aten.floor(true_divide(aten.mul(aten.sub(v, lo), float(bins)), hi - lo))  # a quotient on CUDA too
     k = aten.clamp(aten.where(inside, k, 0.0), 0, bins - 1).to(torch.int64)
     counts = aten.zeros([bins], dtype=torch.int64, device=x.device).index_add_(0, k, inside.to(torch.int64))
     return counts.to(x.dtype)
@@ -2281,11 +2305,11 @@ class _RoiSamples:
             length = aten.sub(end[d], start[d])
             if not aligned:
                 length = aten.clamp_min(length, 1.0)
-            bin_size = aten.div(length, float(n_bins))
+            bin_size = true_divide(length, float(n_bins))  # not CUDA's length·RN(1/n) for a number divisor
             p = torch.arange(n_bins, dtype=torch.float64, device=r.device).reshape(1, n_bins, 1)
             i = torch.arange(n_grid, dtype=torch.float64, device=r.device).reshape(1, 1, n_grid) + 0.5
             b = bin_size.reshape(-1, 1, 1)
-            c = aten.add(aten.add(start[d].reshape(-1, 1, 1), aten.mul(p, b)), aten.div(aten.mul(i, b), float(n_grid)))
+            c = aten.add(aten.add(start[d].reshape(-1, 1, 1), aten.mul(p, b)), true_divide(aten.mul(i, b), float(n_grid)))
             outside = aten.logical_or(aten.lt(c, -1.0), aten.gt(c, float(size_px)))
             c = aten.clamp_min(c, 0.0)
             low = aten.floor(c)
@@ -2765,6 +2789,7 @@ ROUTES: Dict[str, Callable] = {
     "upsample_bicubic2d_backward": _upsample_linear_backward(2, cubic=True),
     # folding, modulo, log-add-exp, distance
     "_ctc_loss": _ctc_loss, "_ctc_loss_backward": _ctc_loss_backward,
+    "_use_cudnn_ctc_loss": _no_library_ctc_loss, "_use_miopen_ctc_loss": _no_library_ctc_loss,
     "_pdist_forward": _pdist_forward, "_pdist_backward": _pdist_backward, "linalg_cross": _linalg_cross,
     "soft_margin_loss": _soft_margin_loss, "soft_margin_loss_backward": _soft_margin_loss_backward, "sinc": _sinc,
     "polar": _polar,

@@ -53,6 +53,6 @@ def load(path, model: Optional[torch.nn.Module] = None, optimizer: Optional[torc
     if generator is not None:
         state = checkpoint["generator"]
         if isinstance(generator, torch.Generator):
-            state = state.cpu() if generator.device.type == "cpu" else state
+            state = state.cpu()  # every torch.Generator, a CUDA one too, takes a CPU ByteTensor
         generator.set_state(state)
     return checkpoint.get("extra", {})

@@ -946,6 +946,18 @@ def test_ctc_loss_zero_infinity_and_impossible_alignments():
     assert torch.equal(lp.grad, torch.zeros_like(lp))
 
 
+def test_ctc_loss_on_a_gpu_does_not_ask_for_cudnn():
+    """On a GPU torch's ctc_loss first asks _use_cudnn_ctc_loss (and, on ROCm builds, _use_miopen_ctc_loss):
+    a query with a float tensor argument, which strict mode refused, so every CTC loss on CUDA raised.
+    Routed, they answer False (cuDNN's CTC is not routed; torch's _ctc_loss is)."""
+    lp = torch.randn(6, 2, 5, generator=torch.Generator().manual_seed(9)).log_softmax(2)
+    targets = torch.tensor([1, 2, 3, 3, 4], dtype=torch.int32)  # cuDNN's layout: concatenated int32 on the CPU
+    with carbon.enabled():
+        for op in (torch.ops.aten._use_cudnn_ctc_loss, torch.ops.aten._use_miopen_ctc_loss):
+            assert op(lp, targets, [6, 5], [2, 3], 0) is False
+            assert op(lp, targets, torch.tensor([6, 5]), torch.tensor([2, 3]), 0) is False
+
+
 # ---- index_copy, embedding max_norm, RReLU, vdot ---------------------------------------------------------------------
 
 def test_index_copy_lets_the_last_duplicate_write_win():
@@ -1144,3 +1156,69 @@ def test_allclose_compares_with_single_rounded_steps():
     assert 0 < sum(close) < len(close)  # the boundary cuts both ways: the test can fail
     with carbon.enabled():
         assert torch.allclose(x[torch.tensor(close)], y[torch.tensor(close)])
+
+
+class _Divisions(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the divisor of every aten.div the routes run (entered beneath carbon's mode, it sees the ops a
+    route's handler calls)."""
+
+    def __init__(self):
+        super().__init__()
+        self.divisors = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.overloadpacket in (torch.ops.aten.div, torch.ops.aten.div_):
+            self.divisors.append((str(func), args[0], args[1] if len(args) > 1 else kwargs.get("other")))
+        return func(*args, **kwargs)
+
+
+def _assert_tensor_divisors(divisions: _Divisions) -> None:
+    """CUDA turns x / y with a Python or CPU scalar y into x·RN(1/y) (trunc(x·RN(1/y)) for rounding_mode='trunc'),
+    which is not the quotient the CPU computes: every divisor must be a tensor on the dividend's device."""
+    assert divisions.divisors
+    for name, x, y in divisions.divisors:
+        assert isinstance(y, torch.Tensor) and y.device == x.device, f"{name} divides by {y!r}"
+
+
+def test_routes_divide_by_tensors_on_the_dividends_device_not_by_numbers():
+    """On the meta device (standing in for CUDA, where a number divisor becomes a reciprocal multiplication):
+    div with a rounding mode, histc's bin rule and roi_align's bin sizes divide by device tensors."""
+    from carbon._enable_routes import _RoiSamples
+
+    x = torch.empty(10, device="meta")
+    with _Divisions() as d, carbon.enabled():
+        torch.div(x, 7.0, rounding_mode="trunc")
+        torch.div(x, torch.tensor(7.0), rounding_mode="floor")
+        torch.histc(x, 8, -1.0, 2.0)
+    _assert_tensor_divisors(d)
+    with _Divisions() as d:  # a route's own aten calls run below carbon's mode
+        _RoiSamples(torch.empty(3, 5, device="meta"), 0.5, (3, 7), (3, 2), False, 16, 16)
+    _assert_tensor_divisors(d)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_div_with_a_rounding_mode_and_a_number_divisor_is_torchs_cpu_result(dtype):
+    x = (_randn(400, seed=140) * 100).to(dtype)
+    for mode in ("trunc", "floor"):
+        for y in (7.0, -3.0, 0.1, torch.tensor(7.0), 3):
+            with carbon.enabled():
+                got = torch.div(x, y, rounding_mode=mode)
+            want = torch.div(x, y, rounding_mode=mode)
+            assert got.dtype == want.dtype
+            assert_bits_equal(got, as_bits(want), f"{mode} {y}")
+
+
+def test_scatter_with_a_reduction_is_refused_and_plain_scatter_runs():
+    """docs/enable.md allows scatter "without reduction": scatter(..., reduce='add' / 'multiply') adds or
+    multiplies one element at a time, in index order on the CPU and in the order of atomics on CUDA."""
+    x, src = _randn(4, 3, seed=150), _randn(5, 3, seed=151)
+    idx = torch.tensor([[0, 1, 2], [0, 0, 0], [3, 1, 0], [0, 2, 2], [1, 1, 1]])
+    with carbon.enabled():
+        for reduce in ("add", "multiply"):
+            with pytest.raises(carbon.NotExactError, match="scatter"):
+                torch.scatter(x, 0, idx, src, reduce=reduce)
+            with pytest.raises(carbon.NotExactError, match="scatter"):
+                x.clone().scatter_(0, idx, 2.0, reduce=reduce)
+        assert torch.equal(torch.scatter(x, 0, idx[:1], src), x.scatter(0, idx[:1], src))
+        assert torch.equal(torch.scatter_add(x, 0, idx, src), carbon.scatter_add(x, 0, idx, src))

@@ -58,8 +58,14 @@ def _ctc(d):
                       reduction="sum")
 
 
+def _cpu_indices(d):
+    # a device tensor indexed by CPU index tensors (torch allows it): the backward's index_put gets CPU indices
+    return d["table"][torch.tensor([3, 1, 3, 0])][:, [0, 2, 2, 5]]
+
+
 CASES = {"fold": _fold, "grid_sample": _grid_sample, "affine_grid": _affine, "cdist": _cdist,
-         "embedding_bag": _bag, "avg_pool3d": _pool3d, "bicubic": _bicubic, "complex rope": _rope, "ctc": _ctc}
+         "embedding_bag": _bag, "avg_pool3d": _pool3d, "bicubic": _bicubic, "complex rope": _rope, "ctc": _ctc,
+         "cpu indices": _cpu_indices}
 
 
 def _inputs():

@@ -64,6 +64,21 @@ def test_accumulating_index_put_gives_each_destination_one_rounding_of_its_exact
     assert_bits_equal(out, bits_tensor(want, F32).reshape(x.shape), where)
 
 
+@pytest.mark.parametrize("where", ["two indices", "mask"])
+def test_accumulating_index_put_takes_index_tensors_on_the_cpu_for_a_device_tensor(where):
+    """torch indexes a CUDA tensor with CPU index tensors (x[cpu_idx], x[:, [0, 2]]), and the backward's
+    index_put gets those indices as they are: the route moves them to x's device for carbon.index_add
+    (the meta device stands in for CUDA)."""
+    x = torch.zeros(5, 6, device="meta")
+    if where == "two indices":
+        idx, v = (torch.tensor([0, 1, 1]), torch.tensor([2, -4, 2])), torch.ones(3, device="meta")
+    else:
+        idx, v = (torch.tensor([True, False, True, True, False]),), torch.ones(3, 6, device="meta")
+    with carbon.enabled():
+        out = torch.ops.aten.index_put(x, list(idx), v, True)
+    assert out.device == x.device and out.shape == x.shape and out.dtype == x.dtype
+
+
 def test_linspace_is_the_two_sided_binary64_formula_rounded_once():
     with carbon.enabled():
         got = [torch.linspace(-0.3, 1.7, 11), torch.linspace(0.0, 0.1, 7, dtype=torch.bfloat16), torch.linspace(2.0, 2.0, 1)]

@@ -116,3 +116,19 @@ def test_draws_on_a_device_that_is_not_current():
         assert g1.offset == 3
         with pytest.raises(RuntimeError, match="the state is on"):
             carbon.rand(8, device="cuda:0", generator=g1)
+
+
+def test_generators_saved_by_carbon_save_load_with_map_location_cuda(tmp_path):
+    """carbon.load(map_location="cuda") puts the saved generator state on the GPU; torch's CUDA generator
+    takes its state only as a CPU ByteTensor ("RNG state must be a torch.ByteTensor"), carbon's from any
+    device: both resume their stream."""
+    path = str(tmp_path / "g.pt")
+    for make, draw in ((lambda: torch.Generator("cuda").manual_seed(3), lambda g: torch.randn(5, device="cuda", generator=g)),
+                       (lambda: carbon.Generator("cuda", seed=3), lambda g: carbon.randn(5, device="cuda", generator=g))):
+        g = make()
+        draw(g)
+        carbon.save(path, generator=g)
+        expected = draw(g)
+        g2 = make()
+        carbon.load(path, generator=g2, map_location="cuda")
+        assert torch.equal(draw(g2), expected)
