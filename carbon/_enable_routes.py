@@ -1956,7 +1956,9 @@ def _embedding_backward(a: dict) -> Tensor:
 def _col2im(a: dict) -> Tensor:
     """F.fold (and F.unfold's backward): every output position RN(exact Σ of the column entries that land on
     it) (+0 where none does), one carbon.index_add over all positions; entries landing in the padding are
-    dropped. The index arithmetic depends only on the shapes, so it is done on the CPU (no host sync)."""
+    dropped. The index arithmetic depends only on the shapes, so it is done on the CPU (it never reads the
+    device's values); copying the indices to a GPU makes torch wait for the stream, though, so on CUDA this
+    route is not capturable in a CUDA graph."""
     cols = a["self"]
     _need_carbon_dtype("col2im", cols)
     h, w = [int(v) for v in a["output_size"]]
