@@ -296,3 +296,32 @@ def test_sum_squares_exact_tier_over_many_blocks():
         gpu = torch.ops.carbon.sum_squares([spread.cuda(), one.cuda(), nudge.cuda()], True)
         cpu = torch.ops.carbon.sum_squares([spread, one, nudge], True)
         assert torch.equal(as_bits(gpu), as_bits(cpu)), dtype
+
+
+def test_fused_torch_adamw_state_loaded_onto_the_gpu_steps_without_syncs():
+    """torch.optim.AdamW(fused=True)'s load_state_dict puts the step counts on
+    the parameters' device; under carbon.enable the step moves them to the CPU
+    once (the first step after loading), then steps without host syncs, with
+    the bits of the same training on the CPU."""
+    def train(device, sync_check):
+        params = [torch.nn.Parameter(wide_values((64, 33), torch.float32, 0).to(device))]
+        grads = [wide_values((64, 33), torch.float32, 10 + step).to(device) for step in range(4)]
+        with carbon.enabled():
+            opt = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1, fused=True)
+            try:
+                for step in range(4):
+                    params[0].grad = grads[step]
+                    opt.step()
+                    if step == 1:  # a round trip through the state_dict: torch moves the counts to the device
+                        opt.load_state_dict(opt.state_dict())
+                        assert opt.state[params[0]]["step"].device.type == device
+                    if step == 2 and sync_check:
+                        torch.cuda.set_sync_debug_mode("error")
+            finally:
+                if sync_check:
+                    torch.cuda.set_sync_debug_mode(0)
+        state = opt.state[params[0]]
+        return [params[0].detach().cpu(), state["exp_avg"].cpu(), state["exp_avg_sq"].cpu()]
+
+    for a, b in zip(train("cuda", True), train("cpu", False)):
+        assert torch.equal(as_bits(a), as_bits(b))

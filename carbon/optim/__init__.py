@@ -112,9 +112,14 @@ def _increment_step(state: Dict[str, Any]) -> int:
     host: step + 1 is exact in a Python float, and fill_ rounds it to float32
     once, the same value as the tensor addition (IEEE addition is the rounded
     exact sum), at ~1/3 of the cost of the in-place add on a 0-dim tensor,
-    which dominated the step's per-tensor overhead. The step is a CPU tensor:
-    no device synchronization."""
+    which dominated the step's per-tensor overhead. The step is a CPU tensor
+    (moved there once if loaded onto a device): no device synchronization."""
     step = state["step"]
+    if isinstance(step, Tensor) and step.dtype == torch.float32 and step.device.type != "cpu":
+        # torch.optim's load_state_dict puts a fused optimizer's step counts on the parameters' device;
+        # the host needs t for the step's constants, so the count moves to the CPU once (one wait, at the
+        # first step after loading) instead of being read back from the device at every step.
+        step = state["step"] = step.cpu()
     if isinstance(step, Tensor) and step.dtype == torch.float32 and step.device.type == "cpu":
         new = _round_to_float32(step.item() + 1.0)
         step.fill_(new)
