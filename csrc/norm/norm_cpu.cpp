@@ -1082,25 +1082,52 @@ CARBON_NORM_CLONES bool tile_xhat_fast(const T* x, int64_t width, double mu, dou
   return bad == 0;
 }
 
-// decode_row of dy, then sw[j] += d[j] * xh[j], aw[j] += |same| (kW) and
-// sb[j] += d[j], ab[j] += |d[j]| (kB), in one pass: per column the same
-// additions in the same (row) order as before, so the same partial sums.
-template <typename T, bool kW, bool kB>
-CARBON_NORM_CLONES void tile_accumulate(const T* __restrict__ dy, const double* __restrict__ xh, int64_t width,
-                                        double* __restrict__ sw, double* __restrict__ aw, double* __restrict__ sb,
-                                        double* __restrict__ ab) {
+// Adds the dy * xhat (kW) and dy (kB) terms of R consecutive rows (dy rows
+// `stride` apart, re-decoded from the cache; xhat rows `xh_stride` apart)
+// into the partials of columns 0..width-1, with their absolute values, in
+// row order (exact products of two float values). Each partial is loaded
+// and stored once per R rows.
+template <typename T, int R, bool kW, bool kB>
+inline __attribute__((always_inline)) void add_row_group(const T* dy, int64_t stride, const double* xh,
+                                                         int64_t xh_stride, int64_t width, double* __restrict__ sw,
+                                                         double* __restrict__ aw, double* __restrict__ sb,
+                                                         double* __restrict__ ab) {
   for (int64_t j = 0; j < width; ++j) {
-    const double d = element_value(dy[j]);
+    double d[R];
+    for (int i = 0; i < R; ++i) d[i] = element_value(dy[i * stride + j]);
     if (kW) {
-      const double p = d * xh[j];
-      sw[j] = sw[j] + p;
-      aw[j] = aw[j] + abs_value(p);
+      double s = sw[j], a = aw[j];
+      for (int i = 0; i < R; ++i) {
+        const double p = d[i] * xh[i * xh_stride + j];
+        s = s + p;
+        a = a + abs_value(p);
+      }
+      sw[j] = s;
+      aw[j] = a;
     }
     if (kB) {
-      sb[j] = sb[j] + d;
-      ab[j] = ab[j] + abs_value(d);
+      double s = sb[j], a = ab[j];
+      for (int i = 0; i < R; ++i) {
+        s = s + d[i];
+        a = a + abs_value(d[i]);
+      }
+      sb[j] = s;
+      ab[j] = a;
     }
   }
+}
+
+// add_row_group over rows 0..rows-1, four at a time.
+template <typename T, bool kW, bool kB>
+CARBON_NORM_CLONES void add_rows_to_columns(const T* dy, int64_t stride, const double* xh, int64_t xh_stride,
+                                            int64_t rows, int64_t width, double* __restrict__ sw,
+                                            double* __restrict__ aw, double* __restrict__ sb,
+                                            double* __restrict__ ab) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4)
+    add_row_group<T, 4, kW, kB>(dy + r * stride, stride, xh + r * xh_stride, xh_stride, width, sw, aw, sb, ab);
+  for (; r < rows; ++r)
+    add_row_group<T, 1, kW, kB>(dy + r * stride, stride, xh + r * xh_stride, xh_stride, width, sw, aw, sb, ab);
 }
 
 // Per-column sums over rows [r0, r0 + count) of dy * xhat and dy (and their
@@ -1122,11 +1149,11 @@ void column_tile(const NormArgs& a, const T* x, const T* dy, int64_t r0, int64_t
         for (int64_t j = 0; j < width; ++j)
           xh[j] = a.rms ? rms_xhat(element_value(xr[j]), rs) : ln_xhat(element_value(xr[j]), mu, rs);
       if (want_b)
-        tile_accumulate<T, true, true>(dr, xh, width, sw, aw, sb, ab);
+        add_rows_to_columns<T, true, true>(dr, n, xh, width, 1, width, sw, aw, sb, ab);
       else
-        tile_accumulate<T, true, false>(dr, xh, width, sw, aw, sb, ab);
+        add_rows_to_columns<T, true, false>(dr, n, xh, width, 1, width, sw, aw, sb, ab);
     } else if (want_b) {
-      tile_accumulate<T, false, true>(dr, xh, width, sw, aw, sb, ab);
+      add_rows_to_columns<T, false, true>(dr, n, xh, width, 1, width, sw, aw, sb, ab);
     }
   }
 }
@@ -1252,54 +1279,6 @@ void param_grads(const NormArgs& a, const at::Tensor& dy_tensor, at::Tensor& dw_
 // decisions, are the same for every thread count; and the value is the
 // correctly rounded exact sum whatever decides it.
 constexpr int64_t kGradBlock = 64;
-
-// Adds the dy * xhat (kW) and dy (kB) terms of R consecutive rows (dy rows
-// `stride` apart, re-decoded from the cache; xhat rows `xh_stride` apart)
-// into the partials of columns 0..width-1, with their absolute values, in
-// row order (exact products of two float values). Each partial is loaded
-// and stored once per R rows.
-template <typename T, int R, bool kW, bool kB>
-inline __attribute__((always_inline)) void add_row_group(const T* dy, int64_t stride, const double* xh,
-                                                         int64_t xh_stride, int64_t width, double* __restrict__ sw,
-                                                         double* __restrict__ aw, double* __restrict__ sb,
-                                                         double* __restrict__ ab) {
-  for (int64_t j = 0; j < width; ++j) {
-    double d[R];
-    for (int i = 0; i < R; ++i) d[i] = element_value(dy[i * stride + j]);
-    if (kW) {
-      double s = sw[j], a = aw[j];
-      for (int i = 0; i < R; ++i) {
-        const double p = d[i] * xh[i * xh_stride + j];
-        s = s + p;
-        a = a + abs_value(p);
-      }
-      sw[j] = s;
-      aw[j] = a;
-    }
-    if (kB) {
-      double s = sb[j], a = ab[j];
-      for (int i = 0; i < R; ++i) {
-        s = s + d[i];
-        a = a + abs_value(d[i]);
-      }
-      sb[j] = s;
-      ab[j] = a;
-    }
-  }
-}
-
-// add_row_group over rows 0..rows-1, four at a time.
-template <typename T, bool kW, bool kB>
-CARBON_NORM_CLONES void add_rows_to_columns(const T* dy, int64_t stride, const double* xh, int64_t xh_stride,
-                                            int64_t rows, int64_t width, double* __restrict__ sw,
-                                            double* __restrict__ aw, double* __restrict__ sb,
-                                            double* __restrict__ ab) {
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4)
-    add_row_group<T, 4, kW, kB>(dy + r * stride, stride, xh + r * xh_stride, xh_stride, width, sw, aw, sb, ab);
-  for (; r < rows; ++r)
-    add_row_group<T, 1, kW, kB>(dy + r * stride, stride, xh + r * xh_stride, xh_stride, width, sw, aw, sb, ab);
-}
 
 // add_rows_to_columns on AVX-512, the same values: 16 columns at a time
 // (two vectors per partial), their partials held in registers while the

@@ -247,9 +247,9 @@ CARBON_REDUCE_V4 inline void compensated_add8(__m512d& s, __m512d& t, __m512d v)
 // adding +0 to the rest, then the 32 lanes merged in lane order. Every step
 // is a TwoSum or an addition of errors, as in the scalar compensated_add:
 // no path takes more than n / 32 + 1 + 32 of them. Long rows whose sum lies
-// within tier 1's bound of a rounding boundary come here: for 16M random
-// float32 values, about one sum in five (the bound n max |x| is several
-// times sum |x|); the scalar loop cost ~10x tier 1, these lanes ~2x.
+// within tier 1's bound of a rounding boundary come here (16-bit rows, whose
+// bound is n max |x|, more often than float32 rows, bounded by sum |x|); the
+// scalar loop cost ~10x tier 1, these lanes ~2x.
 template <typename T>
 CARBON_REDUCE_V4 CompensatedSum compensated_sum_v4(const T* x, int64_t n) {
   __m512d s[4], t[4];

@@ -38,14 +38,14 @@ CARBON_HD double element_value(const c10::BFloat16& x) {
 // What a reduction returns for an empty row: sum +0, mean 0/0 = NaN.
 CARBON_HD double empty_reduction(bool mean) { return mean ? canonical_nan() : 0.0; }
 
-// Tier 1: decide from the fp64 sum and absolute sum of n > 0 values, summed
-// by a tree in which no value passes through more than `depth` additions:
-// |fl - c| <= gamma_depth * sum|x| (Higham, ch. 4), and the absolute sum,
-// computed alike, is within the slack of the true one.
 // A mean's divisor above 2^53 (sum_divided takes any int64) is not exact as
 // a double: tiers 1 and 2 leave such quotients to the exact tier.
 constexpr int64_t kLargestExactDivisor = int64_t(1) << 53;
 
+// Tier 1: decide from the fp64 sum and absolute sum of n > 0 values, summed
+// by a tree in which no value passes through more than `depth` additions:
+// |fl - c| <= gamma_depth * sum|x| (Higham, ch. 4), and the absolute sum,
+// computed alike, is within the slack of the true one.
 CARBON_HD bool reduce_round_fast(double sum, double abs_sum, int64_t n, int64_t depth, bool mean,
                                  const FloatFormat& f, double* out) {
   if (mean && n > kLargestExactDivisor) return false;
