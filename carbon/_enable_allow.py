@@ -114,14 +114,14 @@ def why_not_foreign(func: Any, base: str, args: tuple, kwargs: dict) -> Optional
     return f"an op of the {func.namespace!r} library, which carbon does not cover"
 
 
-_SCATTER_REDUCE = ("scatter with reduce= (its additions or products are done one by one in the order of the "
+SCATTER_REDUCE = ("scatter with reduce= (its additions or products are done one by one in the order of the "
                    "indices on the CPU and of atomics on CUDA); use scatter_reduce / scatter_add (routed: exact sums)")
 
 
 def why_not_complex(func: Any, base: str, args: tuple, kwargs: dict) -> Optional[str]:
     """None when an op with complex arguments is exact by construction (see COMPLEX_EXACT), else why not."""
     if base == "scatter" and "reduce" in func._overloadname:
-        return _SCATTER_REDUCE
+        return SCATTER_REDUCE
     if base in COMPLEX_EXACT or _is_view(func):
         alpha = kwargs.get("alpha", args[2] if base in ("add", "sub", "rsub") and len(args) > 2 else 1)
         if isinstance(alpha, complex) or (isinstance(alpha, torch.Tensor) and alpha.is_complex()):
@@ -151,7 +151,7 @@ def _integral(v: Any) -> bool:
 def why_not_exact(func: Any, base: str, args: tuple, kwargs: dict) -> Optional[str]:
     """None when the op is exact by construction for these arguments, else why not."""
     if base == "scatter" and "reduce" in func._overloadname:
-        return _SCATTER_REDUCE
+        return SCATTER_REDUCE
     if base in ALLOWED or _is_view(func):
         return None
     if base == "arange":

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 import carbon.random
+from carbon import _enable_allow
 from carbon._autograd import _norm_backward
 from carbon._conv import _columns as conv_columns
 from carbon._conv import (conv_backward, conv_forward, conv_transpose_backward, conv_transpose_forward,
@@ -1689,9 +1690,11 @@ def _index_put(a: dict) -> Any:
     element gets RN(x + exact Σ of its values), duplicates included (carbon.index_add over the indexed
     dimensions flattened into one). Integer index tensors, broadcast together, on adjacent dimensions
     (torch's rule for where the broadcast dimensions go then keeps them in place); boolean masks are
-    first turned into integer indices as torch does."""
+    first turned into integer indices as torch does. accumulate=False: see _index_put_last_wins."""
     x, indices, values = a["self"], list(a["indices"]), a["values"]
-    if not a.get("accumulate", False) or not x.is_floating_point():
+    if not a.get("accumulate", False):
+        return _index_put_last_wins(a)
+    if not x.is_floating_point():
         return PASS
     expanded: List[Optional[Tensor]] = []
     for i in indices:
@@ -1723,6 +1726,56 @@ def _index_put(a: dict) -> Any:
     out = carbon_ops.index_add(target.contiguous(), 0, flat.reshape([-1]), vals.contiguous())
     out = out.reshape(sizes + rest_before + rest_after)
     return aten.movedim(out, list(range(k)), list(range(first, first + k))).contiguous()
+
+
+def _index_put_last_wins(a: dict) -> Any:
+    """x[indices] = values (accumulate=False) with a rule for repeated index tuples: the last write wins, the
+    last in the row-major order of the broadcast index shape (torch leaves the winner unspecified: its CPU
+    kernel writes in parallel chunks, CUDA in any order). Each destination's writer is the largest position
+    naming it (scatter_reduce amax, exact); every write to it then carries the writer's values, so torch's
+    index_put gives the same result whatever order its writes land in. Boolean masks (no repeats possible)
+    and a single value (all writes equal) go to torch unchanged."""
+    x, indices, values = a["self"], list(a["indices"]), a["values"]
+    given = [i for i in indices if i is not None]
+    if values.numel() <= 1 or not given or all(i.dtype == torch.bool for i in given):
+        return PASS
+    expanded: List[Optional[Tensor]] = []
+    for i in indices:
+        if i is not None and i.dtype == torch.bool:  # mixed with integer indices: its nonzero coordinates
+            expanded.extend(aten.nonzero(i).unbind(1))
+        else:
+            expanded.append(i)
+    if len(expanded) > x.dim():
+        return PASS  # too many indices: torch's own error
+    expanded += [None] * (x.dim() - len(expanded))
+    used = [d for d, i in enumerate(expanded) if i is not None]
+    if any(expanded[d].dtype not in (torch.int64, torch.int32) for d in used):
+        return PASS  # torch raises its own error for other index dtypes
+    idx = aten.broadcast_tensors([expanded[d].to(x.device) for d in used])
+    bshape = list(idx[0].shape)
+    flat = None
+    for ix, size in zip(idx, [x.shape[d] for d in used]):
+        ix = aten.where(aten.lt(ix, 0), aten.add(ix, size), ix).to(torch.int64)  # torch's negative indices
+        flat = ix if flat is None else aten.add(aten.mul(flat, size), ix)
+    flat = flat.reshape([-1])
+    if flat.numel() <= 1:
+        return PASS
+    destinations = math.prod(x.shape[d] for d in used)
+    if flat.device.type == "cpu" and not bool(aten.all(aten.logical_and(aten.ge(flat, 0), aten.lt(flat, destinations)))):
+        return PASS  # out of range: torch's own error (on a GPU, reading that here would synchronize)
+    winner = aten.gather(_last_writers(flat, destinations), 0, aten.clamp(flat, 0, destinations - 1))
+    # where the broadcast index dimensions sit in x[indices]: in place of adjacent indexed dimensions, else first
+    adjacent = used == list(range(used[0], used[-1] + 1))
+    first = used[0] if adjacent else 0
+    rest = [x.shape[d] for d in range(x.dim()) if d not in used]
+    before, after = (rest[:first], rest[first:]) if adjacent else ([], rest)
+    try:
+        vals = values.to(x.device).expand(before + bshape + after)
+    except RuntimeError:
+        return PASS  # values that do not broadcast: torch's own error
+    vals = vals.reshape([math.prod(before), flat.numel(), math.prod(after)])
+    vals = aten.index_select(vals, 1, winner).reshape(before + bshape + after)
+    return aten.index_put(x, indices, vals, False)
 
 
 def _bag_of_each_index(indices: Tensor, offsets: Tensor, include_last_offset: bool) -> tuple:
@@ -1899,6 +1952,29 @@ def _last_writers(index: Tensor, size: int) -> Tensor:
     positions = aten.arange(index.shape[-1], device=index.device, dtype=torch.int64).expand(index.shape).contiguous()
     empty = aten.full(list(index.shape[:-1]) + [size], -1, dtype=torch.int64, device=index.device)
     return aten.scatter_reduce(empty, index.dim() - 1, index, positions, "amax", include_self=True)
+
+
+def _scatter(a: dict) -> Any:
+    """scatter(self, dim, index, src) with a rule for repeated indices along dim: the last write wins (the
+    largest position along dim; torch's CPU kernel writes in that order, CUDA's winner varies). Every write
+    to a destination is given its writer's value (gather by _last_writers), so torch's scatter gives the same
+    result in any order. A scalar value writes the same everywhere: torch's scatter as it is."""
+    if "reduce" in a:
+        raise NotCovered(_enable_allow.SCATTER_REDUCE)
+    x, index, src = a["self"], a["index"], a.get("src")
+    if not isinstance(src, Tensor) or x.dim() == 0 or index.dim() == 0:
+        return PASS
+    d = a["dim"] % x.dim()
+    if index.shape[d] <= 1 or index.numel() == 0 or index.dim() != x.dim() or src.dim() != x.dim():
+        return PASS  # no repeats possible (or torch's own shape error)
+    if any(index.shape[k] > src.shape[k] or (k != d and index.shape[k] > x.shape[k]) for k in range(x.dim())):
+        return PASS  # torch's own shape error
+    if index.device.type == "cpu" and not bool(aten.all(aten.logical_and(aten.ge(index, 0), aten.lt(index, x.shape[d])))):
+        return PASS  # out of range: torch's own error
+    along_last = aten.movedim(index, d, -1)
+    winner = aten.gather(_last_writers(along_last, x.shape[d]), -1, along_last)
+    values = aten.gather(aten.movedim(src, d, -1), -1, winner)
+    return aten.scatter(x, d, index, aten.movedim(values, -1, d))
 
 
 def _max_unpool(spatial: int) -> Callable[[dict], Tensor]:
@@ -2258,7 +2334,7 @@ def _polar(a: dict) -> Tensor:
     return aten.complex(aten.mul(r, carbon_ops.cos(theta)), aten.mul(r, carbon_ops.sin(theta)))
 
 
-COMPLEX_ROUTES: Dict[str, Callable[[dict], Any]] = {"mul": _complex_mul, "sum": _complex_sum}
+COMPLEX_ROUTES: Dict[str, Callable[[dict], Any]] = {"mul": _complex_mul, "sum": _complex_sum, "scatter": _scatter}
 
 def _nms(a: dict) -> Tensor:
     """torchvision.ops.nms with torchvision's CPU rule, every step spelled out in float32 so that no device
@@ -2768,7 +2844,7 @@ ROUTES: Dict[str, Callable] = {
     # indexed accumulation
     "index_add": _index_add, "scatter_add": _scatter_add, "index_put": _index_put, "_index_put_impl": _index_put,
     "embedding_dense_backward": _embedding_backward,
-    "index_copy": _index_copy, "embedding_renorm": _embedding_renorm, "allclose": _allclose,
+    "index_copy": _index_copy, "scatter": _scatter, "embedding_renorm": _embedding_renorm, "allclose": _allclose,
     "max_unpool2d": _max_unpool(2), "max_unpool3d": _max_unpool(3), "bincount": _bincount, "histc": _histc, "scatter_reduce": _scatter_reduce,
     "index_reduce": _index_reduce,
     "_embedding_bag": _embedding_bag, "_embedding_bag_forward_only": _embedding_bag,
