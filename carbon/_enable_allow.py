@@ -41,7 +41,7 @@ ALLOWED = PER_TENSOR | frozenset({
     "cat", "stack", "index", "_unsafe_index", "index_select", "gather", "scatter", "select_scatter",
     "slice_scatter", "diagonal_scatter", "as_strided_scatter", "masked_scatter", "masked_select", "embedding",
     "flip", "roll", "repeat", "repeat_interleave", "constant_pad_nd", "index_fill", "take", "nonzero",
-    "sort", "argsort", "topk", "unique", "_unique2", "unique_consecutive", "tile", "split_with_sizes_copy",
+    "unique", "_unique2", "unique_consecutive", "tile", "split_with_sizes_copy",
     "unbind_copy", "narrow_copy", "tril_indices", "triu_indices", "select_backward", "slice_backward",
     "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "unsafe_split", "unsafe_split_with_sizes",
     "unsafe_chunk", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "native_channel_shuffle", "diagonal_copy",
@@ -56,7 +56,7 @@ ALLOWED = PER_TENSOR | frozenset({
     "amax", "amin", "max", "min", "argmax", "argmin", "aminmax", "count_nonzero", "max_pool2d_with_indices",
     "max_pool3d_with_indices", "max_pool2d", "max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d",
     # selections: every value is one of the input's (indices among equal values: see docs/enable.md)
-    "median", "nanmedian", "kthvalue", "mode", "cummax", "cummin", "searchsorted", "bucketize", "im2col",
+    "mode", "cummax", "cummin", "searchsorted", "bucketize", "im2col",
     # bookkeeping
     "_assert_async", "_functional_assert_async", "_assert_scalar", "sym_size", "sym_stride", "sym_numel",
     "sym_storage_offset", "record_stream", "_foreach_zero", "_foreach_copy", "_foreach_neg", "_foreach_abs",

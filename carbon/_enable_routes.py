@@ -1991,6 +1991,73 @@ def _max_unpool(spatial: int) -> Callable[[dict], Tensor]:
     return handler
 
 
+# ---- selections with a rule for equal values ------------------------------------------------------------------
+# Which of several equal elements a sort, topk, median or kthvalue returns is torch's device-specific choice
+# (unstable sorts, different selection algorithms), and with it the index and, for −0 and +0, the value's bits.
+# Under carbon.enable equal elements keep their index order: a stable sort; a median or k-th value is the first
+# element along the dimension that equals torch's value (NaN matches NaN), its own value and index.
+
+def _into_outs(a: dict, values: Tensor, indices: Tensor) -> tuple:
+    """The (values, indices) result, written into the out= tensors of the overloads that have them."""
+    if isinstance(a.get("values"), Tensor) and isinstance(a.get("indices"), Tensor):
+        a["values"].resize_(values.shape).copy_(values)
+        a["indices"].resize_(indices.shape).copy_(indices)
+        return a["values"], a["indices"]
+    return values, indices
+
+
+def _stable_sort(x: Tensor, dim: int, descending: bool) -> tuple:
+    return aten.sort.stable(x, stable=True, dim=dim, descending=descending)
+
+
+def _sort(a: dict) -> Any:
+    """sort: stable (equal elements in index order; NaN sorts above +∞ as in torch)."""
+    return _into_outs(a, *_stable_sort(a["self"], a.get("dim", -1), a.get("descending", False)))
+
+
+def _argsort(a: dict) -> Tensor:
+    return _stable_sort(a["self"], a.get("dim", -1), a.get("descending", False))[1]
+
+
+def _msort(a: dict) -> Tensor:
+    return _stable_sort(a["self"], 0, False)[0]
+
+
+def _topk(a: dict) -> Any:
+    """topk: the first k of the stable sort (largest: descending), always sorted (torch's order is unspecified
+    with sorted=False)."""
+    x, k, dim = a["self"], a["k"], a.get("dim", -1)
+    if x.dim() == 0 or not 0 <= k <= x.shape[dim]:
+        return PASS  # torch's own result or error
+    values, indices = _stable_sort(x, dim, a.get("largest", True))
+    return _into_outs(a, values.narrow(dim, 0, k), indices.narrow(dim, 0, k))
+
+
+def _first_equal(x: Tensor, value: Tensor, dim: int, keepdim: bool) -> tuple:
+    """The first element along dim equal to value (kept dim; NaN equals NaN): (its value, its index)."""
+    match = aten.logical_or(aten.eq(x, value), aten.logical_and(aten.isnan(x), aten.isnan(value)))
+    index = aten.argmax(match.to(torch.uint8), dim, True)  # argmax returns the first maximum on every device
+    chosen = aten.gather(x, dim, index)
+    return (chosen, index) if keepdim else (chosen.squeeze(dim), index.squeeze(dim))
+
+
+def _order_statistic(op: str) -> Callable[[dict], Any]:
+    def handler(a: dict) -> Any:
+        x = a["self"]
+        if "dim" not in a:  # median(x) / nanmedian(x): one value over all elements
+            if x.numel() == 0:
+                return PASS
+            flat = x.reshape(-1)
+            return _first_equal(flat, getattr(aten, op)(flat, 0, True)[0], 0, False)[0]
+        dim = a["dim"]
+        if x.dim() == 0 or x.shape[dim] == 0:
+            return PASS
+        extra = [a["k"]] if op == "kthvalue" else []
+        value = getattr(aten, op)(x, *extra, dim, True)[0]
+        return _into_outs(a, *_first_equal(x, value, dim, a.get("keepdim", False)))
+    return handler
+
+
 def _index_copy(a: dict) -> Tensor:
     """index_copy with a deterministic rule for duplicate indices: the last write wins (torch leaves it
     unspecified, and CUDA's winner varies). Each destination's writer is the largest position naming it
@@ -2844,7 +2911,9 @@ ROUTES: Dict[str, Callable] = {
     # indexed accumulation
     "index_add": _index_add, "scatter_add": _scatter_add, "index_put": _index_put, "_index_put_impl": _index_put,
     "embedding_dense_backward": _embedding_backward,
-    "index_copy": _index_copy, "scatter": _scatter, "embedding_renorm": _embedding_renorm, "allclose": _allclose,
+    "index_copy": _index_copy, "scatter": _scatter, "sort": _sort, "argsort": _argsort, "msort": _msort,
+    "topk": _topk, "kthvalue": _order_statistic("kthvalue"), "median": _order_statistic("median"),
+    "nanmedian": _order_statistic("nanmedian"), "embedding_renorm": _embedding_renorm, "allclose": _allclose,
     "max_unpool2d": _max_unpool(2), "max_unpool3d": _max_unpool(3), "bincount": _bincount, "histc": _histc, "scatter_reduce": _scatter_reduce,
     "index_reduce": _index_reduce,
     "_embedding_bag": _embedding_bag, "_embedding_bag_forward_only": _embedding_bag,
