@@ -2058,6 +2058,23 @@ def _order_statistic(op: str) -> Callable[[dict], Any]:
     return handler
 
 
+def _running_extreme(op: str) -> Callable[[dict], Any]:
+    """cummax / cummin: torch's running values; each position's index the last one so far holding an element
+    equal to its running value (NaN equals NaN) — torch's CPU rule (it updates on >=) — and the value that
+    element's own bits (±0)."""
+    def handler(a: dict) -> Any:
+        x, dim = a["self"], a["dim"]
+        if x.dim() == 0 or x.numel() == 0:
+            return PASS
+        running = getattr(aten, op)(x, dim)[0]
+        match = aten.logical_or(aten.eq(x, running), aten.logical_and(aten.isnan(x), aten.isnan(running)))
+        shape = [x.shape[d] if d == dim % x.dim() else 1 for d in range(x.dim())]
+        positions = aten.arange(x.shape[dim], device=x.device, dtype=torch.int64).reshape(shape)
+        index = aten.cummax(aten.where(match, positions, -1), dim)[0]
+        return _into_outs(a, aten.gather(x, dim, index), index)
+    return handler
+
+
 def _index_copy(a: dict) -> Tensor:
     """index_copy with a deterministic rule for duplicate indices: the last write wins (torch leaves it
     unspecified, and CUDA's winner varies). Each destination's writer is the largest position naming it
@@ -2913,7 +2930,8 @@ ROUTES: Dict[str, Callable] = {
     "embedding_dense_backward": _embedding_backward,
     "index_copy": _index_copy, "scatter": _scatter, "sort": _sort, "argsort": _argsort, "msort": _msort,
     "topk": _topk, "kthvalue": _order_statistic("kthvalue"), "median": _order_statistic("median"),
-    "nanmedian": _order_statistic("nanmedian"), "embedding_renorm": _embedding_renorm, "allclose": _allclose,
+    "nanmedian": _order_statistic("nanmedian"), "cummax": _running_extreme("cummax"),
+    "cummin": _running_extreme("cummin"), "embedding_renorm": _embedding_renorm, "allclose": _allclose,
     "max_unpool2d": _max_unpool(2), "max_unpool3d": _max_unpool(3), "bincount": _bincount, "histc": _histc, "scatter_reduce": _scatter_reduce,
     "index_reduce": _index_reduce,
     "_embedding_bag": _embedding_bag, "_embedding_bag_forward_only": _embedding_bag,

@@ -1,6 +1,7 @@
 """Selections among equal values under carbon.enable (docs/enable.md): sort, argsort, msort and topk are stable
 (equal elements keep their index order, −0 and +0 are equal, NaN sorts above +∞); median, nanmedian and
-kthvalue return the first element along the dimension that equals the selected value, with its own bits.
+kthvalue return the first element along the dimension that equals the selected value, with its own bits;
+cummax and cummin the last element so far that equals the running value.
 
 torch leaves these choices to each device's algorithm. The expected results here come from Python's own
 stable sort and order statistics written in this file, at 1 and 2 threads, on data full of ties."""
@@ -146,3 +147,31 @@ def test_errors_are_torchs():
             x.sort(dim=3)
         with pytest.raises((IndexError, RuntimeError)):
             x.kthvalue(9, dim=1)
+
+
+def _running(row: list, larger: bool) -> tuple:
+    """The indices of cummax / cummin by torch's CPU loop: take x when it is NaN or, while the running value is not NaN,
+    when it is >= (cummin: <=) the running value."""
+    indices, best, at = [], None, -1
+    for i, v in enumerate(row):
+        if best is None or math.isnan(v) or (not math.isnan(best) and (v >= best if larger else v <= best)):
+            best, at = v, i
+        indices.append(at)
+    return indices
+
+
+@pytest.mark.parametrize("threads", THREADS)
+@pytest.mark.parametrize("op", ["cummax", "cummin"])
+def test_cummax_and_cummin_take_the_last_equal_element(threads, op):
+    torch.set_num_threads(threads)
+    x = _tied(3, 2000, seed=6)
+    x[0] = torch.where(torch.isnan(x[0]), 0.0, x[0])  # a row where ±0 and repeats decide, no NaN
+    with carbon.enabled():
+        got = getattr(torch, op)(x, dim=1)
+        columns = getattr(torch, op)(x.t(), dim=0)
+    bits = as_bits(x)
+    for r in range(3):
+        want = _running(x[r].tolist(), op == "cummax")
+        assert got.indices[r].tolist() == want
+        assert columns.indices[:, r].tolist() == want
+        assert _bits_row(got.values[r]) == [bits[r, i].item() for i in want]
