@@ -645,6 +645,45 @@ def _bmm(a: dict) -> Tensor:
     return carbon_ops.bmm(x, y) if _float_mm("bmm", x, y) else PASS
 
 
+def _grouped_mm(a: dict) -> Any:
+    """torch._grouped_mm / F.grouped_mm (mixture-of-experts layers, and their gradients): each group's product
+    by carbon.mm, so every output is its correctly rounded exact dot product and the grouping plays no role.
+    offs holds the groups' cumulative ends along the grouped dimension (rows of a 2-d self with a 3-d mat2;
+    the shared inner dimension of two 2-d operands; columns of a 2-d mat2 with a 3-d self); rows or columns past
+    the last end are +0. The offsets are read on the host: one synchronization per call on a GPU, as
+    transformers' own loop over the groups does."""
+    x, w, offs, out_dtype = a["self"], a["mat2"], a.get("offs"), a.get("out_dtype")
+    if a.get("bias") is not None:
+        raise NotCovered("_grouped_mm with a bias")
+    if not _float_mm("_grouped_mm", x, w):
+        return PASS
+    if x.dim() == 3 and w.dim() == 3 and offs is None:
+        return carbon_ops.bmm(x, w, out_dtype=out_dtype)
+    if offs is None or x.dim() not in (2, 3) or w.dim() not in (2, 3) or x.dim() + w.dim() == 6:
+        return PASS  # torch's own error
+    ends = [int(v) for v in offs.tolist()]
+    grouped = {(2, 3): x.shape[0], (2, 2): x.shape[1], (3, 2): w.shape[1]}[(x.dim(), w.dim())]
+    starts = [0] + ends[:-1]
+    if any(e < s for s, e in zip(starts, ends)) or (ends and ends[-1] > grouped):
+        raise ValueError(f"carbon.enable: _grouped_mm offsets must be non-decreasing and at most {grouped}, "
+                         f"got {ends}")
+    dtype = out_dtype or x.dtype
+
+    def product(p: Tensor, q: Tensor) -> Tensor:
+        return carbon_ops.mm(p, q, out_dtype=out_dtype)
+    if x.dim() == 2 and w.dim() == 2:  # (M, ΣK) @ (ΣK, N) -> (G, M, N)
+        return aten.stack([product(x[:, s:e], w[s:e]) for s, e in zip(starts, ends)]) if ends else \
+            aten.zeros([0, x.shape[0], w.shape[1]], dtype=dtype, device=x.device)
+    if x.dim() == 2:  # (ΣM, K) @ (G, K, N) -> (ΣM, N)
+        parts = [product(x[s:e], w[g]) for g, (s, e) in enumerate(zip(starts, ends)) if e > s]
+        tail = aten.zeros([grouped - (ends[-1] if ends else 0), w.shape[-1]], dtype=dtype, device=x.device)
+        return aten.cat(parts + [tail], 0)
+    # (G, M, K) @ (K, ΣN) -> (M, ΣN)
+    parts = [product(x[g], w[:, s:e]) for g, (s, e) in enumerate(zip(starts, ends)) if e > s]
+    tail = aten.zeros([x.shape[1], grouped - (ends[-1] if ends else 0)], dtype=dtype, device=x.device)
+    return aten.cat(parts + [tail], 1)
+
+
 def _add_product(bias: Tensor, product: Callable[[], Tensor], fused: Callable[[], Tensor],
                  beta: Any, alpha: Any) -> Tensor:
     if beta == 1 and alpha == 1:
@@ -745,8 +784,8 @@ _mean = _reduce("mean", carbon_ops.mean)
 def _cumsum(a: dict) -> Any:
     """Every prefix sum exact and rounded once (cumsum_rows over ``dim``)."""
     x, dim, dtype = a["self"], a["dim"], a.get("dtype")
-    if not x.is_floating_point() and (dtype is None or not dtype.is_floating_point):
-        return PASS  # integer prefix sums are exact
+    if (dtype is None and not x.is_floating_point()) or (dtype is not None and not dtype.is_floating_point):
+        return PASS  # integer prefix sums are exact (with an integer dtype torch converts x first, as MoE routers do)
     if dtype is not None and dtype not in _CARBON_DTYPES:
         raise NotCovered(f"cumsum to {dtype}")
     _need_carbon_dtype("cumsum", x)
@@ -2882,7 +2921,7 @@ def _foreach(base: str) -> Callable[[dict], List[Tensor]]:
 # name -> handler. Keys are aten overload-packet names without a trailing "_".
 ROUTES: Dict[str, Callable] = {
     # matmul
-    "mm": _mm, "bmm": _bmm, "addmm": _addmm, "baddbmm": _baddbmm, "mv": _mv, "dot": _dot, "vdot": _vdot, "addbmm": _addbmm,
+    "mm": _mm, "bmm": _bmm, "_grouped_mm": _grouped_mm, "addmm": _addmm, "baddbmm": _baddbmm, "mv": _mv, "dot": _dot, "vdot": _vdot, "addbmm": _addbmm,
     "convolution": _convolution, "convolution_backward": _convolution_backward,
     # reductions
     "sum": _sum, "mean": _mean, "linalg_vector_norm": _vector_norm, "norm": _norm, "_euclidean_dist": _euclidean_dist,

@@ -4,8 +4,8 @@ CPU threads. Between them they use convolutions (1-d, 2-d, transposed-free
 stems, depthwise), batch / group / layer norm, pooling, bilinear upsampling,
 weight normalization, grouped and multi-query attention, learned attention
 biases (T5), ALiBi (BLOOM), rotary embeddings, advanced-index gradients and
-binary cross-entropy, a CTC head (wav2vec2), and Mamba's selective scan (expm1, softplus, cumulative
-sums). transformers is a test-only dependency."""
+binary cross-entropy, a CTC head (wav2vec2), Mamba's selective scan (expm1, softplus, cumulative
+sums) and Mixtral's experts (top-k routing, grouped products). transformers is a test-only dependency."""
 
 from __future__ import annotations
 
@@ -48,6 +48,9 @@ MODELS = {
         max_target_positions=16, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)),
         lambda m: m(input_features=torch.randn(2, 8, 32), labels=_ids()).loss),
     "mistral": (lambda: T.MistralForCausalLM(T.MistralConfig(vocab_size=100, num_key_value_heads=2, **SMALL)),
+                lambda m: m(input_ids=_ids(), labels=_ids()).loss),
+    "mixtral": (lambda: T.MixtralForCausalLM(T.MixtralConfig(vocab_size=100, num_key_value_heads=2, num_local_experts=4,
+                                                            num_experts_per_tok=2, **SMALL)),
                 lambda m: m(input_ids=_ids(), labels=_ids()).loss),
     "falcon": (lambda: T.FalconForCausalLM(T.FalconConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
                                                           num_attention_heads=4)),
