@@ -177,12 +177,21 @@ class _DispatchMode(TorchDispatchMode):
                 for t, r in zip(target, result):
                     t.copy_(r)
                 return None
+            if isinstance(result, torch.Tensor) and not torch.can_cast(result.dtype, target.dtype):
+                raise RuntimeError(f"result type {_type_name(result.dtype)} can't be cast to the desired output type "
+                                   f"{_type_name(target.dtype)}")  # torch's own check (x.log_() of an int64 x)
             return target.copy_(result)
         out = bound.get("out")
         if out is not None and "out" in func._overloadname:
             out.resize_(result.shape).copy_(result)
             return out
         return result
+
+
+def _type_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+            torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
+            torch.bool: "Bool"}.get(dtype, str(dtype))
 
 
 def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,

@@ -466,3 +466,20 @@ def test_newer_elementwise_backward_runs_strict_as_torchs_formula(name):
     want = [round_bits(_torch_backward_formula(name, xv, gv, yv, ov), F32)
             for xv, gv, yv, ov in zip(_values(x), _values(g), _values(y), _values(other))]
     assert_bits_equal(leaf.grad, bits_tensor(want, F32), f"{name} gradient")
+
+
+@pytest.mark.parametrize("name", ["log", "exp", "sin", "tanh", "log2", "atan"])
+def test_integer_and_boolean_tensors_are_converted_to_the_default_dtype_first(name):
+    """torch.log(torch.arange(1, n)) (Mamba / Jamba initializations): as torch, in float32, after one
+    correctly rounded conversion (exact here: every integer below 2^24); in-place on an integer tensor is
+    torch's error."""
+    ints = torch.arange(-5, 40) if name not in ("log", "log2") else torch.arange(1, 2 ** 20, 997)
+    flags = torch.tensor([True, False, True])
+    with carbon.enabled():
+        got, from_bool = getattr(torch, name)(ints), getattr(torch, name)(flags)
+        with pytest.raises(RuntimeError, match="can't be cast to the desired output type Long"):
+            getattr(ints.clone(), name + "_")()
+    want = getattr(carbon, name)(ints.to(F32))
+    assert got.dtype == F32 and from_bool.dtype == F32
+    assert_bits_equal(got, as_bits(want), f"torch.{name} of int64")
+    assert_bits_equal(from_bool, as_bits(getattr(carbon, name)(flags.to(F32))), f"torch.{name} of bool")
