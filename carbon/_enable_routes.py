@@ -3023,3 +3023,8 @@ ROUTES: Dict[str, Callable] = {
     **{f"_foreach_{b}": _foreach(b) for b in ("add", "sub", "mul", "div", "addcmul", "addcdiv", "lerp", "sqrt", "pow",
                                             "reciprocal", "rsqrt", "exp", "log")},
 }
+
+# routes kept in their own modules (they use the helpers above)
+from carbon._enable_qr import linalg_qr as _linalg_qr  # noqa: E402
+
+ROUTES["linalg_qr"] = _linalg_qr

@@ -1,0 +1,131 @@
+"""torch.linalg.qr and torch.nn.init.orthogonal_ under carbon.enable (docs/enable.md): Householder QR with every
+step defined. The expected bits come from an independent Python evaluation of the documented steps in exact
+rational arithmetic, each step rounded to float32 here; same bits at 1 and 2 threads."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import List
+
+import pytest
+import torch
+
+import carbon
+from tests.norm_reference import sqrt_rn32
+from tests.oracle import as_bits, bits_to_float, round_bits
+
+F32 = torch.float32
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    threads = torch.get_num_threads()
+    yield
+    carbon.disable()
+    torch.set_num_threads(threads)
+
+
+def rn(v) -> float:
+    """RN32 of an exact value (a float or a Fraction)."""
+    return bits_to_float(round_bits(Fraction(v), F32), F32)
+
+
+def dot(xs, ys) -> float:
+    return rn(sum((Fraction(x) * Fraction(y) for x, y in zip(xs, ys)), Fraction(0)))
+
+
+def householder(a: List[List[float]], mode: str):
+    """The docstring's algorithm of carbon/_enable_qr.py, on lists of floats."""
+    m, n = len(a), len(a[0])
+    kk = min(m, n)
+    w = [row[:] for row in a]
+    refl = []
+    for k in range(kk):
+        x = [w[i][k] for i in range(k, m)]
+        alpha, rest = x[0], x[1:]
+        s, nu = dot(rest, rest), dot(x, x)
+        if s == 0:
+            beta, tau, v = alpha, 0.0, [1.0] + [0.0] * len(rest)
+        else:
+            beta = -math.copysign(sqrt_rn32(nu), alpha)
+            tau = rn(Fraction(rn(Fraction(beta) - Fraction(alpha))) / Fraction(beta))
+            d = rn(Fraction(alpha) - Fraction(beta))
+            v = [1.0] + [rn(Fraction(r) / Fraction(d)) for r in rest]
+        t = [rn(Fraction(tau) * Fraction(vi)) for vi in v]
+        for j in range(k + 1, n):
+            col = [w[i][j] for i in range(k, m)]
+            wj = dot(v, col)
+            for i in range(k, m):
+                w[i][j] = rn(Fraction(w[i][j]) - Fraction(rn(Fraction(t[i - k]) * Fraction(wj))))
+        w[k][k] = beta
+        refl.append((t, v))
+    rows = m if mode == "complete" else kk
+    r = [[w[i][j] if j >= i else 0.0 for j in range(n)] for i in range(rows)]
+    q = [[1.0 if i == j else 0.0 for j in range(rows)] for i in range(m)]
+    for k in reversed(range(kk)):
+        t, v = refl[k]
+        for j in range(k, rows):
+            col = [q[i][j] for i in range(k, m)]
+            wj = dot(v, col)
+            for i in range(k, m):
+                q[i][j] = rn(Fraction(q[i][j]) - Fraction(rn(Fraction(t[i - k]) * Fraction(wj))))
+    return q, r
+
+
+def _bits(values) -> torch.Tensor:
+    return as_bits(torch.tensor(values, dtype=F32))
+
+
+def _matrix(m, n, seed):
+    a = torch.randn(m, n, generator=torch.Generator().manual_seed(seed))
+    if n > 2:
+        a[2:, 1] = 0  # a column without sub-diagonal mass past row 1: the s = 0 step
+        a[0, 2] = 0  # a zero α
+    return a
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [(7, 4), (4, 7), (5, 5), (1, 3), (3, 1)])
+@pytest.mark.parametrize("mode", ["reduced", "complete", "r"])
+def test_qr_follows_the_documented_householder_steps(threads, shape, mode):
+    torch.set_num_threads(threads)
+    a = _matrix(*shape, seed=sum(shape))
+    with carbon.enabled():
+        q, r = torch.linalg.qr(a, mode=mode)
+    want_q, want_r = householder(a.tolist(), mode)
+    assert torch.equal(as_bits(r), _bits(want_r))
+    if mode == "r":
+        assert q.numel() == 0
+    else:
+        assert torch.equal(as_bits(q), _bits(want_q))
+
+
+def test_batched_qr_is_each_matrix_alone():
+    a = torch.randn(2, 3, 6, 4, generator=torch.Generator().manual_seed(9))
+    with carbon.enabled():
+        q, r = torch.linalg.qr(a)
+        singles = [torch.linalg.qr(a[i, j]) for i in range(2) for j in range(3)]
+    assert q.shape == (2, 3, 6, 4) and r.shape == (2, 3, 4, 4)
+    for k, (qs, rs) in enumerate(singles):
+        assert torch.equal(as_bits(q.reshape(6, 6, 4)[k]), as_bits(qs))
+        assert torch.equal(as_bits(r.reshape(6, 4, 4)[k]), as_bits(rs))
+
+
+def test_orthogonal_init_is_the_same_at_one_and_two_threads_and_orthogonal():
+    weights = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        with carbon.enabled(seed=3):
+            layer = torch.nn.Linear(48, 32)
+            torch.nn.init.orthogonal_(layer.weight, gain=math.sqrt(2))
+        weights.append(layer.weight.detach())
+    assert torch.equal(as_bits(weights[0]), as_bits(weights[1]))
+    w = weights[0].double() / math.sqrt(2)
+    assert torch.allclose(w @ w.t(), torch.eye(32, dtype=torch.float64), atol=1e-5)
+
+
+def test_other_dtypes_are_refused():
+    a = torch.randn(4, 3, dtype=torch.float64)
+    with carbon.enabled(), pytest.raises(carbon.NotExactError, match="linalg_qr in torch.float64"):
+        torch.linalg.qr(a)
