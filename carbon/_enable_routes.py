@@ -2753,9 +2753,25 @@ def _uniform_(a: dict) -> Tensor:
 
 
 def _normal_(a: dict) -> Tensor:
-    x = a["self"]
-    _need_random_dtype("normal_", x.dtype)
-    return _normal_values(list(x.shape), a["mean"], a["std"], x.dtype, x.device)
+    """normal_ (and every torch.normal overload): one carbon normal draw per element. With a tensor mean or
+    std (torch.distributions.Normal(...).sample(), reparameterized policies): RN(RN(n·std) + mean) with n the
+    standard draw in the result's dtype, torch's own formula (output.normal_(0, 1).mul_(std).add_(mean)); the
+    shape is mean's and std's broadcast, the dtype and device the tensor one's (mean's when both are)."""
+    if "self" in a:
+        x = a["self"]
+        _need_random_dtype("normal_", x.dtype)
+        return _normal_values(list(x.shape), a["mean"], a["std"], x.dtype, x.device)
+    mean, std = a["mean"], a.get("std", 1.0)
+    if "size" in a:  # normal(mean, std, size): a factory
+        out = a.get("out")
+        dtype, device = (out.dtype, out.device) if isinstance(out, Tensor) else _factory(a)
+        _need_random_dtype("normal", dtype)
+        return _normal_values(list(a["size"]), mean, std, dtype, device)
+    like = mean if isinstance(mean, Tensor) else std
+    _need_random_dtype("normal", like.dtype)
+    shape = torch.broadcast_shapes(*[t.shape for t in (mean, std) if isinstance(t, Tensor)])
+    n = _normal_values(list(shape), 0.0, 1.0, like.dtype, like.device)
+    return aten.add(aten.mul(n, std), mean)
 
 
 def _exponential_(a: dict) -> Tensor:
