@@ -159,8 +159,20 @@ class _DispatchMode(TorchDispatchMode):
                 return func(*args, **kwargs)
         why = why_not(func, base, args, kwargs)
         if why is not None:
+            decomposed = self._decompose(func, args, kwargs)
+            if decomposed is not NotImplemented:
+                return decomposed
             self.session.not_covered(func, why)
         return func(*args, **kwargs)
+
+    def _decompose(self, func, args, kwargs):
+        """Under torch.inference_mode no autograd key decomposes a CompositeImplicitAutograd op (aten.linear
+        inside nn.TransformerEncoderLayer's inference path, say), so it reaches this mode whole: run its
+        decomposition with the mode active again, so that its parts are routed. NotImplemented if it has none."""
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+            return NotImplemented
+        with self:
+            return func.decompose(*args, **kwargs)
 
     @staticmethod
     def _run(func, base, handler, args, kwargs):
