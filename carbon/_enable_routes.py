@@ -1241,20 +1241,32 @@ def _gelu_backward(a: dict) -> Tensor:
     return carbon_ops.elementwise_backward(a["grad_output"], a["self"], fn)
 
 
+def _softplus_scaled(x: Tensor, beta: Any) -> Tensor:
+    """y = RN32(x·RN32(β)) in float32 (torch's opmath: β becomes a float32 first)."""
+    return aten.mul(x.to(torch.float32), float(torch.tensor(float(beta), dtype=torch.float32)))
+
+
 def _softplus(a: dict) -> Tensor:
-    """beta = 1: x where x > threshold (torch's rule), else carbon's softplus."""
+    """beta = 1: x where x > threshold (torch's rule), else carbon's softplus. Other β, as torch's formula
+    in float32: y = RN32(x·β); x where y > threshold, else RN32(SOFTPLUS(y) / β), then the input's dtype."""
     x, beta, threshold = a["self"], a.get("beta", 1), a.get("threshold", 20)
     _need_carbon_dtype("softplus", x)
-    if beta != 1:
-        raise NotCovered(f"softplus with beta={beta}: carbon covers beta=1")
-    return aten.where(aten.gt(x, threshold), x, carbon_ops.softplus(x))
+    if beta == 1:
+        return aten.where(aten.gt(x, threshold), x, carbon_ops.softplus(x))
+    y = _softplus_scaled(x, beta)
+    soft = true_divide(carbon_ops.softplus(y), float(torch.tensor(float(beta), dtype=torch.float32)))
+    return aten.where(aten.gt(y, threshold), x, soft.to(x.dtype))
 
 
 def _softplus_backward(a: dict) -> Tensor:
+    """beta = 1: g where x > threshold, else carbon's softplus derivative RN(g·σ(x)); other β: the same of
+    y = RN32(x·β) (d/dx softplus(βx)/β = σ(βx)), in float32, then the gradient's dtype."""
     g, x, beta, threshold = a["grad_output"], a["self"], a.get("beta", 1), a.get("threshold", 20)
-    if beta != 1:
-        raise NotCovered(f"softplus_backward with beta={beta}: carbon covers beta=1")
-    return aten.where(aten.gt(x, threshold), g, carbon_ops.elementwise_backward(g, x, "softplus"))
+    if beta == 1:
+        return aten.where(aten.gt(x, threshold), g, carbon_ops.elementwise_backward(g, x, "softplus"))
+    y = _softplus_scaled(x, beta)
+    inner = carbon_ops.elementwise_backward(g.to(torch.float32), y, "softplus").to(g.dtype)
+    return aten.where(aten.gt(y, threshold), g, inner)
 
 
 def _log_sigmoid_forward(a: dict):

@@ -483,3 +483,25 @@ def test_integer_and_boolean_tensors_are_converted_to_the_default_dtype_first(na
     assert got.dtype == F32 and from_bool.dtype == F32
     assert_bits_equal(got, as_bits(want), f"torch.{name} of int64")
     assert_bits_equal(from_bool, as_bits(getattr(carbon, name)(flags.to(F32))), f"torch.{name} of bool")
+
+
+@pytest.mark.parametrize("beta,threshold", [(2.0, 20.0), (0.1, 5.0), (1.7, 3.0)])
+def test_softplus_with_beta_is_torchs_formula_on_carbons_softplus(beta, threshold):
+    """y = RN32(x·RN32(β)); x where y > threshold, else RN32(SOFTPLUS(y) / RN32(β)); gradient g where
+    y > threshold, else carbon's softplus derivative at y, RN(g·σ(y))."""
+    x = torch.cat([_randn(300, seed=51) * 8, torch.tensor([0.0, -0.0, 1e-30, -100.0, 100.0])])
+    g = _randn(x.numel(), seed=52)
+    leaf = x.clone().requires_grad_()
+    with carbon.enabled():
+        out = F.softplus(leaf, beta=beta, threshold=threshold)
+        out.backward(g)
+    b32 = Fraction(bits_to_float(round_bits(beta, F32), F32))
+    y = [round_bits(Fraction(v) * b32, F32) for v in _values(x)]
+    y_vals = torch.tensor([bits_to_float(b, F32) for b in y], dtype=F32)
+    soft, slope = carbon.softplus(y_vals), torch.ops.carbon.elementwise_backward(g, y_vals, "softplus")
+    for i, (xv, yv) in enumerate(zip(_values(x), _values(y_vals))):
+        over = yv > threshold
+        want = xv if over else bits_to_float(round_bits(Fraction(soft[i].item()) / b32, F32), F32)
+        want_grad = g[i].item() if over else slope[i].item()
+        assert out[i].item() == want or (math.isnan(want) and math.isnan(out[i].item())), (xv, beta)
+        assert leaf.grad[i].item() == want_grad, (xv, beta)
