@@ -520,22 +520,33 @@ def _smooth_l1_backward(huber: bool) -> Callable[[dict], Tensor]:
     return handler
 
 
+def _logit_bounds(x: Tensor, eps: float) -> tuple:
+    """torch's kernel bounds: lo = eps in x's dtype, hi = RN(1 − lo) in x's dtype (0-dim tensors on x's device)."""
+    lo = torch.full((), eps, dtype=x.dtype, device=x.device)
+    return lo, aten.rsub(lo, 1)
+
+
 def _logit(a: dict) -> Tensor:
-    """RN(LOG(RN(z / RN(1 − z)))) with z = clamp(x, eps, 1 − eps) when eps is given (carbon's log)."""
+    """RN(LOG(RN(z / RN(1 − z)))) with z = lo where x < lo, else hi where x > hi, else x, when eps is given
+    (torch's kernel rule, which also holds for eps > 0.5, where clamp would differ; carbon's log)."""
     x, eps = a["self"], a.get("eps")
     _need_carbon_dtype("logit", x)
-    z = x if eps is None else aten.clamp(x, eps, 1.0 - eps)
+    z = x
+    if eps is not None:
+        lo, hi = _logit_bounds(x, eps)
+        z = aten.where(aten.lt(x, lo), lo, aten.where(aten.gt(x, hi), hi, x))
     return carbon_ops.log(aten.div.Tensor(z, aten.rsub(z, 1)))
 
 
 def _logit_backward(a: dict) -> Tensor:
-    """RN(g / RN(x·RN(1 − x))) inside [eps, 1 − eps] (0 outside when eps is given; NaN outside [0, 1])."""
+    """RN(g / RN(x·RN(1 − x))) inside [lo, hi] (0 outside when eps is given; NaN outside [0, 1])."""
     g, x, eps = a["grad_output"], a["self"], a.get("eps")
     d = aten.div.Tensor(g, aten.mul(x, aten.rsub(x, 1)))
     if eps is None:
         return d
-    inside = aten.logical_and(aten.ge(x, eps), aten.le(x, 1.0 - eps))
-    return aten.where(inside, d, 0.0).to(d.dtype)
+    lo, hi = _logit_bounds(x, eps)
+    outside = aten.logical_or(aten.lt(x, lo), aten.gt(x, hi))
+    return aten.where(outside, 0.0, d).to(d.dtype)
 
 
 def _nansum(a: dict) -> Tensor:

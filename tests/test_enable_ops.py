@@ -505,3 +505,36 @@ def test_softplus_with_beta_is_torchs_formula_on_carbons_softplus(beta, threshol
         want_grad = g[i].item() if over else slope[i].item()
         assert out[i].item() == want or (math.isnan(want) and math.isnan(out[i].item())), (xv, beta)
         assert leaf.grad[i].item() == want_grad, (xv, beta)
+
+
+@pytest.mark.parametrize("eps", [None, 1e-6, 0.25, 0.6])
+def test_logit_follows_torchs_clamp_rule_and_carbons_log(eps):
+    """z = lo where x < lo, else hi where x > hi, else x, with lo = RN32(eps) and hi = RN32(1 − lo) (torch's
+    kernel rule: for eps > 0.5 every x maps to one bound); logit = RN(LOG(RN(z / RN(1 − z)))); gradient
+    RN(g / RN(x·RN(1 − x))) for lo ≤ x ≤ hi, else 0."""
+    x = torch.cat([torch.rand(200, generator=torch.Generator().manual_seed(61)),
+                   torch.tensor([0.0, 1.0, 1e-7, 1 - 1e-7, 0.5])])
+    g = _randn(x.numel(), seed=62)
+    leaf = x.clone().requires_grad_()
+    with carbon.enabled():
+        y = torch.logit(leaf, eps=eps)
+        y.backward(g)
+    xs = _values(x)
+    if eps is None:
+        zs = xs
+    else:
+        lo = bits_to_float(round_bits(eps, F32), F32)
+        hi = bits_to_float(round_bits(1 - Fraction(lo), F32), F32)
+        zs = [lo if v < lo else hi if v > hi else v for v in xs]
+    quotients = torch.tensor([bits_to_float(round_bits(Fraction(z) / Fraction(bits_to_float(
+        round_bits(1 - Fraction(z), F32), F32)), F32), F32) if z != 1 else math.inf for z in zs], dtype=F32)
+    assert_bits_equal(y.detach(), as_bits(carbon.log(quotients)), "logit")
+    for i, (v, gv) in enumerate(zip(xs, _values(g))):
+        inside = eps is None or lo <= v <= hi
+        if not inside:
+            assert leaf.grad[i].item() == 0.0
+            continue
+        den = round_bits(Fraction(v) * Fraction(bits_to_float(round_bits(1 - Fraction(v), F32), F32)), F32)
+        den_v = bits_to_float(den, F32)
+        want = math.copysign(math.inf, gv) if den_v == 0 else bits_to_float(round_bits(Fraction(gv) / Fraction(den_v), F32), F32)
+        assert leaf.grad[i].item() == want, (v, eps)
