@@ -750,16 +750,26 @@ def _vdot(a: dict) -> Tensor:
     return _dot({"self": a["self"], "tensor": a["other"]})
 
 
+def _spread(values: Any, spatial: int) -> List[int]:
+    """A one-element stride / padding / dilation list stands for every spatial dimension (torch expands it:
+    F.conv3d(..., padding="valid") passes [0])."""
+    values = list(values)
+    return values * spatial if len(values) == 1 else values
+
+
 def _conv_args(name: str, a: dict, *tensors: Optional[Tensor]) -> tuple:
     _need_carbon_dtype(name, *tensors)
-    return list(a["stride"]), list(a["padding"]), list(a["dilation"]), a["groups"]
+    spatial = a["weight"].dim() - 2
+    return (_spread(a["stride"], spatial), _spread(a["padding"], spatial), _spread(a["dilation"], spatial),
+            a["groups"])
 
 
 def _convolution(a: dict) -> Tensor:
     x, w, b = a["input"], a["weight"], a["bias"]
     stride, padding, dilation, groups = _conv_args("convolution", a, x, w, b)
     if a["transposed"]:
-        return conv_transpose_forward(x, w, b, stride, padding, list(a["output_padding"]), dilation, groups)
+        return conv_transpose_forward(x, w, b, stride, padding, _spread(a["output_padding"], w.dim() - 2), dilation,
+                                      groups)
     return conv_forward(x, w, b, stride, padding, dilation, groups)
 
 

@@ -68,6 +68,24 @@ def test_forward_and_gradients_equal_the_exact_oracle(case, dtype):
     assert_bits_equal(db, ref.bias_grad_bits(g), "bias gradient", dtype=dtype)
 
 
+@pytest.mark.parametrize("spatial", [1, 2, 3])
+def test_one_element_argument_lists_stand_for_every_dimension(spatial):
+    """F.conv3d(..., padding="valid") reaches aten.convolution with padding [0]; stride (2,) and dilation
+    (1,) given as one-element lists likewise: each stands for every spatial dimension, as in torch."""
+    size, kernel = (7, 6, 5)[:spatial], (3, 2, 2)[:spatial]
+    x, w, b = _randn(2, 2, *size, seed=11), _randn(3, 2, *kernel, seed=12), _randn(3, seed=13)
+    out = ref._out_size(list(size), list(kernel), [2] * spatial, [0] * spatial, [1] * spatial)
+    g = _randn(2, 3, *out, seed=14)
+    x, w = x.clone().requires_grad_(), w.clone().requires_grad_()
+    with carbon.enabled():
+        y = CONV[spatial](x, w, b, stride=2, padding="valid")
+        y.backward(g)
+    full = [2] * spatial, [0] * spatial, [1] * spatial
+    assert_bits_equal(y.detach(), ref.forward_bits(x.detach(), w.detach(), b, *full, 1), "forward")
+    assert_bits_equal(x.grad, ref.input_grad_bits(g, x.detach(), w.detach(), *full, 1), "input gradient")
+    assert_bits_equal(w.grad, ref.weight_grad_bits(g, x.detach(), w.detach(), *full, 1), "weight gradient")
+
+
 def test_without_bias_and_with_special_values():
     x = _randn(2, 2, 6, 6, seed=5)
     x[0, 0, 2, 3] = math.nan
