@@ -722,7 +722,8 @@ _baddbmm = _biased_product("baddbmm", "batch1", "batch2", carbon_ops.bmm, carbon
 
 def _batch_as_depth(x: Tensor, y: Tensor) -> tuple:
     """Σ_b x_b @ y_b as one product: x [B, N, K] → [N, B·K], y [B, K, M] → [B·K, M]."""
-    return aten.movedim(x, 0, 1).reshape([x.shape[1], -1]), y.reshape([-1, y.shape[2]])
+    depth = x.shape[0] * x.shape[2]  # explicit sizes: a -1 is ambiguous for empty tensors
+    return aten.movedim(x, 0, 1).reshape([x.shape[1], depth]), y.reshape([depth, y.shape[2]])
 
 
 _addbmm = _biased_product("addbmm", "batch1", "batch2",
@@ -944,8 +945,9 @@ def _norm(a: dict) -> Tensor:
 def _cdist_pairs(x1: Tensor, x2: Tensor) -> tuple:
     """x1 [..., N, K], x2 [..., M, K] with broadcast batch dimensions, flattened to [B, N, K], [B, M, K]."""
     batch = list(torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2]))
-    a = x1.expand(batch + list(x1.shape[-2:])).reshape([-1] + list(x1.shape[-2:]))
-    b = x2.expand(batch + list(x2.shape[-2:])).reshape([-1] + list(x2.shape[-2:]))
+    count = math.prod(batch)  # explicit: a -1 is ambiguous for empty tensors
+    a = x1.expand(batch + list(x1.shape[-2:])).reshape([count] + list(x1.shape[-2:]))
+    b = x2.expand(batch + list(x2.shape[-2:])).reshape([count] + list(x2.shape[-2:]))
     return a, b, batch
 
 
@@ -1132,28 +1134,44 @@ def _std_mean(a: dict):
 
 # ---- normalization, softmax, losses ------------------------------------------------------------------------------
 
+def _row_statistics(x: Tensor, normalized_shape: list, *stats: Optional[Tensor], torch_shape: bool) -> list:
+    """Per-row statistics in torch's shape (x's leading dimensions, then a 1 per normalized dimension) or in
+    carbon's (the leading dimensions only)."""
+    lead = list(x.shape[:x.dim() - len(normalized_shape)])
+    shape = lead + [1] * len(normalized_shape) if torch_shape else lead
+    return [None if t is None else t.reshape(shape) for t in stats]
+
+
 def _layer_norm(a: dict):
-    x, w, b = a["input"], a["weight"], a["bias"]
+    x, w, b, ns = a["input"], a["weight"], a["bias"], list(a["normalized_shape"])
     _need_carbon_dtype("native_layer_norm", x, w, b)
-    return carbon_ops.layer_norm(x, list(a["normalized_shape"]), w, b, a["eps"])
+    if a["eps"] < 0:
+        raise NotCovered(f"layer_norm with eps = {a['eps']} < 0")
+    out, mean, rstd = carbon_ops.layer_norm(x, ns, w, b, a["eps"])
+    return (out, *_row_statistics(x, ns, mean, rstd, torch_shape=True))
 
 
 def _layer_norm_backward(a: dict):
     mask = [bool(m) for m in a["output_mask"]]
-    return _norm_backward(a["grad_out"], a["input"], list(a["normalized_shape"]), a["mean"], a["rstd"], a["weight"],
-                          *mask)  # one pass over x and grad_out on the CPU
+    x, ns = a["input"], list(a["normalized_shape"])
+    mean, rstd = _row_statistics(x, ns, a["mean"], a["rstd"], torch_shape=False)
+    return _norm_backward(a["grad_out"], x, ns, mean, rstd, a["weight"], *mask)  # one pass over x and grad_out
 
 
 def _rms_norm(a: dict):
-    x, w = a["input"], a["weight"]
+    x, w, ns, eps = a["input"], a["weight"], list(a["normalized_shape"]), a["eps"]
     _need_carbon_dtype("_fused_rms_norm", x, w)
-    return carbon_ops.rms_norm(x, list(a["normalized_shape"]), w, a["eps"])
+    if eps is not None and eps < 0:
+        raise NotCovered(f"rms_norm with eps = {eps} < 0")
+    out, rstd = carbon_ops.rms_norm(x, ns, w, eps)
+    return out, _row_statistics(x, ns, rstd, torch_shape=True)[0]
 
 
 def _rms_norm_backward(a: dict):
     mask = a["output_mask"]
-    dx, dw, _ = _norm_backward(a["grad_out"], a["input"], list(a["normalized_shape"]), None, a["rstd"], a["weight"],
-                               bool(mask[0]), bool(mask[1]), False)
+    x, ns = a["input"], list(a["normalized_shape"])
+    rstd, = _row_statistics(x, ns, a["rstd"], torch_shape=False)
+    dx, dw, _ = _norm_backward(a["grad_out"], x, ns, None, rstd, a["weight"], bool(mask[0]), bool(mask[1]), False)
     return dx, dw
 
 
@@ -1676,18 +1694,37 @@ def _linspace(a: dict) -> Any:
 
 # ---- indexed accumulation ---------------------------------------------------------------------------------------
 
-def _index_add(a: dict) -> Tensor:
+def _zero_dim_as_vector(handler: Callable[[dict], Any], tensors: tuple) -> Callable[[dict], Any]:
+    """torch accepts a 0-dim self (with 0-dim or one-element index and source) in index_add / scatter_add /
+    scatter_reduce; carbon's ops want one dimension: run those as length-1 vectors and reshape back."""
+    def route(a: dict) -> Any:
+        if a["self"].dim() != 0:
+            return handler(a)
+        b = dict(a, dim=0)
+        for key in tensors:
+            if isinstance(b.get(key), Tensor) and b[key].dim() == 0:
+                b[key] = b[key].reshape([1])
+        result = handler(b)
+        return result if result is PASS else result.reshape([])
+    return route
+
+
+def _index_add_vectors(a: dict) -> Tensor:
     x, src = a["self"], a["source"]
     if not x.is_floating_point():
         return PASS
     return carbon_ops.index_add(x, a["dim"], a["index"], _scaled(src, a.get("alpha", 1)))
 
 
-def _scatter_add(a: dict) -> Tensor:
+def _scatter_add_vectors(a: dict) -> Tensor:
     x = a["self"]
     if not x.is_floating_point():
         return PASS
     return carbon_ops.scatter_add(x, a["dim"], a["index"], a["src"])
+
+
+_index_add = _zero_dim_as_vector(_index_add_vectors, ("self", "index", "source"))
+_scatter_add = _zero_dim_as_vector(_scatter_add_vectors, ("self", "index", "src"))
 
 
 def _max_pool_backward(spatial: int) -> Callable[[dict], Tensor]:
@@ -1948,7 +1985,7 @@ def _embedding_bag_per_sample_weights_backward(a: dict) -> Tensor:
     return out
 
 
-def _scatter_reduce(a: dict) -> Any:
+def _scatter_reduce_vectors(a: dict) -> Any:
     """scatter_reduce (graph networks' sum / mean / max aggregation). sum: every destination RN(exact Σ of its
     sources, plus self with include_self) (carbon.scatter_add), untouched destinations keep self; mean:
     RN(RN(that exact sum) / n), n the number of terms; amax / amin select (torch's own); prod raises (its
@@ -1970,6 +2007,9 @@ def _scatter_reduce(a: dict) -> Any:
         n = aten.add(counts, 1) if include_self else counts
         total = _quotient_by_count(total, n)
     return aten.where(touched, total, x)
+
+
+_scatter_reduce = _zero_dim_as_vector(_scatter_reduce_vectors, ("self", "index", "src"))
 
 
 def _index_reduce(a: dict) -> Any:

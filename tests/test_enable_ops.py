@@ -538,3 +538,44 @@ def test_logit_follows_torchs_clamp_rule_and_carbons_log(eps):
         den_v = bits_to_float(den, F32)
         want = math.copysign(math.inf, gv) if den_v == 0 else bits_to_float(round_bits(Fraction(gv) / Fraction(den_v), F32), F32)
         assert leaf.grad[i].item() == want, (v, eps)
+
+
+def test_zero_dim_indexed_accumulation_is_one_rounding_of_the_exact_sum():
+    """index_add / scatter_add / scatter_reduce on a 0-dim self (torch allows it): self + the contribution,
+    rounded once, a 0-dim result."""
+    x, src = torch.tensor(1.0), torch.tensor(2.0 ** -24 + 2.0 ** -47)  # 1 + src rounds up only if exact
+    with carbon.enabled():
+        added = x.index_add(0, torch.tensor([0]), src)
+        scattered = x.scatter_add(0, torch.tensor(0), src)
+        reduced = x.scatter_reduce(0, torch.tensor(0), src, "sum")
+        mean = x.scatter_reduce(0, torch.tensor(0), torch.tensor(2.0), "mean")
+        scaled = x.index_add(0, torch.tensor(0), torch.tensor(3.0), alpha=-1)
+    for name, t in (("index_add", added), ("scatter_add", scattered), ("scatter_reduce", reduced)):
+        assert t.shape == () and t.item() == 1.0 + 2.0 ** -23, name
+    assert mean.shape == () and mean.item() == 1.5  # (1 + 2) / 2 with include_self
+    assert scaled.item() == -2.0
+
+
+@pytest.mark.parametrize("shape,normalized", [((4, 5), (5,)), ((2, 3, 4), (3, 4)), ((1, 2, 3), (1, 2, 3))])
+def test_norm_statistics_have_torchs_shapes(shape, normalized):
+    """native_layer_norm's mean / rstd and _fused_rms_norm's rstd keep torch's shape (leading dimensions, then
+    a 1 per normalized dimension); their values are carbon's (test_layer_norm.py checks those against the
+    reference), and the backward reads them back in either shape."""
+    x, w = _randn(*shape, seed=71), _randn(*normalized, seed=72)
+    g = _randn(*shape, seed=73)
+    stat_shape = shape[:len(shape) - len(normalized)] + (1,) * len(normalized)
+    with carbon.enabled():
+        _, mean, rstd = torch.ops.aten.native_layer_norm(x, list(normalized), w, None, 1e-5)
+        with torch.inference_mode():  # else autograd decomposes _fused_rms_norm before carbon sees it
+            _, rms_rstd = torch.ops.aten._fused_rms_norm(x, list(normalized), w, 1e-5)
+        dx, dw, _ = torch.ops.aten.native_layer_norm_backward(g, x, list(normalized), mean, rstd, w, None,
+                                                              [True, True, False])
+        with pytest.raises(carbon.NotExactError, match="eps"):
+            torch.ops.aten.native_layer_norm(x, list(normalized), w, None, -0.5)
+    _, c_mean, c_rstd = torch.ops.carbon.layer_norm(x, list(normalized), w, None, 1e-5)
+    assert mean.shape == rstd.shape == rms_rstd.shape == stat_shape
+    assert torch.equal(as_bits(mean.reshape(c_mean.shape)), as_bits(c_mean))
+    assert torch.equal(as_bits(rstd.reshape(c_rstd.shape)), as_bits(c_rstd))
+    assert torch.equal(as_bits(rms_rstd.reshape(c_rstd.shape)), as_bits(torch.ops.carbon.rms_norm(x, list(normalized), w, 1e-5)[1]))
+    want_dx, want_dw, _ = torch.ops.carbon.norm_backward(g, x, list(normalized), c_mean, c_rstd, w, [True, True, False])
+    assert torch.equal(as_bits(dx), as_bits(want_dx)) and torch.equal(as_bits(dw), as_bits(want_dw))
