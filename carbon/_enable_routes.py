@@ -1175,14 +1175,21 @@ def _rms_norm_backward(a: dict):
     return dx, dw
 
 
-def _softmax_like(name: str, op: Callable) -> Callable[[dict], Tensor]:
+def _softmax_like(name: str, op: Callable, masked_rows_nan: bool) -> Callable[[dict], Tensor]:
+    """carbon.softmax / log_softmax. carbon defines a row that is all −∞ as 0 (log: −∞), as torch's
+    _safe_softmax does; torch's _softmax and _log_softmax give NaN there, and so do these routes
+    (masked_rows_nan), so that enable changes bits but not what a fully masked row means."""
     def handler(a: dict) -> Tensor:
         x = a["self"]
         _need_carbon_dtype(name, x)
         dtype = a.get("dtype")
         if a.get("half_to_float"):
             dtype = torch.float32
-        return op(x, a["dim"], dtype)
+        out = op(x, a["dim"], dtype)
+        if not masked_rows_nan or x.numel() == 0:
+            return out
+        masked = aten.eq(aten.amax(x, [a["dim"]], True), -math.inf)
+        return aten.where(masked, math.nan, out).to(out.dtype)
     return handler
 
 
@@ -3023,9 +3030,9 @@ ROUTES: Dict[str, Callable] = {
     # normalization, softmax, losses
     "native_layer_norm": _layer_norm, "native_layer_norm_backward": _layer_norm_backward,
     "_fused_rms_norm": _rms_norm, "_fused_rms_norm_backward": _rms_norm_backward,
-    "_softmax": _softmax_like("softmax", carbon_ops.softmax),
-    "_safe_softmax": _softmax_like("softmax", carbon_ops.softmax),
-    "_log_softmax": _softmax_like("log_softmax", carbon_ops.log_softmax),
+    "_softmax": _softmax_like("softmax", carbon_ops.softmax, True),
+    "_safe_softmax": _softmax_like("softmax", carbon_ops.softmax, False),
+    "_log_softmax": _softmax_like("log_softmax", carbon_ops.log_softmax, True),
     "_softmax_backward_data": _softmax_backward(carbon_ops.softmax_backward),
     "_log_softmax_backward_data": _softmax_backward(carbon_ops.log_softmax_backward),
     "nll_loss_forward": _nll_loss_forward, "nll_loss_backward": _nll_loss_backward,

@@ -103,6 +103,25 @@ def test_softmax_and_cross_entropy_match_the_reference():
     assert_bits_equal(summed, softmax_reference.cross_entropy_bits(x, target, "sum"), "cross_entropy sum")
 
 
+def test_fully_masked_softmax_rows_mean_what_they_mean_in_torch():
+    """torch.softmax / log_softmax of an all −∞ row is NaN (0/0), torch's _safe_softmax (attention's math path)
+    gives 0: the routes keep those meanings (carbon.softmax itself defines such a row as 0), and the other rows
+    are carbon's."""
+    x = _randn(4, 6, scale=3.0)
+    x[1] = -math.inf
+    x[2, :5] = -math.inf
+    with carbon.enabled():
+        y, lsm = torch.softmax(x, dim=1), F.log_softmax(x, dim=1)
+        safe = torch.ops.aten._safe_softmax(x, 1)
+    for t in (y, lsm):
+        assert torch.isnan(t[1]).all() and not torch.isnan(t[[0, 2, 3]]).any()
+    assert torch.equal(as_bits(safe[1]), as_bits(torch.zeros(6)))
+    keep = [0, 2, 3]
+    assert_bits_equal(y[keep], softmax_reference.softmax_bits(x[keep], -1), "softmax rows")
+    assert_bits_equal(lsm[keep], softmax_reference.log_softmax_bits(x[keep], 1), "log_softmax rows")
+    assert_bits_equal(safe[keep], softmax_reference.softmax_bits(x[keep], -1), "_safe_softmax rows")
+
+
 def test_layer_norm_matches_the_reference():
     x, w, b = _randn(3, 4, 24, scale=10.0), _randn(24, seed=1), _randn(24, seed=2)
     with carbon.enabled():
