@@ -259,8 +259,8 @@ def _heads_like(query, kv, enable_gqa):
 
 
 def _rms_norm(input, normalized_shape, weight=None, eps=None):
-    if input.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        return None
+    if input.dtype not in (torch.float32, torch.bfloat16, torch.float16) or (eps is not None and not eps >= 0):
+        return None  # torch's function then runs, its ops checked one by one
     return carbon.rms_norm(input, normalized_shape, weight, eps)
 
 

@@ -48,7 +48,14 @@ ALLOWED = PER_TENSOR | frozenset({
     "reflection_pad1d", "reflection_pad2d", "reflection_pad3d", "replication_pad1d", "replication_pad2d",
     "replication_pad3d",
     "diagonal_backward", "expand_copy", "permute_copy", "t_copy", "transpose_copy", "view_copy",
+    "rot90", "block_diag", "diag_embed", "alias_copy", "as_strided_copy", "squeeze_copy", "unsqueeze_copy",
+    "unfold_copy", "_chunk_cat", "_unsafe_masked_index", "_upsample_nearest_exact1d", "_upsample_nearest_exact2d",
+    "_upsample_nearest_exact3d",
+    # exact by construction: a selection or a bit-level operation per element (frexp's mantissa and exponent are
+    # x's own bits, nextafter a neighbour); softshrink's x ∓ λ is one rounding of the same operands everywhere
+    "heaviside", "nextafter", "frexp", "hardshrink", "softshrink",
     # comparisons and logic
+    "isin",
     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "logical_xor", "isnan",
     "isinf", "isfinite", "isneginf", "isposinf", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
     "any", "all", "equal", "is_nonzero", "is_same_size", "_is_all_true", "_is_any_true",

@@ -61,7 +61,7 @@ def batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optio
     RN(RN(m * stat) + RN((1 - m) * running)) with the exact batch mean and the exact unbiased variance
     (var_mean_rows, correction 1). Evaluation: RN(RN(RN(x - running_mean) * rstd) * w) + b) with
     rstd = RN(1 / RN(sqrt(RN(running_var + eps)))) per channel."""
-    if input.dtype not in _DTYPES or input.dim() < 2 or momentum is None:
+    if input.dtype not in _DTYPES or input.dim() < 2 or momentum is None or not eps >= 0:
         return None
     c = input.shape[1]
     if training or running_mean is None or running_var is None:
@@ -83,7 +83,7 @@ def batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optio
 def group_norm(input: Tensor, num_groups: int, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
                eps: float = 1e-5) -> Optional[Tensor]:
     """``F.group_norm``: each (sample, group) is one row of carbon.layer_norm, then the affine step."""
-    if input.dtype not in _DTYPES or input.dim() < 2 or input.shape[1] % num_groups != 0:
+    if input.dtype not in _DTYPES or input.dim() < 2 or input.shape[1] % num_groups != 0 or not eps >= 0:
         return None
     n = input.shape[0]
     y = _rows_normalized(input.reshape(n * num_groups, -1), eps).reshape(input.shape)
@@ -95,7 +95,8 @@ def instance_norm(input: Tensor, running_mean: Optional[Tensor] = None, running_
                   momentum: float = 0.1, eps: float = 1e-5) -> Optional[Tensor]:
     """``F.instance_norm`` without running statistics: each (sample, channel) is one row of
     carbon.layer_norm, then the affine step."""
-    if input.dtype not in _DTYPES or input.dim() < 3 or running_mean is not None or running_var is not None:
+    if (input.dtype not in _DTYPES or input.dim() < 3 or running_mean is not None or running_var is not None
+            or not eps >= 0):
         return None
     if not use_input_stats:
         return None

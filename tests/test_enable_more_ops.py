@@ -1222,3 +1222,32 @@ def test_scatter_with_a_reduction_is_refused_and_plain_scatter_runs():
                 x.clone().scatter_(0, idx, 2.0, reduce=reduce)
         assert torch.equal(torch.scatter(x, 0, idx[:1], src), x.scatter(0, idx[:1], src))
         assert torch.equal(torch.scatter_add(x, 0, idx, src), carbon.scatter_add(x, 0, idx, src))
+
+
+# ---- copies and exact elementwise ops on the allow-list ---------------------------------------------------------
+
+_EXACT_AS_TORCH = {
+    "rot90": lambda x: torch.rot90(x, 1, [0, 1]),
+    "block_diag": lambda x: torch.block_diag(x, x[:2]),
+    "diag_embed": lambda x: torch.diag_embed(x),
+    "heaviside": lambda x: torch.heaviside(x, torch.tensor(0.5)),
+    "nextafter": lambda x: torch.nextafter(x, torch.zeros_like(x)),
+    "frexp": lambda x: torch.frexp(x),
+    "hardshrink": lambda x: F.hardshrink(x, 0.3),
+    "softshrink": lambda x: F.softshrink(x, 0.3),
+    "isin": lambda x: torch.isin(x, x[0]),
+    "nearest-exact": lambda x: F.interpolate(x[None, None], scale_factor=1.7, mode="nearest-exact"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_EXACT_AS_TORCH))
+def test_exact_ops_run_strict_with_torchs_own_bits(name):
+    """Copies, selections and bit-level operations: strict mode lets them run as torch's own kernels, whose
+    results are the same on every device (one rounding of the same operands at most)."""
+    x = _randn(5, 6, seed=120)
+    x[0, 0], x[1, 1] = 0.0, -0.0
+    want = _EXACT_AS_TORCH[name](x)
+    with carbon.enabled():
+        got = _EXACT_AS_TORCH[name](x)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert torch.equal(g.view(torch.int32) if g.dtype == F32 else g, w.view(torch.int32) if w.dtype == F32 else w)
