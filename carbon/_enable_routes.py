@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 from torch import Tensor
+from torch import _prims_common
 
 import carbon.random
 from carbon import _enable_allow
@@ -127,22 +128,47 @@ def _scaled(y: Any, alpha: Any) -> Any:
     return y * alpha if not isinstance(y, Tensor) else aten.mul(y, alpha)
 
 
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _in_opmath(fn: Callable, *operands: Any) -> Any:
+    """fn's composition of single operations in torch's compute precision: when the result is bfloat16 or
+    float16, the operands are widened to float32, every operation rounds to float32, and the result is rounded
+    once to its dtype at the end (torch's own kernels also compute these in float32; rounding each step to
+    16 bits would lose accuracy). float32 results: fn as it is."""
+    dtype = _prims_common.elementwise_dtypes(
+        *operands, type_promotion_kind=_prims_common.ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[1]  # torch's rule
+    if dtype not in _HALF:
+        return fn(*operands)
+    wide = [v.to(torch.float32) if isinstance(v, Tensor) and v.dtype in _HALF else v for v in operands]
+    return fn(*wide).to(dtype)
+
+
 def _add(a: dict) -> Any:
-    if not _any_float(a["self"], a["other"]):
+    x, y, alpha = a["self"], a["other"], a.get("alpha", 1)
+    if not _any_float(x, y):
         return PASS  # integer arithmetic is exact
-    return aten.add(a["self"], _scaled(a["other"], a.get("alpha", 1)))
+    if alpha == 1:
+        return aten.add(x, y)
+    return _in_opmath(lambda p, q: aten.add(p, _scaled(q, alpha)), x, y)
 
 
 def _sub(a: dict) -> Any:
-    if not _any_float(a["self"], a["other"]):
+    x, y, alpha = a["self"], a["other"], a.get("alpha", 1)
+    if not _any_float(x, y):
         return PASS
-    return aten.sub(a["self"], _scaled(a["other"], a.get("alpha", 1)))
+    if alpha == 1:
+        return aten.sub(x, y)
+    return _in_opmath(lambda p, q: aten.sub(p, _scaled(q, alpha)), x, y)
 
 
 def _rsub(a: dict) -> Any:
-    if not _any_float(a["self"], a["other"]):
+    x, y, alpha = a["self"], a["other"], a.get("alpha", 1)
+    if not _any_float(x, y):
         return PASS
-    return aten.sub(a["other"], _scaled(a["self"], a.get("alpha", 1)))
+    if alpha == 1:
+        return aten.sub(y, x)
+    return _in_opmath(lambda p, q: aten.sub(q, _scaled(p, alpha)), x, y)
 
 
 def _div(a: dict) -> Tensor:
@@ -168,18 +194,21 @@ def _rounded_divide(x: Any, y: Any, mode: str) -> Tensor:
 
 
 def _addcmul(a: dict) -> Tensor:
-    # self + value * (t1 * t2), three roundings in this order
-    return aten.add(a["self"], _scaled(aten.mul(a["tensor1"], a["tensor2"]), a.get("value", 1)))
+    # self + value * (t1 * t2), three roundings in this order (float32 ones for 16-bit results: _in_opmath)
+    value = a.get("value", 1)
+    return _in_opmath(lambda x, p, q: aten.add(x, _scaled(aten.mul(p, q), value)),
+                      a["self"], a["tensor1"], a["tensor2"])
 
 
 def _addcdiv(a: dict) -> Tensor:
-    return aten.add(a["self"], _scaled(true_divide(a["tensor1"], a["tensor2"]), a.get("value", 1)))
+    value = a.get("value", 1)
+    return _in_opmath(lambda x, p, q: aten.add(x, _scaled(true_divide(p, q), value)),
+                      a["self"], a["tensor1"], a["tensor2"])
 
 
-def _lerp(a: dict) -> Tensor:
+def _lerp_steps(start: Tensor, end: Tensor, w: Any) -> Tensor:
     # torch's two-sided formula, each step one rounding:
     # w < 0.5: start + w * (end - start); else end - (end - start) * (1 - w)
-    start, end, w = a["self"], a["end"], a["weight"]
     diff = aten.sub(end, start)
     if isinstance(w, Tensor):
         low = aten.add(start, aten.mul(w, diff))
@@ -189,6 +218,13 @@ def _lerp(a: dict) -> Tensor:
     if abs(w) < 0.5:
         return aten.add(start, aten.mul(diff, w))
     return aten.sub(end, aten.mul(diff, 1.0 - w))
+
+
+def _lerp(a: dict) -> Tensor:
+    start, end, w = a["self"], a["end"], a["weight"]
+    if isinstance(w, Tensor):
+        return _in_opmath(_lerp_steps, start, end, w)
+    return _in_opmath(lambda s0, e0: _lerp_steps(s0, e0, w), start, end)
 
 
 def _pow(a: dict) -> Any:
@@ -272,8 +308,10 @@ def _sinc(a: dict) -> Tensor:
     """sin(πx)/(πx): t = RN(RN32(π)·x), RN(SIN(t) / t), 1 at x = 0 (torch's formula, with carbon's sin)."""
     x = a["self"]
     _need_carbon_dtype("sinc", x)
-    t = aten.mul(x, float(torch.tensor(math.pi, dtype=torch.float32)))
-    return aten.where(aten.eq(x, 0), 1.0, true_divide(carbon_ops.sin(t), t)).to(x.dtype)
+    def steps(v: Tensor) -> Tensor:  # float32 steps for 16-bit x (_in_opmath), one rounding to x's dtype last
+        t = aten.mul(v, float(torch.tensor(math.pi, dtype=torch.float32)))
+        return aten.where(aten.eq(v, 0), 1.0, true_divide(carbon_ops.sin(t), t)).to(v.dtype)
+    return _in_opmath(steps, x)
 
 
 def _lse(*terms: Tensor) -> Tensor:
@@ -573,9 +611,9 @@ def _addmv(a: dict) -> Any:
         return PASS
     _need_carbon_dtype("addmv", bias)
     col = v.unsqueeze(1)
-    return _add_product(bias, lambda: carbon_ops.mm(m, col).squeeze(1),
+    return _add_product(bias, lambda out_dtype: carbon_ops.mm(m, col, out_dtype).squeeze(1),
                         lambda: carbon_ops.addmm(bias.unsqueeze(-1) if bias.dim() == 1 else bias, m, col).squeeze(1),
-                        a["beta"], a["alpha"])
+                        a["beta"], a["alpha"], m.dtype)
 
 
 def _pad_backward(mode: str, spatial: int) -> Callable[[dict], Tensor]:
@@ -695,14 +733,20 @@ def _grouped_mm(a: dict) -> Any:
     return aten.cat(parts + [tail], 1)
 
 
-def _add_product(bias: Tensor, product: Callable[[], Tensor], fused: Callable[[], Tensor],
-                 beta: Any, alpha: Any) -> Tensor:
+def _add_product(bias: Tensor, product: Callable[[Optional[torch.dtype]], Tensor], fused: Callable[[], Tensor],
+                 beta: Any, alpha: Any, dtype: torch.dtype) -> Tensor:
+    """bias + product with the bias inside the single rounding (fused) when beta = alpha = 1; otherwise
+    RN(RN(β·bias) + RN(α·P)), P the correctly rounded product (product(out_dtype)). For a 16-bit result dtype
+    these run in float32 (P rounded to float32) and the sum is rounded once to dtype, as torch's opmath."""
     if beta == 1 and alpha == 1:
         return fused()
-    p = _scaled(product(), alpha)
+    wide = dtype in _HALF
+    p = _scaled(product(torch.float32 if wide else None), alpha)
     if beta == 0:  # torch ignores bias (even NaN) when beta == 0
+        p = p.to(dtype) if wide else p
         return aten.clone(p) if p.shape == torch.Size([]) else p.contiguous()
-    return aten.add(_scaled(bias, beta), p)
+    total = aten.add(_scaled(bias.to(torch.float32) if wide else bias, beta), p)
+    return total.to(dtype) if wide else total
 
 
 def _biased_product(name: str, first: str, second: str, product: Callable, fused: Callable) -> Callable[[dict], Any]:
@@ -712,7 +756,8 @@ def _biased_product(name: str, first: str, second: str, product: Callable, fused
         if not _float_mm(name, x, y):
             return PASS
         _need_carbon_dtype(name, bias)
-        return _add_product(bias, lambda: product(x, y), lambda: fused(bias, x, y), a["beta"], a["alpha"])
+        return _add_product(bias, lambda out_dtype: product(x, y, out_dtype), lambda: fused(bias, x, y),
+                            a["beta"], a["alpha"], x.dtype)
     return handler
 
 
@@ -727,7 +772,7 @@ def _batch_as_depth(x: Tensor, y: Tensor) -> tuple:
 
 
 _addbmm = _biased_product("addbmm", "batch1", "batch2",
-                          lambda x, y: carbon_ops.mm(*_batch_as_depth(x, y)),
+                          lambda x, y, out_dtype: carbon_ops.mm(*_batch_as_depth(x, y), out_dtype),
                           lambda bias, x, y: carbon_ops.addmm(bias.expand([x.shape[1], y.shape[2]]).contiguous(),
                                                               *_batch_as_depth(x, y)))
 

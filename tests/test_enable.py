@@ -177,6 +177,41 @@ def test_alpha_and_addcmul_are_separate_roundings():
     assert_bits_equal(acm, _bits(exp_acm, torch.float32), "addcmul")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sixteen_bit_compositions_run_in_float32_and_round_once(dtype):
+    """add with alpha, addcmul, addcdiv, lerp and baddbmm with beta / alpha on 16-bit tensors: every step a
+    float32 rounding (torch's opmath), then one rounding to the dtype; products correctly rounded to float32."""
+    x, y, z = (_randn(200, seed=s).to(dtype) for s in (11, 12, 13))
+    b1, b2, bias = _randn(2, 3, 5, seed=14).to(dtype), _randn(2, 5, 4, seed=15).to(dtype), _randn(2, 3, 4, seed=16).to(dtype)
+    alpha, beta = 0.3, -1.7
+    a32, be32 = (Fraction(torch.tensor(v).item()) for v in (alpha, beta))
+    with carbon.enabled():
+        added = torch.add(x, y, alpha=alpha)
+        acm = torch.addcmul(x, y, z, value=alpha)
+        acd = torch.addcdiv(x, y, z, value=alpha)
+        lerped = torch.lerp(x, y, 0.7)
+        bmm = torch.baddbmm(bias, b1, b2, beta=beta, alpha=alpha)
+    F_ = Fraction
+    xs, ys, zs = x.float().tolist(), y.float().tolist(), z.float().tolist()
+    rn16 = lambda v: round_bits(v, dtype)
+    w32 = F_(torch.tensor(0.7).item())
+    one_minus = rn32(1 - w32)
+    expected = {
+        "add": [rn16(rn32(F_(a) + rn32(a32 * F_(b)))) for a, b in zip(xs, ys)],
+        "addcmul": [rn16(rn32(F_(a) + rn32(a32 * rn32(F_(b) * F_(c))))) for a, b, c in zip(xs, ys, zs)],
+        "addcdiv": [rn16(rn32(F_(a) + rn32(a32 * rn32(F_(b) / F_(c))))) for a, b, c in zip(xs, ys, zs)],
+        "lerp": [rn16(rn32(F_(b) - rn32(rn32(F_(b) - F_(a)) * one_minus))) for a, b in zip(xs, ys)],
+    }
+    for name, got in (("add", added), ("addcmul", acm), ("addcdiv", acd), ("lerp", lerped)):
+        assert as_bits(got).tolist() == [v if v < 2 ** 15 else v - 2 ** 16 for v in expected[name]], name
+    p32 = bmm_bits(b1, b2, out_dtype=torch.float32).view(torch.float32).tolist()
+    bs = bias.float().tolist()
+    want = [[[rn16(rn32(rn32(be32 * F_(bs[i][j][k])) + rn32(a32 * F_(p32[i][j][k])))) for k in range(4)]
+             for j in range(3)] for i in range(2)]
+    flat = [v if v < 2 ** 15 else v - 2 ** 16 for v in torch.tensor(want).reshape(-1).tolist()]
+    assert as_bits(bmm).reshape(-1).tolist() == flat, "baddbmm"
+
+
 def test_inplace_and_out_variants_write_their_target():
     x, y = _randn(64, seed=1), _randn(64, seed=2)
     out = torch.empty(64)
