@@ -5,7 +5,9 @@ Each normalizes rows of a reshaped input with carbon.layer_norm (no affine
 parameters): per row, mean and variance from exact sums, each rounded once,
 then xhat = RN32((x - mean) * rstd) (contract §7). torch's own kernels differ
 by device (CPU, cuDNN, CUDA) and by batch layout; these definitions do not.
-The per-channel affine step is then two rounded operations, RN(RN(xhat * w) + b),
+The per-channel affine step is then two rounded operations, RN(RN(xhat * w) + b)
+(for bfloat16 / float16 inputs xhat and both steps are float32, rounded once to
+the input's dtype at the end, as torch's opmath),
 and the gradients are autograd's through carbon.layer_norm (exact sums) and
 those two operations (whose parameter gradients are carbon.sum's exact sums of
 the rounded products g * xhat and of g).
@@ -33,18 +35,21 @@ def _per_channel(t: Tensor, ndim: int) -> Tensor:
     return t.reshape([1, -1] + [1] * (ndim - 2))
 
 
-def _affine(y: Tensor, weight: Optional[Tensor], bias: Optional[Tensor]) -> Tensor:
-    """RN(RN(y * w) + b) per channel, in y's dtype (as torch returns the input's dtype)."""
-    dtype = y.dtype
+def _affine(y: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], dtype: torch.dtype) -> Tensor:
+    """RN(RN(y * w) + b) per channel, then the input's dtype. For 16-bit inputs y is float32 (from
+    _rows_normalized) and so are the two steps, with one rounding to 16 bits at the end, as torch's opmath."""
+    wide = y.dtype == torch.float32 and dtype in (torch.bfloat16, torch.float16)
     if weight is not None:
-        y = y * _per_channel(weight, y.dim())
+        y = y * _per_channel(weight.float() if wide else weight, y.dim())
     if bias is not None:
-        y = y + _per_channel(bias, y.dim())
+        y = y + _per_channel(bias.float() if wide else bias, y.dim())
     return y.to(dtype)
 
 
 def _rows_normalized(rows: Tensor, eps: float) -> Tensor:
-    return carbon.layer_norm(rows, [rows.shape[1]], None, None, eps)
+    """carbon.layer_norm of each row; 16-bit rows are widened first (exactly), so the statistics are the same
+    and x̂ = RN32((x − mean)·rstd) stays in float32 until the affine step's final rounding."""
+    return carbon.layer_norm(rows.float() if rows.dtype != torch.float32 else rows, [rows.shape[1]], None, None, eps)
 
 
 def _update_running(running: Tensor, batch_stat: Tensor, momentum: float) -> None:
@@ -76,8 +81,9 @@ def batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optio
     else:
         rstd = torch.rsqrt(running_var + eps)
         y = (input - _per_channel(running_mean, input.dim())) * _per_channel(rstd, input.dim())
-        y = y.to(input.dtype)
-    return _affine(y, weight, bias)
+        if y.dtype != torch.float32:
+            y = y.to(input.dtype)  # float64 / 16-bit running statistics: the input's dtype, as before
+    return _affine(y, weight, bias, input.dtype)
 
 
 def group_norm(input: Tensor, num_groups: int, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
@@ -87,7 +93,7 @@ def group_norm(input: Tensor, num_groups: int, weight: Optional[Tensor] = None, 
         return None
     n = input.shape[0]
     y = _rows_normalized(input.reshape(n * num_groups, -1), eps).reshape(input.shape)
-    return _affine(y, weight, bias)
+    return _affine(y, weight, bias, input.dtype)
 
 
 def instance_norm(input: Tensor, running_mean: Optional[Tensor] = None, running_var: Optional[Tensor] = None,
@@ -102,4 +108,4 @@ def instance_norm(input: Tensor, running_mean: Optional[Tensor] = None, running_
         return None
     n, c = input.shape[:2]
     y = _rows_normalized(input.reshape(n * c, -1), eps).reshape(input.shape)
-    return _affine(y, weight, bias)
+    return _affine(y, weight, bias, input.dtype)

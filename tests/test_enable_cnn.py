@@ -113,6 +113,27 @@ def test_group_norm_normalizes_each_sample_group_as_a_layer_norm_row():
     assert_bits_equal(inst, layer_norm_ref(x.reshape(n * c, -1), [7])[0].reshape(x.shape), "instance_norm")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sixteen_bit_group_and_batch_norm_round_once_after_float32_steps(dtype):
+    """16-bit inputs: x̂ = RN32((x − mean)·rstd) of the (exactly widened) rows, RN32(RN32(x̂·w) + b) in
+    float32, and one rounding to the input's dtype at the end."""
+    n, c, groups = 2, 4, 2
+    x = _randn(n, c, 5, seed=21, scale=3.0).to(dtype)
+    w, b = _randn(c, seed=22).to(dtype), _randn(c, seed=23).to(dtype)
+    with carbon.enabled():
+        gn = F.group_norm(x, groups, w, b)
+        bn = F.batch_norm(x, None, None, w, b, training=True)
+    def expected(rows: torch.Tensor, channel_of) -> torch.Tensor:
+        xhat = _floats_of_bits(layer_norm_ref(rows.float(), [rows.shape[1]])[0])
+        affine = _affine_bits(xhat, channel_of, w.float().tolist(), b.float().tolist()).view(F32)
+        return affine.to(dtype)  # float32 -> 16 bits: one correctly rounded conversion
+    want_gn = expected(x.reshape(n * groups, -1), lambda i: (i // 5) % c).reshape(x.shape)
+    rows = x.movedim(1, 0).reshape(c, -1)
+    want_bn = expected(rows, lambda i: i // (n * 5)).reshape(c, n, 5).movedim(0, 1)
+    assert torch.equal(as_bits(gn), as_bits(want_gn))
+    assert torch.equal(as_bits(bn), as_bits(want_bn))
+
+
 def test_max_pool_gradient_sums_overlapping_windows_exactly():
     x = _randn(2, 2, 9, 9, seed=14)
     x[0, 0, 5, 5] = 50.0  # the maximum of the four windows (stride 2, size 3) that overlap there
