@@ -39,7 +39,7 @@ carbon_ops = torch.ops.carbon
 
 
 def _columns(x: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
-             padding: Sequence[int], groups: int) -> Tuple[Tensor, List[int]]:
+             padding: Sequence[int], groups: int, windows: Optional[Sequence[int]] = None) -> Tuple[Tensor, List[int]]:
     """Every window of x [N, C, L...] zero-padded by `padding`, as columns:
     [groups, (C / groups) * prod(kernel), N * prod(out)], rows ordered (c, k...)
     and columns (n, out...), and the output sizes. (Columns rather than rows:
@@ -53,6 +53,8 @@ def _columns(x: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: 
     n, c = xp.shape[:2]
     size = xp.shape[2:]
     out = [(size[i] - dilation[i] * (kernel[i] - 1) - 1) // stride[i] + 1 for i in range(d)]
+    if windows is not None:  # only the first windows (a transposed convolution's output_padding adds a tail)
+        out = [min(o, w) for o, w in zip(out, windows)]
     sn, sc, *sl = xp.stride()
     cg = c // groups
     view = xp.as_strided([groups, cg, *kernel, n, *out],
@@ -70,10 +72,12 @@ def _grouped_rows(t: Tensor, groups: int) -> Tensor:
 
 
 def conv_forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: Sequence[int],
-                 padding: Sequence[int], dilation: Sequence[int], groups: int) -> Tensor:
-    """out[n, o, q] = RN(bias[o] + Σ_{c, k} xpad[n, g·Cg + c, q·s + k·dil] · w[o, c, k]), one rounding."""
+                 padding: Sequence[int], dilation: Sequence[int], groups: int,
+                 windows: Optional[Sequence[int]] = None) -> Tensor:
+    """out[n, o, q] = RN(bias[o] + Σ_{c, k} xpad[n, g·Cg + c, q·s + k·dil] · w[o, c, k]), one rounding
+    (only the first `windows` positions q when given)."""
     kernel = list(weight.shape[2:])
-    cols, out = _columns(x, kernel, stride, dilation, padding, groups)
+    cols, out = _columns(x, kernel, stride, dilation, padding, groups, windows)
     o = weight.shape[0]
     w = weight.reshape(groups, o // groups, -1)  # [G, Og, Cg*K]
     if bias is None:
@@ -111,8 +115,10 @@ def _transposed_conv(g: Tensor, weight: Tensor, bias: Optional[Tensor], input_si
 
 def _weight_gradient(grad: Tensor, x: Tensor, weight: Tensor, stride: Sequence[int], padding: Sequence[int],
                      dilation: Sequence[int], groups: int) -> Tensor:
-    """dw[o, c, k] = RN(Σ_{n, q} grad[n, o, q] · xpad[n, g·Cg + c, q·s + k·dil]): one exact sum per weight."""
-    cols, _ = _columns(x, list(weight.shape[2:]), stride, dilation, padding, groups)  # [G, Cg*K, N*Q]
+    """dw[o, c, k] = RN(Σ_{n, q} grad[n, o, q] · xpad[n, g·Cg + c, q·s + k·dil]): one exact sum per weight, over
+    the grad's positions q (x may extend past the last window: a transposed convolution's output_padding)."""
+    cols, _ = _columns(x, list(weight.shape[2:]), stride, dilation, padding, groups,
+                       windows=list(grad.shape[2:]))  # [G, Cg*K, N*Q]
     # The transposed gradient, [G, Cg*K, Og], from two contiguous operands.
     grad_weight_t = carbon_ops.bmm(cols, _grouped_rows(grad, groups), weight.dtype)
     return grad_weight_t.transpose(1, 2).reshape(weight.shape)
@@ -155,6 +161,6 @@ def conv_transpose_backward(grad: Tensor, x: Tensor, weight: Tensor, stride: Seq
                             mask: Sequence[bool]) -> Gradients:
     """ConvTranspose's gradients: the input's is the convolution of grad with the same weight; the
     weight's the convolution weight gradient with the roles of grad (the windowed input) and x swapped."""
-    return (conv_forward(grad, weight, None, stride, padding, dilation, groups) if mask[0] else None,
+    return (conv_forward(grad, weight, None, stride, padding, dilation, groups, list(x.shape[2:])) if mask[0] else None,
             _weight_gradient(x, grad, weight, stride, padding, dilation, groups) if mask[1] else None,
             _bias_gradient(grad) if mask[2] else None)
