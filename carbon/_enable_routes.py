@@ -629,7 +629,7 @@ def _pad_backward(mode: str, spatial: int) -> Callable[[dict], Tensor]:
         source = op(positions, padding).reshape(-1).to(torch.int64)
         planes = math.prod(x.shape[:-spatial])
         zeros = aten.zeros([math.prod(plane), planes], dtype=g.dtype, device=g.device)
-        contrib = aten.t(g.reshape([planes, -1])).contiguous()
+        contrib = aten.t(g.reshape([planes, math.prod(g.shape[-spatial:])])).contiguous()  # (no -1: empty g)
         return aten.t(carbon_ops.index_add(zeros, 0, source, contrib)).reshape(x.shape).contiguous()
     return handler
 
@@ -1239,7 +1239,10 @@ def _softmax_like(name: str, op: Callable, masked_rows_nan: bool) -> Callable[[d
 
 
 def _softmax_backward(op: Callable) -> Callable[[dict], Tensor]:
-    return lambda a: op(a["grad_output"], a["output"], a["dim"], a["input_dtype"])
+    def handler(a: dict) -> Tensor:
+        _need_carbon_dtype("softmax_backward", a["grad_output"], a["output"])  # float64 (softmax(dtype=...))
+        return op(a["grad_output"], a["output"], a["dim"], a["input_dtype"])
+    return handler
 
 
 def _nll_rows(a: dict):
@@ -1768,11 +1771,17 @@ def _index_add_vectors(a: dict) -> Tensor:
     return carbon_ops.index_add(x, a["dim"], a["index"], _scaled(src, a.get("alpha", 1)))
 
 
+def _int64_index(index: Tensor) -> Tensor:
+    """torch lets gather (and so its backward's scatter_add) take other integer index dtypes; carbon's ops read
+    int64 or int32."""
+    return index if index.dtype in (torch.int64, torch.int32) else index.to(torch.int64)
+
+
 def _scatter_add_vectors(a: dict) -> Tensor:
     x = a["self"]
     if not x.is_floating_point():
         return PASS
-    return carbon_ops.scatter_add(x, a["dim"], a["index"], a["src"])
+    return carbon_ops.scatter_add(x, a["dim"], _int64_index(a["index"]), a["src"])
 
 
 _index_add = _zero_dim_as_vector(_index_add_vectors, ("self", "index", "source"))
@@ -2309,7 +2318,7 @@ def _col2im(a: dict) -> Tensor:
     inside = ((y >= 0) & (y < h) & (x >= 0) & (x < w)).reshape(-1)
     dest = (torch.arange(c).reshape(c, 1) * (h * w) + (y * w + x).reshape(1, -1))[:, inside].reshape(-1)
     src = (torch.arange(c).reshape(c, 1) * (kh * kw * length) + torch.nonzero(inside).reshape(1, -1)).reshape(-1)
-    values = aten.index_select(batched.reshape(n, -1), 1, src.to(cols.device))  # [N, M]
+    values = aten.index_select(batched.reshape(n, ck * length), 1, src.to(cols.device))  # [N, M]
     out = carbon_ops.index_add(aten.zeros([c * h * w, n], dtype=cols.dtype, device=cols.device), 0,
                                dest.to(cols.device), aten.t(values).contiguous())
     out = aten.t(out).reshape(n, c, h, w).contiguous()

@@ -579,3 +579,26 @@ def test_norm_statistics_have_torchs_shapes(shape, normalized):
     assert torch.equal(as_bits(rms_rstd.reshape(c_rstd.shape)), as_bits(torch.ops.carbon.rms_norm(x, list(normalized), w, 1e-5)[1]))
     want_dx, want_dw, _ = torch.ops.carbon.norm_backward(g, x, list(normalized), c_mean, c_rstd, w, [True, True, False])
     assert torch.equal(as_bits(dx), as_bits(want_dx)) and torch.equal(as_bits(dw), as_bits(want_dw))
+
+
+def test_empty_batches_and_other_index_dtypes_in_backward_routes():
+    """Gradients of padding and unfold over an empty batch are empty (no ambiguous reshapes); gather's
+    gradient with an empty uint8 index (torch accepts it) is +0; a float64 softmax's backward is refused
+    in strict mode like its forward, and runs as torch's otherwise."""
+    for f in (lambda t: F.pad(t, (1, 2), mode="reflect"), lambda t: F.pad(t, (1, 2), mode="replicate"),
+              lambda t: F.unfold(t.unsqueeze(1), (2, 2))):
+        leaf = torch.zeros(0, 3, 4).requires_grad_()
+        with carbon.enabled():
+            f(leaf).sum().backward()
+        assert leaf.grad.shape == (0, 3, 4)
+    x = _randn(3, 4, seed=81)
+    leaf = x[0].clone().requires_grad_()
+    with carbon.enabled():  # torch accepts an empty uint8 index
+        torch.gather(leaf, 0, torch.zeros(0, dtype=torch.uint8)).sum().backward()
+    assert torch.equal(as_bits(leaf.grad), as_bits(torch.zeros(4)))
+    leaf = x.clone().requires_grad_()
+    with carbon.enabled(), pytest.raises(carbon.NotExactError, match="float64"):
+        torch.softmax(leaf, 1, dtype=torch.float64).sum().backward()
+    with pytest.warns(RuntimeWarning), carbon.enabled(strict=False):
+        torch.softmax(leaf, 1, dtype=torch.float64).pow(2).sum().backward()
+    assert leaf.grad.shape == x.shape
