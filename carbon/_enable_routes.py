@@ -1196,9 +1196,17 @@ def _layer_norm(a: dict):
     return (out, *_row_statistics(x, ns, mean, rstd, torch_shape=True))
 
 
+def _stats_from_carbon(op: str, *stats: Optional[Tensor]) -> None:
+    """carbon's forward leaves float32 statistics; others (torch's own forward, where carbon's was not
+    covered: a negative eps) cannot feed carbon's exact backward."""
+    if any(t is not None and t.dtype != torch.float32 for t in stats):
+        raise NotCovered(f"{op} of statistics that carbon's forward did not compute")
+
+
 def _layer_norm_backward(a: dict):
     mask = [bool(m) for m in a["output_mask"]]
     x, ns = a["input"], list(a["normalized_shape"])
+    _stats_from_carbon("native_layer_norm_backward", a["mean"], a["rstd"])
     mean, rstd = _row_statistics(x, ns, a["mean"], a["rstd"], torch_shape=False)
     return _norm_backward(a["grad_out"], x, ns, mean, rstd, a["weight"], *mask)  # one pass over x and grad_out
 
@@ -1215,6 +1223,7 @@ def _rms_norm(a: dict):
 def _rms_norm_backward(a: dict):
     mask = a["output_mask"]
     x, ns = a["input"], list(a["normalized_shape"])
+    _stats_from_carbon("_fused_rms_norm_backward", a["rstd"])
     rstd, = _row_statistics(x, ns, a["rstd"], torch_shape=False)
     dx, dw, _ = _norm_backward(a["grad_out"], x, ns, None, rstd, a["weight"], bool(mask[0]), bool(mask[1]), False)
     return dx, dw

@@ -602,3 +602,14 @@ def test_empty_batches_and_other_index_dtypes_in_backward_routes():
     with pytest.warns(RuntimeWarning), carbon.enabled(strict=False):
         torch.softmax(leaf, 1, dtype=torch.float64).pow(2).sum().backward()
     assert leaf.grad.shape == x.shape
+
+
+def test_layer_norm_backward_of_torchs_own_forward_falls_back():
+    """A bfloat16 layer_norm with a negative eps is not covered: with strict=False torch's forward runs (bf16
+    statistics), and its backward must then be torch's too, not carbon's (which reads float32 statistics)."""
+    x = _randn(3, 8, seed=91).to(torch.bfloat16).requires_grad_()
+    with pytest.warns(RuntimeWarning), carbon.enabled(strict=False):
+        F.layer_norm(x, (8,), eps=-1e-3).float().pow(2).sum().backward()
+    want = x.detach().clone().requires_grad_()
+    F.layer_norm(want, (8,), eps=-1e-3).float().pow(2).sum().backward()
+    assert x.grad.shape == x.shape and torch.isfinite(x.grad).any() == torch.isfinite(want.grad).any()
