@@ -63,7 +63,7 @@ ALLOWED = PER_TENSOR | frozenset({
     "amax", "amin", "max", "min", "argmax", "argmin", "aminmax", "count_nonzero", "max_pool2d_with_indices",
     "max_pool3d_with_indices", "max_pool2d", "max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d",
     # selections: every value is one of the input's (indices among equal values: see docs/enable.md)
-    "mode", "searchsorted", "bucketize", "im2col",
+    "searchsorted", "bucketize", "im2col",
     # bookkeeping
     "_assert_async", "_functional_assert_async", "_assert_scalar", "sym_size", "sym_stride", "sym_numel",
     "sym_storage_offset", "record_stream", "_foreach_zero", "_foreach_copy", "_foreach_neg", "_foreach_abs",

@@ -2244,6 +2244,34 @@ def _order_statistic(op: str) -> Callable[[dict], Any]:
     return handler
 
 
+def _mode(a: dict) -> Any:
+    """mode: the most frequent value along dim (NaNs count as one value; −0 and +0 as one), the smallest of
+    equally frequent ones (NaN largest), as torch's CPU kernel; its index the last position holding an element
+    equal to it, and the value that element's own bits. From a stable sort: runs of equal values, the first
+    position where a run's running count is largest."""
+    x, dim, keepdim = a["self"], a.get("dim", -1), a.get("keepdim", False)
+    if x.dim() == 0 or x.shape[dim] == 0:
+        return PASS
+    d = dim % x.dim()
+    v = aten.movedim(_stable_sort(x, d, False)[0], d, -1)
+    n = v.shape[-1]
+    same = aten.logical_or(aten.eq(v[..., 1:], v[..., :-1]),
+                           aten.logical_and(aten.isnan(v[..., 1:]), aten.isnan(v[..., :-1])))
+    starts = aten.cat([aten.ones_like(same[..., :1]), aten.logical_not(same)], -1)
+    positions = aten.arange(n, device=x.device, dtype=torch.int64).expand(v.shape)
+    run_start = aten.cummax(aten.where(starts, positions, 0), -1)[0]
+    best = aten.argmax(aten.sub(positions, run_start), -1, True)  # the first position of the largest count
+    value = aten.movedim(aten.gather(v, -1, best), -1, d)
+    match = aten.logical_or(aten.eq(x, value), aten.logical_and(aten.isnan(x), aten.isnan(value)))
+    shape = [x.shape[k] if k == d else 1 for k in range(x.dim())]
+    along = aten.arange(x.shape[d], device=x.device, dtype=torch.int64).reshape(shape)
+    index = aten.amax(aten.where(match, along, -1), [d], True)
+    chosen = aten.gather(x, d, index)
+    if not keepdim:
+        chosen, index = chosen.squeeze(d), index.squeeze(d)
+    return _into_outs(a, chosen, index)
+
+
 def _running_extreme(op: str) -> Callable[[dict], Any]:
     """cummax / cummin: torch's running values; each position's index the last one so far holding an element
     equal to its running value (NaN equals NaN) — torch's CPU rule (it updates on >=) — and the value that
@@ -3132,7 +3160,7 @@ ROUTES: Dict[str, Callable] = {
     "embedding_dense_backward": _embedding_backward,
     "index_copy": _index_copy, "scatter": _scatter, "sort": _sort, "argsort": _argsort, "msort": _msort,
     "topk": _topk, "kthvalue": _order_statistic("kthvalue"), "median": _order_statistic("median"),
-    "nanmedian": _order_statistic("nanmedian"), "cummax": _running_extreme("cummax"),
+    "nanmedian": _order_statistic("nanmedian"), "cummax": _running_extreme("cummax"), "mode": _mode,
     "cummin": _running_extreme("cummin"), "embedding_renorm": _embedding_renorm, "allclose": _allclose,
     "max_unpool2d": _max_unpool(2), "max_unpool3d": _max_unpool(3), "bincount": _bincount, "histc": _histc, "scatter_reduce": _scatter_reduce,
     "index_reduce": _index_reduce,

@@ -175,3 +175,32 @@ def test_cummax_and_cummin_take_the_last_equal_element(threads, op):
         assert got.indices[r].tolist() == want
         assert columns.indices[:, r].tolist() == want
         assert _bits_row(got.values[r]) == [bits[r, i].item() for i in want]
+
+
+def _mode_of(row: list) -> tuple:
+    """(value's index, found by counting): the most frequent value, NaNs one value, the smallest of ties (NaN
+    largest), and the last index holding it."""
+    counts = {}
+    for v in row:
+        key = "nan" if math.isnan(v) else v  # −0.0 == 0.0: one key
+        counts[key] = counts.get(key, 0) + 1
+    top = max(counts.values())
+    best = min((k for k, c in counts.items() if c == top), key=lambda k: (k == "nan", 0.0 if k == "nan" else k))
+    return max(i for i, v in enumerate(row) if (math.isnan(v) if best == "nan" else v == best))
+
+
+@pytest.mark.parametrize("threads", THREADS)
+def test_mode_is_the_smallest_most_frequent_value_at_its_last_index(threads):
+    torch.set_num_threads(threads)
+    x = _tied(6, 400, seed=7)
+    x[1] = torch.where(torch.isnan(x[1]), 0.0, x[1])
+    x[2, :] = math.nan
+    x[2, 5] = 1.0
+    with carbon.enabled():
+        got = torch.mode(x, dim=1)
+        kept = torch.mode(x.t(), dim=0, keepdim=True)
+    bits = as_bits(x)
+    for r in range(6):
+        i = _mode_of(x[r].tolist())
+        assert got.indices[r].item() == i and kept.indices[0, r].item() == i, r
+        assert as_bits(got.values[r]).item() == bits[r, i].item(), r

@@ -34,7 +34,7 @@ def _selections(x):
     return {"sort": torch.sort(x, dim=1), "sort desc": torch.sort(x, dim=1, descending=True),
             "topk": torch.topk(x, 17, dim=1), "bottomk": torch.topk(x, 17, dim=1, largest=False),
             "median": x.median(dim=1), "nanmedian": x.nanmedian(dim=1), "kthvalue": x.kthvalue(7, dim=1),
-            "cummax": x.cummax(dim=1), "cummin": x.cummin(dim=1)}
+            "cummax": x.cummax(dim=1), "cummin": x.cummin(dim=1), "mode": x.mode(dim=1)}
 
 
 @pytest.mark.parametrize("n", [100, 3000, 200_000])
