@@ -54,6 +54,8 @@ ALLOWED = PER_TENSOR | frozenset({
     # exact by construction: a selection or a bit-level operation per element (frexp's mantissa and exponent are
     # x's own bits, nextafter a neighbour); softshrink's x ∓ λ is one rounding of the same operands everywhere
     "heaviside", "nextafter", "frexp", "hardshrink", "softshrink",
+    # an xor of every element's (exactly widened) bits: order-free
+    "hash_tensor",
     # comparisons and logic
     "isin",
     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "logical_xor", "isnan",

@@ -1236,6 +1236,7 @@ _EXACT_AS_TORCH = {
     "hardshrink": lambda x: F.hardshrink(x, 0.3),
     "softshrink": lambda x: F.softshrink(x, 0.3),
     "isin": lambda x: torch.isin(x, x[0]),
+    "hash_tensor": lambda x: torch.hash_tensor(x).view(torch.int64),
     "nearest-exact": lambda x: F.interpolate(x[None, None], scale_factor=1.7, mode="nearest-exact"),
 }
 
