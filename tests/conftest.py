@@ -16,3 +16,15 @@ def restore_num_threads():
     before = torch.get_num_threads()
     yield before
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def carbon_disabled_after():
+    """A test that enables carbon must not leave it enabled for the next one, even when it fails."""
+    yield
+    import carbon
+    carbon.disable()
+
+
+# For test modules that should run only with a GPU: `pytestmark = ON_GPU`.
+ON_GPU = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -14,12 +14,7 @@ from tests.oracle import as_bits, mm_bits
 THREADS = [1, 2]
 
 
-@pytest.fixture(autouse=True)
-def _restore():
-    threads = torch.get_num_threads()
-    yield
-    carbon.disable()
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("restore_num_threads", "carbon_disabled_after")
 
 
 def _randn(*shape, seed, dtype=torch.float32):

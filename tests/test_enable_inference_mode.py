@@ -13,10 +13,7 @@ import carbon
 from tests.oracle import as_bits, linear_bits
 
 
-@pytest.fixture(autouse=True)
-def _disable_after():
-    yield
-    carbon.disable()
+pytestmark = pytest.mark.usefixtures("carbon_disabled_after")
 
 
 def _data(*shape, seed):

@@ -7,15 +7,9 @@ import pytest
 import torch
 
 import carbon
+from tests.conftest import ON_GPU
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-
-
-@pytest.fixture(autouse=True)
-def _disable_after():
-    yield
-    carbon.disable()
+pytestmark = ON_GPU + [pytest.mark.usefixtures("carbon_disabled_after")]
 
 
 def _data(seed):

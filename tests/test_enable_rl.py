@@ -20,12 +20,7 @@ from tests.oracle import as_bits, bits_to_float, round_bits
 F32 = torch.float32
 
 
-@pytest.fixture(autouse=True)
-def _restore():
-    threads = torch.get_num_threads()
-    yield
-    carbon.disable()
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("restore_num_threads", "carbon_disabled_after")
 
 
 def _layer(n_in, n_out, std=math.sqrt(2)):

@@ -10,16 +10,10 @@ import pytest
 import torch
 
 import carbon
+from tests.conftest import ON_GPU
 from tests.oracle import as_bits
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-
-
-@pytest.fixture(autouse=True)
-def _disable_after():
-    yield
-    carbon.disable()
+pytestmark = ON_GPU + [pytest.mark.usefixtures("carbon_disabled_after")]
 
 
 def _tied(rows, n, seed):
