@@ -19,6 +19,7 @@ CUDA and on AVX2 CPUs, but not in the CPU's scalar tail.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
@@ -82,6 +83,31 @@ def sqrt_rn(x: Tensor) -> Tensor:
         raise NotCovered(f"sqrt in {x.dtype}: torch's CPU sqrt is not correctly rounded; carbon rounds float32, "
                          "bfloat16 and float16 square roots exactly")
     return aten.sqrt(x.to(torch.float64)).to(x.dtype)
+
+
+# ---- index tensors that depend only on shapes -------------------------------------------------------------------
+
+_SHAPE_CONSTANTS: "OrderedDict[tuple, Tensor]" = OrderedDict()
+_SHAPE_CONSTANTS_MAX = 512
+
+
+def _shape_constant(key: tuple, device: torch.device, build: Callable[[], Tensor]) -> Tensor:
+    """A tensor computed on the host from shapes and arguments alone (pooling windows, interpolation weights,
+    fold positions), kept per (key, device): the first call builds it and copies it to the device; later
+    calls with the same shapes reuse the device copy, so they neither copy from the host (which would make
+    the host wait, and which a CUDA graph cannot capture: warm up once before capturing, as CUDA graphs
+    require anyway) nor redo the host's loops. The tensors are only read. Least recently used entries beyond
+    512 are dropped."""
+    full = (key, str(torch.device(device)))
+    hit = _SHAPE_CONSTANTS.get(full)
+    if hit is not None:
+        _SHAPE_CONSTANTS.move_to_end(full)
+        return hit
+    value = build().to(device)
+    _SHAPE_CONSTANTS[full] = value
+    if len(_SHAPE_CONSTANTS) > _SHAPE_CONSTANTS_MAX:
+        _SHAPE_CONSTANTS.popitem(last=False)
+    return value
 
 
 # ---- exact compositions of single IEEE operations ----------------------------------------------------------------
@@ -1553,14 +1579,20 @@ def _avg_pool_by_class(x: Tensor, d: int, a: dict) -> Tensor:
     outs, per_dim = _pool_windows(in_sizes, kernel, stride, padding, a.get("ceil_mode", False),
                                   a.get("count_include_pad", True))
     plane = math.prod(in_sizes)
-    flat = aten.cat([x.reshape([-1, plane]), aten.zeros([math.prod(lead), 1], dtype=x.dtype, device=x.device)], 1)
+    flat = aten.cat([x.reshape([math.prod(lead), plane]),
+                     aten.zeros([math.prod(lead), 1], dtype=x.dtype, device=x.device)], 1)
     result = aten.zeros([math.prod(lead), math.prod(outs)], dtype=x.dtype, device=x.device)
-    for div, members in _window_classes(in_sizes, per_dim).items():
-        rows = [flats + [plane] * (div - len(flats)) for _, flats in members]  # `plane`: the +0 column
-        idx = torch.tensor(rows, dtype=torch.int64).reshape(-1).to(x.device)
+    key = ("avg_pool", tuple(in_sizes), tuple(kernel), tuple(stride), tuple(padding), a.get("ceil_mode", False),
+           a.get("count_include_pad", True))
+    classes = _window_classes(in_sizes, per_dim)
+    for div, members in classes.items():
+        # `plane`: the +0 column, for counted padding
+        idx = _shape_constant(key + ("rows", div), x.device, lambda: torch.tensor(
+            [flats + [plane] * (div - len(flats)) for _, flats in members], dtype=torch.int64).reshape(-1))
         means = carbon_ops.mean(aten.index_select(flat, 1, idx).reshape([flat.shape[0], len(members), div]), [2],
                                 False, None)
-        pos = torch.tensor([p for p, _ in members], dtype=torch.int64).to(x.device)
+        pos = _shape_constant(key + ("positions", div), x.device,
+                              lambda: torch.tensor([p for p, _ in members], dtype=torch.int64))
         result = aten.index_copy(result, 1, pos, means)
     return result.reshape(lead + outs)
 
@@ -1571,18 +1603,33 @@ def _avg_pool_backward_by_class(g: Tensor, x: Tensor, d: int, a: dict) -> Tensor
     lead, in_sizes = list(x.shape[:-d]), list(x.shape[-d:])
     _, per_dim = _pool_windows(in_sizes, kernel, stride, padding, a.get("ceil_mode", False),
                                a.get("count_include_pad", True))
-    gflat = g.reshape([math.prod(lead), -1])
+    gflat = g.reshape([math.prod(lead), math.prod(g.shape[len(lead):])])
     plane = math.prod(in_sizes)
-    dest, src_pos, divisors = [], [], []
-    for div, members in _window_classes(in_sizes, per_dim).items():
-        for pos, flats in members:
-            dest += flats
-            src_pos += [pos] * len(flats)
-            divisors += [div] * len(flats)
-    shares = true_divide(aten.index_select(gflat, 1, torch.tensor(src_pos, dtype=torch.int64).to(g.device)),
-                         torch.tensor(divisors, dtype=torch.float64).to(device=g.device, dtype=g.dtype))
+
+    def lists() -> tuple:
+        dest, src_pos, divisors = [], [], []
+        for div, members in _window_classes(in_sizes, per_dim).items():
+            for pos, flats in members:
+                dest += flats
+                src_pos += [pos] * len(flats)
+                divisors += [div] * len(flats)
+        return dest, src_pos, divisors
+    key = ("avg_pool_backward", tuple(in_sizes), tuple(kernel), tuple(stride), tuple(padding),
+           a.get("ceil_mode", False), a.get("count_include_pad", True))
+    built: List[tuple] = []
+
+    def part(i: int, dtype: torch.dtype) -> Callable[[], Tensor]:
+        def make() -> Tensor:
+            if not built:
+                built.append(lists())
+            return torch.tensor(built[0][i], dtype=dtype)
+        return make
+    src_pos = _shape_constant(key + ("sources",), g.device, part(1, torch.int64))
+    divisors = _shape_constant(key + ("divisors",), g.device, part(2, torch.float64)).to(g.dtype)
+    dest = _shape_constant(key + ("destinations",), g.device, part(0, torch.int64))
+    shares = true_divide(aten.index_select(gflat, 1, src_pos), divisors)
     out = carbon_ops.index_add(aten.zeros([plane, gflat.shape[0]], dtype=g.dtype, device=g.device), 0,
-                               torch.tensor(dest, dtype=torch.int64).to(g.device), aten.t(shares).contiguous())
+                               dest, aten.t(shares).contiguous())
     return aten.t(out).reshape(x.shape).contiguous()
 
 
@@ -1637,6 +1684,12 @@ def _interpolation_matrix(size_in: int, size_out: int, align_corners: bool, scal
         step = (size_in - 1) / (size_out - 1) if size_out > 1 else 0.0
     else:
         step = 1.0 / scale if scale is not None and scale > 0 else size_in / size_out
+    key = ("interpolation", size_in, size_out, align_corners, scale, cubic)
+    return _shape_constant(key, device, lambda: _interpolation_rows(size_in, size_out, align_corners, step, cubic))
+
+
+def _interpolation_rows(size_in: int, size_out: int, align_corners: bool, step: float, cubic: bool) -> Tensor:
+    """The host-side weights of _interpolation_matrix, as a float32 CPU tensor."""
     rows = [[0.0] * size_in for _ in range(size_out)]
     for dst in range(size_out):
         src = step * dst if align_corners else step * (dst + 0.5) - 0.5
@@ -1652,7 +1705,7 @@ def _interpolation_matrix(size_in: int, size_out: int, align_corners: bool, scal
         lam1 = src - i0
         rows[dst][i0] += 1.0 - lam1
         rows[dst][i1] += lam1
-    return torch.tensor(rows, dtype=torch.float64).to(device=device, dtype=torch.float32)
+    return torch.tensor(rows, dtype=torch.float64).to(torch.float32)
 
 
 def _cubic_weights(t: float, A: float = -0.75) -> List[float]:
@@ -2330,9 +2383,8 @@ def _embedding_backward(a: dict) -> Tensor:
 def _col2im(a: dict) -> Tensor:
     """F.fold (and F.unfold's backward): every output position RN(exact Σ of the column entries that land on
     it) (+0 where none does), one carbon.index_add over all positions; entries landing in the padding are
-    dropped. The index arithmetic depends only on the shapes, so it is done on the CPU (it never reads the
-    device's values); copying the indices to a GPU makes torch wait for the stream, though, so on CUDA this
-    route is not capturable in a CUDA graph."""
+    dropped. The index arithmetic depends only on the shapes, so it is done on the host once per shape
+    (_shape_constant keeps the device copy)."""
     cols = a["self"]
     _need_carbon_dtype("col2im", cols)
     h, w = [int(v) for v in a["output_size"]]
@@ -2349,15 +2401,29 @@ def _col2im(a: dict) -> Tensor:
         raise RuntimeError(f"col2im: given output_size=({h}, {w}) and the other arguments, expected "
                            f"{oh * ow} blocks in input's dimension 2, but got {length}")
     c = ck // (kh * kw)
-    ki, kj, li, lj = torch.meshgrid(torch.arange(kh), torch.arange(kw), torch.arange(oh), torch.arange(ow),
-                                    indexing="ij")
-    y, x = li * sh - ph + ki * dh, lj * sw - pw + kj * dw  # [kh, kw, oh, ow]
-    inside = ((y >= 0) & (y < h) & (x >= 0) & (x < w)).reshape(-1)
-    dest = (torch.arange(c).reshape(c, 1) * (h * w) + (y * w + x).reshape(1, -1))[:, inside].reshape(-1)
-    src = (torch.arange(c).reshape(c, 1) * (kh * kw * length) + torch.nonzero(inside).reshape(1, -1)).reshape(-1)
-    values = aten.index_select(batched.reshape(n, ck * length), 1, src.to(cols.device))  # [N, M]
+
+    def positions() -> tuple:  # (destination, source) of every column entry that lands inside, on the host
+        ki, kj, li, lj = torch.meshgrid(torch.arange(kh), torch.arange(kw), torch.arange(oh), torch.arange(ow),
+                                        indexing="ij")
+        y, x = li * sh - ph + ki * dh, lj * sw - pw + kj * dw  # [kh, kw, oh, ow]
+        inside = ((y >= 0) & (y < h) & (x >= 0) & (x < w)).reshape(-1)
+        dest = (torch.arange(c).reshape(c, 1) * (h * w) + (y * w + x).reshape(1, -1))[:, inside].reshape(-1)
+        src = (torch.arange(c).reshape(c, 1) * (kh * kw * length) + torch.nonzero(inside).reshape(1, -1)).reshape(-1)
+        return dest, src
+    key = ("col2im", c, h, w, kh, kw, dh, dw, ph, pw, sh, sw)
+    built: List[tuple] = []
+
+    def part(i: int) -> Callable[[], Tensor]:
+        def make() -> Tensor:
+            if not built:
+                built.append(positions())
+            return built[0][i]
+        return make
+    dest = _shape_constant(key + ("destinations",), cols.device, part(0))
+    src = _shape_constant(key + ("sources",), cols.device, part(1))
+    values = aten.index_select(batched.reshape(n, ck * length), 1, src)  # [N, M]
     out = carbon_ops.index_add(aten.zeros([c * h * w, n], dtype=cols.dtype, device=cols.device), 0,
-                               dest.to(cols.device), aten.t(values).contiguous())
+                               dest, aten.t(values).contiguous())
     out = aten.t(out).reshape(n, c, h, w).contiguous()
     return out if cols.dim() == 3 else out.squeeze(0)
 
