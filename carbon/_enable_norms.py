@@ -79,10 +79,13 @@ def batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optio
             _update_running(running_mean, mean, momentum)
             _update_running(running_var, var, momentum)
     else:
-        rstd = torch.rsqrt(running_var + eps)
-        y = (input - _per_channel(running_mean, input.dim())) * _per_channel(rstd, input.dim())
+        # 16-bit inputs and statistics (model.to(torch.bfloat16)) are widened: every step in float32
+        x_, mean_, var_ = (t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+                           for t in (input, running_mean, running_var))
+        rstd = torch.rsqrt(var_ + eps)
+        y = (x_ - _per_channel(mean_, input.dim())) * _per_channel(rstd, input.dim())
         if y.dtype != torch.float32:
-            y = y.to(input.dtype)  # float64 / 16-bit running statistics: the input's dtype, as before
+            y = y.to(input.dtype)  # float64 running statistics: the input's dtype, as before
     return _affine(y, weight, bias, input.dtype)
 
 

@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import carbon
-from tests.norm_reference import layer_norm_ref
+from tests.norm_reference import layer_norm_ref, sqrt_rn32
 from tests.oracle import as_bits, assert_bits_equal, bits_to_float, bits_tensor, round_bits, row_quotient_bits
 
 F32 = torch.float32
@@ -132,6 +132,18 @@ def test_sixteen_bit_group_and_batch_norm_round_once_after_float32_steps(dtype):
     want_bn = expected(rows, lambda i: i // (n * 5)).reshape(c, n, 5).movedim(0, 1)
     assert torch.equal(as_bits(gn), as_bits(want_gn))
     assert torch.equal(as_bits(bn), as_bits(want_bn))
+
+    # evaluation with 16-bit running statistics (model.to(dtype)): RN32(RN32(x − mean)·rstd), rstd =
+    # RN32(1 / RN32(√RN32(var + eps))), the affine steps in float32, one rounding to the dtype at the end
+    mean, var = _randn(c, seed=24).to(dtype), (_randn(c, seed=25).abs() + 0.5).to(dtype)
+    with carbon.enabled():
+        ev = F.batch_norm(x, mean, var, w, b, training=False, eps=1e-3)
+    eps32 = rn32(Fraction(1e-3))
+    rstd = [rn32(1 / sqrt_rn32(float(rn32(Fraction(v) + eps32)))) for v in var.float().tolist()]
+    xhat = [float(rn32(rn32(Fraction(v) - Fraction(mean[(i // 5) % c].item())) * rstd[(i // 5) % c]))
+            for i, v in enumerate(x.float().reshape(-1).tolist())]
+    want_ev = _affine_bits(xhat, lambda i: (i // 5) % c, w.float().tolist(), b.float().tolist()).view(F32).to(dtype)
+    assert torch.equal(as_bits(ev), as_bits(want_ev.reshape(x.shape)))
 
 
 def test_max_pool_gradient_sums_overlapping_windows_exactly():
