@@ -43,7 +43,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import carbon
 from carbon import _enable_allow, _enable_norms
-from carbon._enable_routes import COMPLEX_ROUTES, FOREIGN_ROUTES, PASS, ROUTES, NotCovered
+from carbon._enable_routes import COMPLEX_ROUTES, FOREIGN_ROUTES, PASS, ROUTES, NotCovered, WithArguments
 
 __all__ = ["enable", "disable", "enabled", "is_enabled", "NotExactError"]
 
@@ -130,6 +130,8 @@ def _route(base: str, bound: Dict[str, Any]) -> Any:
     result = handler(bound)
     if result is PASS:
         return getattr(torch.ops.aten, base)(*bound.values())
+    if isinstance(result, WithArguments):
+        return getattr(torch.ops.aten, base)(*dict(bound, **result.updates).values())
     return result
 
 
@@ -183,6 +185,8 @@ class _DispatchMode(TorchDispatchMode):
             result = handler(bound)
         if result is PASS:
             return func(*args, **kwargs)
+        if isinstance(result, WithArguments):
+            return _call_with(func, dict(bound, **result.updates))
         if _is_inplace(func):
             target = bound["self"]
             if isinstance(target, (list, tuple)):
@@ -198,6 +202,18 @@ class _DispatchMode(TorchDispatchMode):
             out.resize_(result.shape).copy_(result)
             return out
         return result
+
+
+def _call_with(func: Any, bound: Dict[str, Any]) -> Any:
+    """func with bound arguments (schema names), keyword-only ones passed by keyword."""
+    args, kwargs = [], {}
+    for argument in func._schema.arguments:
+        if argument.name in bound:
+            if argument.kwarg_only:
+                kwargs[argument.name] = bound[argument.name]
+            else:
+                args.append(bound[argument.name])
+    return func(*args, **kwargs)
 
 
 def _type_name(dtype: torch.dtype) -> str:

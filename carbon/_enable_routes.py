@@ -33,7 +33,7 @@ from carbon._conv import _columns as conv_columns
 from carbon._conv import (conv_backward, conv_forward, conv_transpose_backward, conv_transpose_forward,
                           conv_transpose_size)
 
-__all__ = ["COMPLEX_ROUTES", "FOREIGN_ROUTES", "ROUTES", "PASS", "NotCovered"]
+__all__ = ["COMPLEX_ROUTES", "FOREIGN_ROUTES", "ROUTES", "PASS", "NotCovered", "WithArguments"]
 
 aten = torch.ops.aten
 carbon_ops = torch.ops.carbon
@@ -43,6 +43,14 @@ _CARBON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 PASS = object()
 """A handler's answer for arguments the op is already exact for (integer
 tensors, say): run torch's own op."""
+
+
+class WithArguments:
+    """A handler's answer that runs torch's own op (the same overload: in place, out= and all) with some
+    arguments replaced, e.g. scatter with deduplicated values; nothing is copied back afterwards."""
+
+    def __init__(self, **updates: Any) -> None:
+        self.updates = updates
 
 
 class NotCovered(Exception):
@@ -333,11 +341,25 @@ def _linalg_cross(a: dict) -> Tensor:
 def _sinc(a: dict) -> Tensor:
     """sin(πx)/(πx): t = RN(RN32(π)·x), RN(SIN(t) / t), 1 at x = 0 (torch's formula, with carbon's sin)."""
     x = a["self"]
+    if not x.is_floating_point():  # torch computes integer and boolean inputs in the default dtype
+        x = aten._to_copy(x, dtype=torch.get_default_dtype())
     _need_carbon_dtype("sinc", x)
+
     def steps(v: Tensor) -> Tensor:  # float32 steps for 16-bit x (_in_opmath), one rounding to x's dtype last
         t = aten.mul(v, float(torch.tensor(math.pi, dtype=torch.float32)))
         return aten.where(aten.eq(v, 0), 1.0, true_divide(carbon_ops.sin(t), t)).to(v.dtype)
     return _in_opmath(steps, x)
+
+
+def _softshrink(a: dict) -> Tensor:
+    """x − λ where x > λ, x + λ where x < −λ, +0 between, NaN kept (λ rounded to x's dtype first, each
+    result one rounding in x's dtype, as torch's CUDA kernel; its CPU kernel returns −0 or +0 in the band
+    depending on whether an element falls in the vector body or the scalar tail)."""
+    x = a["self"]
+    lam = torch.full((), float(a.get("lambd", 0.5)), dtype=x.dtype, device=x.device)
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    inner = aten.where(aten.gt(x, lam), aten.sub(x, lam), aten.where(aten.lt(x, aten.neg(lam)), aten.add(x, lam), zero))
+    return aten.where(aten.isnan(x), x, inner)
 
 
 def _lse(*terms: Tensor) -> Tensor:
@@ -591,23 +613,28 @@ def _logit_bounds(x: Tensor, eps: float) -> tuple:
 
 
 def _logit(a: dict) -> Tensor:
-    """RN(LOG(RN(z / RN(1 − z)))) with z = lo where x < lo, else hi where x > hi, else x, when eps is given
-    (torch's kernel rule, which also holds for eps > 0.5, where clamp would differ; carbon's log)."""
+    """RN(LOG(RN(z / RN(1 − z)))) with z = lo where x < lo, else hi where x > hi, else x, when eps ≥ 0 is given
+    (torch's kernel rule, which also holds for eps > 0.5, where clamp would differ; carbon's log). torch reads
+    a negative eps as none."""
     x, eps = a["self"], a.get("eps")
     _need_carbon_dtype("logit", x)
     z = x
-    if eps is not None:
+    if eps is not None and eps >= 0:
         lo, hi = _logit_bounds(x, eps)
         z = aten.where(aten.lt(x, lo), lo, aten.where(aten.gt(x, hi), hi, x))
     return carbon_ops.log(aten.div.Tensor(z, aten.rsub(z, 1)))
 
 
 def _logit_backward(a: dict) -> Tensor:
-    """RN(g / RN(x·RN(1 − x))) inside [lo, hi] (0 outside when eps is given; NaN outside [0, 1])."""
+    """RN(g / RN(x·RN(1 − x))) inside [lo, hi], 0 outside, when eps ≥ 0 is given; without eps (or a negative
+    one) torch's rule: NaN outside [0, 1], RN(g·∞) at x = ±0 and 1."""
     g, x, eps = a["grad_output"], a["self"], a.get("eps")
     d = aten.div.Tensor(g, aten.mul(x, aten.rsub(x, 1)))
-    if eps is None:
-        return d
+    if eps is None or eps < 0:
+        edge = aten.logical_or(aten.eq(x, 0), aten.eq(x, 1))
+        outside = aten.logical_or(aten.lt(x, 0), aten.gt(x, 1))
+        at_edge = aten.mul(g, math.inf)
+        return aten.where(outside, math.nan, aten.where(edge, at_edge, d)).to(d.dtype)
     lo, hi = _logit_bounds(x, eps)
     outside = aten.logical_or(aten.lt(x, lo), aten.gt(x, hi))
     return aten.where(outside, 0.0, d).to(d.dtype)
@@ -1999,7 +2026,7 @@ def _index_put_last_wins(a: dict) -> Any:
     destinations = math.prod(x.shape[d] for d in used)
     if flat.device.type == "cpu" and not bool(aten.all(aten.logical_and(aten.ge(flat, 0), aten.lt(flat, destinations)))):
         return PASS  # out of range: torch's own error (on a GPU, reading that here would synchronize)
-    winner = aten.gather(_last_writers(flat, destinations), 0, aten.clamp(flat, 0, destinations - 1))
+    winner = _last_equal_positions(flat)
     # where the broadcast index dimensions sit in x[indices]: in place of adjacent indexed dimensions, else first
     adjacent = used == list(range(used[0], used[-1] + 1))
     first = used[0] if adjacent else 0
@@ -2011,7 +2038,7 @@ def _index_put_last_wins(a: dict) -> Any:
         return PASS  # values that do not broadcast: torch's own error
     vals = vals.reshape([math.prod(before), flat.numel(), math.prod(after)])
     vals = aten.index_select(vals, 1, winner).reshape(before + bshape + after)
-    return aten.index_put(x, indices, vals, False)
+    return WithArguments(values=vals)
 
 
 def _bag_of_each_index(indices: Tensor, offsets: Tensor, include_last_offset: bool) -> tuple:
@@ -2193,16 +2220,32 @@ def _last_writers(index: Tensor, size: int) -> Tensor:
     return aten.scatter_reduce(empty, index.dim() - 1, index, positions, "amax", include_self=True)
 
 
+def _last_equal_positions(keys: Tensor) -> Tensor:
+    """For each entry of a 1-d key tensor, the largest position holding an equal key: a stable sort groups
+    equal keys in position order, and each group's last entry is its winner. Memory and time grow with the
+    number of keys only (not with the range they index)."""
+    n = keys.numel()
+    sorted_keys, order = aten.sort.stable(keys, stable=True)
+    positions = aten.arange(n, device=keys.device, dtype=torch.int64)
+    is_last = aten.cat([aten.ne(sorted_keys[1:], sorted_keys[:-1]),
+                        aten.ones([min(n, 1)], dtype=torch.bool, device=keys.device)])
+    # the first group end at or after each sorted position: a running minimum from the right
+    ends = aten.flip(aten.cummin(aten.flip(aten.where(is_last, positions, n), [0]), 0)[0], [0])
+    winner_sorted = aten.gather(order, 0, ends)
+    return aten.scatter(aten.empty_like(order), 0, order, winner_sorted)  # order is a permutation
+
+
 def _scatter(a: dict) -> Any:
     """scatter(self, dim, index, src) with a rule for repeated indices along dim: the last write wins (the
     largest position along dim; torch's CPU kernel writes in that order, CUDA's winner varies). Every write
-    to a destination is given its writer's value (gather by _last_writers), so torch's scatter gives the same
-    result in any order. A scalar value writes the same everywhere: torch's scatter as it is."""
+    to a destination is given its writer's value (_last_equal_positions over (fiber, index) keys), so torch's
+    scatter gives the same result in any order. A scalar value writes the same everywhere: torch's scatter as
+    it is."""
     if "reduce" in a:
         raise NotCovered(_enable_allow.SCATTER_REDUCE)
     x, index, src = a["self"], a["index"], a.get("src")
-    if not isinstance(src, Tensor) or x.dim() == 0 or index.dim() == 0:
-        return PASS
+    if not isinstance(src, Tensor) or x.dim() == 0 or index.dim() == 0 or not -x.dim() <= a["dim"] < x.dim():
+        return PASS  # nothing to repeat, or torch's own error
     d = a["dim"] % x.dim()
     if index.shape[d] <= 1 or index.numel() == 0 or index.dim() != x.dim() or src.dim() != x.dim():
         return PASS  # no repeats possible (or torch's own shape error)
@@ -2210,10 +2253,13 @@ def _scatter(a: dict) -> Any:
         return PASS  # torch's own shape error
     if index.device.type == "cpu" and not bool(aten.all(aten.logical_and(aten.ge(index, 0), aten.lt(index, x.shape[d])))):
         return PASS  # out of range: torch's own error
-    along_last = aten.movedim(index, d, -1)
-    winner = aten.gather(_last_writers(along_last, x.shape[d]), -1, along_last)
-    values = aten.gather(aten.movedim(src, d, -1), -1, winner)
-    return aten.scatter(x, d, index, aten.movedim(values, -1, d))
+    along_last = aten.movedim(index, d, -1).contiguous()
+    width = along_last.shape[-1]
+    flat = along_last.reshape([-1]).to(torch.int64)
+    fiber = aten.div(aten.arange(flat.numel(), device=flat.device, dtype=torch.int64), width, rounding_mode="floor")
+    winner = aten.remainder(_last_equal_positions(aten.add(aten.mul(fiber, x.shape[d]), flat)), width)
+    values = aten.gather(aten.movedim(src, d, -1), -1, winner.reshape(along_last.shape))
+    return WithArguments(src=aten.movedim(values, -1, d))
 
 
 def _max_unpool(spatial: int) -> Callable[[dict], Tensor]:
@@ -2266,10 +2312,10 @@ def _topk(a: dict) -> Any:
     """topk: the first k of the stable sort (largest: descending), always sorted (torch's order is unspecified
     with sorted=False)."""
     x, k, dim = a["self"], a["k"], a.get("dim", -1)
-    if x.dim() == 0 or not 0 <= k <= x.shape[dim]:
+    if x.dim() == 0 or not -x.dim() <= dim < x.dim() or not 0 <= k <= x.shape[dim]:
         return PASS  # torch's own result or error
     values, indices = _stable_sort(x, dim, a.get("largest", True))
-    return _into_outs(a, values.narrow(dim, 0, k), indices.narrow(dim, 0, k))
+    return _into_outs(a, values.narrow(dim, 0, k).contiguous(), indices.narrow(dim, 0, k).contiguous())
 
 
 def _first_equal(x: Tensor, value: Tensor, dim: int, keepdim: bool) -> tuple:
@@ -2289,8 +2335,8 @@ def _order_statistic(op: str) -> Callable[[dict], Any]:
             flat = x.reshape(-1)
             return _first_equal(flat, getattr(aten, op)(flat, 0, True)[0], 0, False)[0]
         dim = a["dim"]
-        if x.dim() == 0 or x.shape[dim] == 0:
-            return PASS
+        if x.dim() == 0 or not -x.dim() <= dim < x.dim() or x.shape[dim] == 0:
+            return PASS  # torch's own result or error
         extra = [a["k"]] if op == "kthvalue" else []
         value = getattr(aten, op)(x, *extra, dim, True)[0]
         return _into_outs(a, *_first_equal(x, value, dim, a.get("keepdim", False)))
@@ -2298,18 +2344,17 @@ def _order_statistic(op: str) -> Callable[[dict], Any]:
 
 
 def _mode(a: dict) -> Any:
-    """mode: the most frequent value along dim (NaNs count as one value; −0 and +0 as one), the smallest of
-    equally frequent ones (NaN largest), as torch's CPU kernel; its index the last position holding an element
-    equal to it, and the value that element's own bits. From a stable sort: runs of equal values, the first
-    position where a run's running count is largest."""
+    """mode: the most frequent value along dim (−0 and +0 one value; NaN ≠ NaN, so each NaN counts once, as in
+    torch's kernels), the smallest of equally frequent ones (NaN largest); its index the last position holding
+    an element equal to it (NaN matching NaN there), and that element's own bits. From a stable sort: runs of
+    equal values, the first position where a run's running count is largest."""
     x, dim, keepdim = a["self"], a.get("dim", -1), a.get("keepdim", False)
-    if x.dim() == 0 or x.shape[dim] == 0:
-        return PASS
+    if x.dim() == 0 or not -x.dim() <= dim < x.dim() or x.shape[dim] == 0:
+        return PASS  # torch's own result or error
     d = dim % x.dim()
     v = aten.movedim(_stable_sort(x, d, False)[0], d, -1)
     n = v.shape[-1]
-    same = aten.logical_or(aten.eq(v[..., 1:], v[..., :-1]),
-                           aten.logical_and(aten.isnan(v[..., 1:]), aten.isnan(v[..., :-1])))
+    same = aten.eq(v[..., 1:], v[..., :-1])
     starts = aten.cat([aten.ones_like(same[..., :1]), aten.logical_not(same)], -1)
     positions = aten.arange(n, device=x.device, dtype=torch.int64).expand(v.shape)
     run_start = aten.cummax(aten.where(starts, positions, 0), -1)[0]
@@ -2331,8 +2376,8 @@ def _running_extreme(op: str) -> Callable[[dict], Any]:
     element's own bits (±0)."""
     def handler(a: dict) -> Any:
         x, dim = a["self"], a["dim"]
-        if x.dim() == 0 or x.numel() == 0:
-            return PASS
+        if x.dim() == 0 or x.numel() == 0 or not -x.dim() <= dim < x.dim():
+            return PASS  # torch's own result or error
         running = getattr(aten, op)(x, dim)[0]
         match = aten.logical_or(aten.eq(x, running), aten.logical_and(aten.isnan(x), aten.isnan(running)))
         shape = [x.shape[d] if d == dim % x.dim() else 1 for d in range(x.dim())]
@@ -3004,11 +3049,16 @@ def _normal_(a: dict) -> Tensor:
         dtype, device = (out.dtype, out.device) if isinstance(out, Tensor) else _factory(a)
         _need_random_dtype("normal", dtype)
         return _normal_values(list(a["size"]), mean, std, dtype, device)
-    like = mean if isinstance(mean, Tensor) else std
+    like = mean if isinstance(mean, Tensor) else std  # the result's dtype and device, as torch's
     _need_random_dtype("normal", like.dtype)
+    if isinstance(std, Tensor) and std.device.type == "cpu" and std.numel() and bool(aten.lt(std, 0).any()):
+        raise RuntimeError("normal expects all elements of std >= 0.0")  # torch's check (on a GPU it would sync)
+    if not isinstance(std, Tensor) and std < 0:
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {std}")
     shape = torch.broadcast_shapes(*[t.shape for t in (mean, std) if isinstance(t, Tensor)])
     n = _normal_values(list(shape), 0.0, 1.0, like.dtype, like.device)
-    return aten.add(aten.mul(n, std), mean)
+    # torch: output.normal_(0, 1).mul_(std).add_(mean), each in-place step rounded to the output's dtype
+    return aten.add(aten.mul(n, std).to(like.dtype), mean).to(like.dtype)
 
 
 def _exponential_(a: dict) -> Tensor:
@@ -3224,7 +3274,7 @@ ROUTES: Dict[str, Callable] = {
     # indexed accumulation
     "index_add": _index_add, "scatter_add": _scatter_add, "index_put": _index_put, "_index_put_impl": _index_put,
     "embedding_dense_backward": _embedding_backward,
-    "index_copy": _index_copy, "scatter": _scatter, "sort": _sort, "argsort": _argsort, "msort": _msort,
+    "index_copy": _index_copy, "scatter": _scatter, "softshrink": _softshrink, "sort": _sort, "argsort": _argsort, "msort": _msort,
     "topk": _topk, "kthvalue": _order_statistic("kthvalue"), "median": _order_statistic("median"),
     "nanmedian": _order_statistic("nanmedian"), "cummax": _running_extreme("cummax"), "mode": _mode,
     "cummin": _running_extreme("cummin"), "embedding_renorm": _embedding_renorm, "allclose": _allclose,

@@ -1234,7 +1234,6 @@ _EXACT_AS_TORCH = {
     "nextafter": lambda x: torch.nextafter(x, torch.zeros_like(x)),
     "frexp": lambda x: torch.frexp(x),
     "hardshrink": lambda x: F.hardshrink(x, 0.3),
-    "softshrink": lambda x: F.softshrink(x, 0.3),
     "isin": lambda x: torch.isin(x, x[0]),
     "hash_tensor": lambda x: torch.hash_tensor(x).view(torch.int64),
     "nearest-exact": lambda x: F.interpolate(x[None, None], scale_factor=1.7, mode="nearest-exact"),
@@ -1282,3 +1281,21 @@ def test_shape_only_index_tensors_are_built_once_per_shape(monkeypatch):
     with carbon.enabled():
         F.avg_pool2d(other, 3, ceil_mode=True)
     assert len(routes._SHAPE_CONSTANTS) > len(built)
+
+
+def test_softshrink_band_is_plus_zero_wherever_an_element_sits():
+    """torch's CPU softshrink gives +0 in its vector body and −0 in its scalar tail for a negative x inside the
+    band; the route gives +0 everywhere, x ∓ RN(λ) outside (one rounding), NaN kept; its gradient selects."""
+    x = torch.full((70,), -0.1)
+    x[:4] = torch.tensor([0.7, -0.9, math.nan, 0.3])
+    leaf = x.clone().requires_grad_()
+    with carbon.enabled():
+        y = F.softshrink(leaf, 0.5)
+        y.backward(torch.ones(70))
+        short = F.softshrink(x[4:7], 0.5)
+    lam = bits_to_float(round_bits(0.5, F32), F32)
+    assert as_bits(y.detach())[4:].tolist() == [0] * 66 and as_bits(short).tolist() == [0] * 3
+    assert y[0].item() == bits_to_float(round_bits(Fraction(x[0].item()) - Fraction(lam), F32), F32)
+    assert y[1].item() == bits_to_float(round_bits(Fraction(x[1].item()) + Fraction(lam), F32), F32)
+    assert math.isnan(y[2].item()) and y[3].item() == 0.0
+    assert leaf.grad[:4].tolist()[:2] == [1.0, 1.0] and leaf.grad[4:].tolist() == [0.0] * 66

@@ -613,3 +613,16 @@ def test_layer_norm_backward_of_torchs_own_forward_falls_back():
     want = x.detach().clone().requires_grad_()
     F.layer_norm(want, (8,), eps=-1e-3).float().pow(2).sum().backward()
     assert x.grad.shape == x.shape and torch.isfinite(x.grad).any() == torch.isfinite(want.grad).any()
+
+
+@pytest.mark.parametrize("eps", [None, -0.5])
+def test_logit_gradient_without_eps_follows_torchs_edges(eps):
+    """Without eps (torch reads a negative one as none): NaN outside [0, 1], g·∞ at x = ±0 and 1."""
+    x = torch.tensor([-0.5, -0.0, 0.0, 1.0, 1.5, 2.0])
+    g = torch.tensor([1.0, 1.0, -2.0, 3.0, 1.0, 1.0])
+    leaf = x.clone().requires_grad_()
+    with carbon.enabled():
+        torch.logit(leaf, eps=eps).backward(g)
+    got = leaf.grad.tolist()
+    assert math.isnan(got[0]) and math.isnan(got[4]) and math.isnan(got[5])
+    assert got[1:4] == [math.inf, -math.inf, math.inf]

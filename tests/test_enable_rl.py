@@ -118,3 +118,20 @@ def test_normal_with_tensor_mean_and_std_is_the_standard_draw_scaled_and_shifted
             assert got[i, j].item() == _rn(Fraction(_rn(Fraction(n[i][j]) * Fraction(s[i][j]))) + Fraction(m[i][j]))
             assert scalar_std[i, j].item() == _rn(Fraction(_rn(Fraction(n[i][j]) * Fraction(0.25))) + Fraction(m[i][j]))
             assert scalar_mean[i, j].item() == _rn(Fraction(_rn(Fraction(n[i][j]) * Fraction(s[i][j]))) + Fraction(1.5))
+
+
+def test_normal_keeps_the_tensor_arguments_dtype_and_checks_std():
+    """torch.normal's result has mean's dtype (std's when mean is a number): a bfloat16 mean with a float32
+    std (mixed-precision Gaussian policies) gives bfloat16, RN16(RN32(n·std)) + mean as torch's in-place steps
+    (the product in the promoted float32, then rounded to the output); a negative std raises."""
+    mean, std = torch.zeros(64, dtype=torch.bfloat16), torch.full((64,), 1.7)
+    with carbon.enabled(seed=4):
+        standard = torch.randn(64, dtype=torch.bfloat16)
+    with carbon.enabled(seed=4):
+        got = torch.normal(mean, std)
+        with pytest.raises(RuntimeError, match="std >= 0.0"):
+            torch.normal(torch.zeros(3), -torch.ones(3))
+    assert got.dtype == torch.bfloat16
+    s32 = Fraction(torch.tensor(1.7).item())
+    for n, g in zip(standard.float().tolist(), got.float().tolist()):
+        assert g == bits_to_float(round_bits(_rn(Fraction(n) * s32), torch.bfloat16), torch.bfloat16)  # mean 0

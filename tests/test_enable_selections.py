@@ -172,16 +172,16 @@ def test_cummax_and_cummin_take_the_last_equal_element(threads, op):
         assert _bits_row(got.values[r]) == [bits[r, i].item() for i in want]
 
 
-def _mode_of(row: list) -> tuple:
-    """(value's index, found by counting): the most frequent value, NaNs one value, the smallest of ties (NaN
-    largest), and the last index holding it."""
+def _mode_of(row: list) -> int:
+    """The index found by counting: the most frequent value (each NaN counts once, NaN ≠ NaN), the smallest of
+    ties (NaN largest), and the last index holding it."""
     counts = {}
-    for v in row:
-        key = "nan" if math.isnan(v) else v  # −0.0 == 0.0: one key
+    for i, v in enumerate(row):
+        key = ("nan", i) if math.isnan(v) else v  # −0.0 == 0.0: one key
         counts[key] = counts.get(key, 0) + 1
     top = max(counts.values())
-    best = min((k for k, c in counts.items() if c == top), key=lambda k: (k == "nan", 0.0 if k == "nan" else k))
-    return max(i for i, v in enumerate(row) if (math.isnan(v) if best == "nan" else v == best))
+    best = min((k for k, c in counts.items() if c == top), key=lambda k: (isinstance(k, tuple), 0.0 if isinstance(k, tuple) else k))
+    return max(i for i, v in enumerate(row) if (math.isnan(v) if isinstance(best, tuple) else v == best))
 
 
 @pytest.mark.parametrize("threads", THREADS)
@@ -190,7 +190,8 @@ def test_mode_is_the_smallest_most_frequent_value_at_its_last_index(threads):
     x = _tied(6, 400, seed=7)
     x[1] = torch.where(torch.isnan(x[1]), 0.0, x[1])
     x[2, :] = math.nan
-    x[2, 5] = 1.0
+    x[2, 5] = x[2, 9] = 1.0  # many NaNs, each counting once: 1.0 (twice) is the mode
+    x[3, :] = math.nan  # all NaN: the mode is NaN, at the last index
     with carbon.enabled():
         got = torch.mode(x, dim=1)
         kept = torch.mode(x.t(), dim=0, keepdim=True)
