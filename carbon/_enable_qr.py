@@ -4,7 +4,9 @@ device and thread count. torch.nn.init.orthogonal_ — the usual initialization 
 — draws a normal matrix and takes the Q of its QR; LAPACK and cuSOLVER give different bits.
 
 For an m × n float32 matrix A and k = 0 … min(m, n) − 1, on the column x = A[k:, k] (α = x₀, the rest r):
-    s = RN(Σ r²), ν = RN(Σ x²) (exact sums, rounded once), β = −copysign(RN(√ν), α),
+    s = RN(Σ r²), ν = RN(Σ x²) (exact sums, rounded once), β = −copysign(RN(√ν), α) — when the column's
+    largest |entry| lies outside [2⁻⁶⁰, 2⁶⁰], the sums are of x·2ᵏ (exact; k brings it near 1) and
+    β = −copysign(RN(√ν)·2⁻ᵏ, α), so the squares neither overflow nor vanish;
     τ = RN(RN(β − α) / β), v = (1, RN(r / RN(α − β))), t = RN(τ·v);
     when s = 0 (no sub-diagonal mass): β = α, τ = 0, v = t = (1, 0, …) and nothing changes;
     the trailing columns A[k:, k+1:] ← RN(A − RN(tᵢ·wⱼ)) with w = RN(vᵀ A[k:, k+1:]) (exact dot products);
@@ -19,6 +21,7 @@ RL networks, seconds for 1024-wide ones. No value is read on the host (no device
 
 from __future__ import annotations
 
+import math
 from typing import Any, List, Tuple
 
 import torch
@@ -43,12 +46,29 @@ def _reflect(block: Tensor, t: Tensor, v: Tensor) -> Tensor:
     return aten.sub(block, aten.mul(t.reshape(-1, 1), w))
 
 
+def _power_of_two(exponent: Tensor) -> Tensor:
+    """2^e as float32 for integer e in [−126, 127], from its bits (exact on every device)."""
+    return aten.bitwise_left_shift(aten.add(exponent.to(torch.int32), 127), 23).view(torch.float32)
+
+
+def _column_scale(x: Tensor) -> Tuple[Tensor, Tensor]:
+    """(2^k, 2^−k) bringing the column's largest |entry| near 1 when it lies outside [2^−60, 2^60] (else 1, 1):
+    the squares then neither overflow nor vanish. Exact: products by powers of two."""
+    top = aten.amax(aten.abs(x), [0], True)
+    exponent = aten.frexp(top)[1].to(torch.int32)  # top = m·2^e, 0.5 <= m < 1
+    k = aten.where(aten.logical_and(aten.gt(top, 0), aten.logical_or(aten.gt(top, 2.0 ** 60), aten.lt(top, 2.0 ** -60))),
+                   aten.clamp(aten.neg(exponent), -126, 126), 0)
+    return _power_of_two(k), _power_of_two(aten.neg(k))
+
+
 def _reflector(x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
     """(β, τ, v) of the column x, as in the module's docstring; β, τ of shape (1,)."""
     alpha, rest = x[:1], x[1:]
-    s = _dot_rows(rest, rest.reshape(-1, 1)).reshape(1)
-    nu = _dot_rows(x, x.reshape(-1, 1)).reshape(1)
-    beta = aten.neg(aten.copysign(routes.sqrt_rn(nu), alpha))
+    up, down = _column_scale(x)
+    scaled = aten.mul(x, up)
+    s = _dot_rows(scaled[1:], scaled[1:].reshape(-1, 1)).reshape(1)
+    nu = _dot_rows(scaled, scaled.reshape(-1, 1)).reshape(1)
+    beta = aten.neg(aten.copysign(aten.mul(routes.sqrt_rn(nu), down), alpha))
     flat = aten.eq(s, 0)
     beta = aten.where(flat, alpha, beta)
     zero = aten.zeros_like(alpha)
@@ -88,13 +108,21 @@ def linalg_qr(a: dict) -> Any:
     if x.dtype != torch.float32:
         raise routes.NotCovered(f"linalg_qr in {x.dtype}: carbon covers float32")
     lead, (m, n) = list(x.shape[:-2]), x.shape[-2:]
-    pieces = [_qr_one(mat, mode) for mat in x.reshape([-1, m, n]).unbind(0)]
-    if not pieces:  # an empty batch
-        q_cols = m if mode == "complete" else min(m, n)
-        q = aten.empty(lead + ([m, q_cols] if mode != "r" else [0]), dtype=x.dtype, device=x.device)
-        r_rows = m if mode == "complete" else min(m, n)
-        return q, aten.empty(lead + [r_rows, n], dtype=x.dtype, device=x.device)
+    q_cols = r_rows = m if mode == "complete" else min(m, n)
+    if x.numel() == 0:  # an empty batch or matrix: Q is the identity's first columns, R is empty
+        q = aten.empty([0], dtype=x.dtype, device=x.device) if mode == "r" else \
+            aten.eye(m, q_cols, dtype=x.dtype, device=x.device).expand(lead + [m, q_cols]).contiguous()
+        return _into_qr_outs(a, q, aten.zeros(lead + [r_rows, n], dtype=x.dtype, device=x.device))
+    pieces = [_qr_one(mat, mode) for mat in x.reshape([math.prod(lead), m, n]).unbind(0)]
     qs, rs = zip(*pieces)
-    q = aten.stack(list(qs)) if mode != "r" else qs[0]
-    q = q.reshape(lead + list(q.shape[1:])) if mode != "r" else q
-    return q, aten.stack(list(rs)).reshape(lead + list(rs[0].shape))
+    q = qs[0] if mode == "r" else aten.stack(list(qs)).reshape(lead + [m, q_cols])
+    return _into_qr_outs(a, q, aten.stack(list(rs)).reshape(lead + [r_rows, n]))
+
+
+def _into_qr_outs(a: dict, q: Tensor, r: Tensor) -> Tuple[Tensor, Tensor]:
+    """(Q, R), written into linalg_qr.out's Q and R when given."""
+    if isinstance(a.get("Q"), Tensor) and isinstance(a.get("R"), Tensor):
+        a["Q"].resize_(q.shape).copy_(q)
+        a["R"].resize_(r.shape).copy_(r)
+        return a["Q"], a["R"]
+    return q, r

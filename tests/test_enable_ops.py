@@ -626,3 +626,11 @@ def test_logit_gradient_without_eps_follows_torchs_edges(eps):
     got = leaf.grad.tolist()
     assert math.isnan(got[0]) and math.isnan(got[4]) and math.isnan(got[5])
     assert got[1:4] == [math.inf, -math.inf, math.inf]
+
+
+def test_sinc_of_integers_is_computed_in_the_default_dtype():
+    ints = torch.tensor([0, 1, -3, 7])
+    with carbon.enabled():
+        got = torch.sinc(ints)
+        want = torch.sinc(ints.to(F32))
+    assert got.dtype == F32 and torch.equal(as_bits(got), as_bits(want))

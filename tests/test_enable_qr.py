@@ -39,11 +39,15 @@ def householder(a: List[List[float]], mode: str):
     for k in range(kk):
         x = [w[i][k] for i in range(k, m)]
         alpha, rest = x[0], x[1:]
-        s, nu = dot(rest, rest), dot(x, x)
+        top = max(abs(v) for v in x)
+        e = math.frexp(top)[1]  # top = f·2^e, 0.5 <= f < 1
+        scale = 2.0 ** max(-126, min(126, -e)) if top > 0 and not 2.0 ** -60 <= top <= 2.0 ** 60 else 1.0
+        xs = [v * scale for v in x]  # exact: a power of two
+        s, nu = dot(xs[1:], xs[1:]), dot(xs, xs)
         if s == 0:
             beta, tau, v = alpha, 0.0, [1.0] + [0.0] * len(rest)
         else:
-            beta = -math.copysign(sqrt_rn32(nu), alpha)
+            beta = -math.copysign(float(rn(Fraction(sqrt_rn32(nu)) / Fraction(scale))), alpha)
             tau = rn(Fraction(rn(Fraction(beta) - Fraction(alpha))) / Fraction(beta))
             d = rn(Fraction(alpha) - Fraction(beta))
             v = [1.0] + [rn(Fraction(r) / Fraction(d)) for r in rest]
@@ -94,6 +98,33 @@ def test_qr_follows_the_documented_householder_steps(threads, shape, mode):
         assert q.numel() == 0
     else:
         assert torch.equal(as_bits(q), _bits(want_q))
+
+
+@pytest.mark.parametrize("scale", [1e20, 1e-25, 2.0 ** 70])
+def test_badly_scaled_columns_are_scaled_by_powers_of_two(scale):
+    """Columns whose largest entry lies outside [2^-60, 2^60] are scaled by a power of two for their sums of
+    squares: no overflow to inf (1e20) and no vanishing sub-diagonal (1e-25); QR still reproduces A."""
+    a = _matrix(6, 4, seed=40) * scale
+    with carbon.enabled():
+        q, r = torch.linalg.qr(a)
+    want_q, want_r = householder(a.tolist(), "reduced")
+    assert torch.equal(as_bits(q), _bits(want_q)) and torch.equal(as_bits(r), _bits(want_r))
+    assert torch.allclose((q.double() @ r.double()) / scale, a.double() / scale, atol=1e-5)
+
+
+def test_empty_matrices_and_out_arguments():
+    for shape in [(3, 0), (0, 3), (2, 0, 3, 3)]:
+        for mode in ("reduced", "complete", "r"):
+            want = torch.linalg.qr(torch.zeros(shape), mode=mode)  # torch's shapes (nothing to round)
+            with carbon.enabled():
+                q, r = torch.linalg.qr(torch.zeros(shape), mode=mode)
+            assert q.shape == want.Q.shape and r.shape == want.R.shape, (shape, mode)
+    a = _matrix(5, 3, seed=41)
+    with carbon.enabled():
+        q_out, r_out = torch.empty(0), torch.empty(0)
+        torch.linalg.qr(a, out=(q_out, r_out))
+        q, r = torch.linalg.qr(a)
+    assert torch.equal(as_bits(q_out), as_bits(q)) and torch.equal(as_bits(r_out), as_bits(r))
 
 
 def test_batched_qr_is_each_matrix_alone():

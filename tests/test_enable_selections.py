@@ -200,3 +200,16 @@ def test_mode_is_the_smallest_most_frequent_value_at_its_last_index(threads):
         i = _mode_of(x[r].tolist())
         assert got.indices[r].item() == i and kept.indices[0, r].item() == i, r
         assert as_bits(got.values[r]).item() == bits[r, i].item(), r
+
+
+def test_outputs_are_contiguous_and_bad_dims_are_torchs_errors():
+    x = _tied(4, 10, seed=8)
+    with carbon.enabled():
+        top = torch.topk(x, 3)
+        assert top.values.is_contiguous() and top.indices.is_contiguous()
+        assert top.values.view(-1).shape == (12,)
+        for call in (lambda: x.median(dim=2), lambda: x.kthvalue(1, dim=-3), lambda: x.mode(dim=5),
+                     lambda: x.cummax(dim=2), lambda: torch.topk(x, 2, dim=3),
+                     lambda: x.scatter(2, torch.zeros(4, 3, dtype=torch.int64), x[:, :3])):
+            with pytest.raises(IndexError):
+                call()
