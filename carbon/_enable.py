@@ -199,6 +199,9 @@ class _DispatchMode(TorchDispatchMode):
             return target.copy_(result)
         out = bound.get("out")
         if out is not None and "out" in func._overloadname:
+            if isinstance(result, torch.Tensor) and not torch.can_cast(result.dtype, out.dtype):
+                raise RuntimeError(f"result type {_type_name(result.dtype)} can't be cast to the desired output type "
+                                   f"{_type_name(out.dtype)}")
             out.resize_(result.shape).copy_(result)
             return out
         return result

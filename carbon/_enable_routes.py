@@ -739,12 +739,12 @@ def _float_mm(op: str, a: Tensor, b: Tensor) -> bool:
 
 def _mm(a: dict) -> Tensor:
     x, y = a["self"], a["mat2"]
-    return carbon_ops.mm(x, y) if _float_mm("mm", x, y) else PASS
+    return carbon_ops.mm(x, y, a.get("out_dtype")) if _float_mm("mm", x, y) else PASS  # (mm.dtype: out_dtype)
 
 
 def _bmm(a: dict) -> Tensor:
     x, y = a["self"], a["mat2"]
-    return carbon_ops.bmm(x, y) if _float_mm("bmm", x, y) else PASS
+    return carbon_ops.bmm(x, y, a.get("out_dtype")) if _float_mm("bmm", x, y) else PASS
 
 
 def _grouped_mm(a: dict) -> Any:
@@ -763,6 +763,11 @@ def _grouped_mm(a: dict) -> Any:
         return carbon_ops.bmm(x, w, out_dtype=out_dtype)
     if offs is None or x.dim() not in (2, 3) or w.dim() not in (2, 3) or x.dim() + w.dim() == 6:
         return PASS  # torch's own error
+    if offs.dtype != torch.int32 or offs.dim() != 1:
+        raise RuntimeError("_grouped_mm: offsets have to be a 1-d int32 tensor (torch's rule)")
+    groups = {(2, 3): w.shape[0], (3, 2): x.shape[0]}.get((x.dim(), w.dim()), offs.shape[0])
+    if offs.shape[0] != groups:
+        raise RuntimeError(f"_grouped_mm: matrix batch sizes have to match ({offs.shape[0]} offsets, {groups} groups)")
     ends = [int(v) for v in offs.tolist()]
     grouped = {(2, 3): x.shape[0], (2, 2): x.shape[1], (3, 2): w.shape[1]}[(x.dim(), w.dim())]
     starts = [0] + ends[:-1]
@@ -809,8 +814,9 @@ def _biased_product(name: str, first: str, second: str, product: Callable, fused
         if not _float_mm(name, x, y):
             return PASS
         _need_carbon_dtype(name, bias)
-        return _add_product(bias, lambda out_dtype: product(x, y, out_dtype), lambda: fused(bias, x, y),
-                            a["beta"], a["alpha"], x.dtype)
+        out_dtype = a.get("out_dtype")  # the .dtype overloads (bfloat16 operands, float32 result)
+        return _add_product(bias, lambda dtype: product(x, y, dtype or out_dtype), lambda: fused(bias, x, y, out_dtype),
+                            a["beta"], a["alpha"], out_dtype or x.dtype)
     return handler
 
 
@@ -826,8 +832,8 @@ def _batch_as_depth(x: Tensor, y: Tensor) -> tuple:
 
 _addbmm = _biased_product("addbmm", "batch1", "batch2",
                           lambda x, y, out_dtype: carbon_ops.mm(*_batch_as_depth(x, y), out_dtype),
-                          lambda bias, x, y: carbon_ops.addmm(bias.expand([x.shape[1], y.shape[2]]).contiguous(),
-                                                              *_batch_as_depth(x, y)))
+                          lambda bias, x, y, out_dtype: carbon_ops.addmm(
+                              bias.expand([x.shape[1], y.shape[2]]).contiguous(), *_batch_as_depth(x, y), out_dtype))
 
 
 def _mv(a: dict) -> Tensor:

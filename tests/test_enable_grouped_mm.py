@@ -90,3 +90,27 @@ def test_integer_prefix_sums_of_float_counts_pass():
     with carbon.enabled():
         offs = torch.cumsum(counts, 0, dtype=torch.int32)
     assert offs.tolist() == [3, 3, 9, 11] and offs.dtype == torch.int32
+
+
+def test_offsets_are_checked_as_torch_does():
+    x, w = _randn(6, 8, seed=20), _randn(2, 8, 3, seed=21)
+    with carbon.enabled():
+        with pytest.raises(RuntimeError, match="int32"):
+            torch._grouped_mm(x, w, offs=torch.tensor([3, 6]))
+        with pytest.raises(RuntimeError, match="batch sizes"):
+            torch._grouped_mm(x, w, offs=torch.tensor([6], dtype=torch.int32))
+
+
+def test_products_with_an_out_dtype():
+    """mm / bmm / addmm / baddbmm's .dtype overloads (bfloat16 operands, a float32 result; CUDA-only in torch):
+    the exact product rounded once to out_dtype."""
+    a, b = _randn(4, 16, seed=22, dtype=torch.bfloat16), _randn(16, 5, seed=23, dtype=torch.bfloat16)
+    bias = _randn(4, 5, seed=24)
+    with carbon.enabled():
+        product = torch.ops.aten.mm.dtype(a, b, torch.float32)
+        batched = torch.ops.aten.bmm.dtype(a[None], b[None], torch.float32)
+        biased = torch.ops.aten.addmm.dtype(bias, a, b, torch.float32)
+    want = mm_bits(a, b, out_dtype=torch.float32)
+    assert product.dtype == torch.float32 and torch.equal(as_bits(product), want)
+    assert torch.equal(as_bits(batched[0]), want)
+    assert torch.equal(as_bits(biased), mm_bits(a, b, bias, out_dtype=torch.float32))

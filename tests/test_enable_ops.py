@@ -634,3 +634,8 @@ def test_sinc_of_integers_is_computed_in_the_default_dtype():
         got = torch.sinc(ints)
         want = torch.sinc(ints.to(F32))
     assert got.dtype == F32 and torch.equal(as_bits(got), as_bits(want))
+
+
+def test_out_arguments_that_cannot_hold_the_result_raise_as_in_torch():
+    with carbon.enabled(), pytest.raises(RuntimeError, match="can't be cast to the desired output type Long"):
+        torch.exp(torch.arange(4), out=torch.empty(4, dtype=torch.long))

@@ -461,8 +461,60 @@ CARBON_HD double erf_grad_core(double x) {
   return kTwoOverSqrtPi * exp_core(-(x * x));
 }
 
-// gelu'(x) = Phi(x) + x phi(x).
+// ---- derivatives near their roots ---------------------------------------------
+// gelu', gelu_tanh' and silu' cross zero (near -0.752, -0.752 and -1.278). There
+// their formulas subtract nearly equal terms (Phi(x) ~ -x phi(x)), and the
+// relative error of the difference grows as x nears the root r: at the float32
+// closest to r (|x - r| ~ 1.2e-8) it reached 2^-27, 0.58 ulp after rounding
+// (scripts/elementwise_ulp.py, all 2^32 inputs). For |x - r_hi| < 2^-7 the cores
+// evaluate the Taylor series instead: f(x) = d (c1 + d (c2 + ... + d c8)),
+// d = (x - r_hi) - r_lo, with r = r_hi + r_lo to ~2^-106 and c_k = f^(k)(r)/k!
+// rounded to binary64 (scripts/elementwise_roots.py, mpmath at 240 bits).
+// x - r_hi is exact (Sterbenz: x and r_hi within a factor 2), so d has relative
+// error <= 2^-53 (+ 2^-106 absolute, against |d| >= 1.1e-8 for any float32 x);
+// truncation after c8 is below 2^-60 relative to c1 d for |d| < 2^-7, and the
+// Horner steps (fma, |c_k d| << |c_{k-1}|) add a few 2^-53: well below 2^-40.
+CARBON_HD bool near_root(double x, double root_hi) {
+  const double d = x - root_hi;
+  return d < 0x1p-7 && d > -0x1p-7;  // false for NaN
+}
+
+CARBON_HD double root_series(double x, double hi, double lo, double c1, double c2, double c3, double c4, double c5,
+                             double c6, double c7, double c8) {
+  const double d = (x - hi) - lo;
+  double p = fma(c8, d, c7);
+  p = fma(p, d, c6);
+  p = fma(p, d, c5);
+  p = fma(p, d, c4);
+  p = fma(p, d, c3);
+  p = fma(p, d, c2);
+  p = fma(p, d, c1);
+  return p * d;
+}
+
+constexpr double kGeluGradRootHi = -0x1.80ead197f00b4p-1;     // gelu' = 0 at -0.751791524693564457...
+constexpr double kGeluTanhGradRootHi = -0x1.81429f9e97e4dp-1;  // gelu_tanh' = 0 at -0.752461422071016258...
+constexpr double kSiluGradRootHi = -0x1.474973c84120bp+0;      // silu' = 0 at -1.278464542761073795...
+
+CARBON_HD double gelu_grad_near_root(double x) {
+  return root_series(x, kGeluGradRootHi, 0x1.13e74c58cada8p-56, 0x1.b9d98fa5a3215p-2, 0x1.8d9a941de3ac5p-2,
+                     -0x1.2a2ef9bb865aep-6, -0x1.d2fa4c17c7e84p-4, -0x1.e4088244f901dp-7, 0x1.3e346def42057p-6,
+                     0x1.297b9d6ffaacdp-8, -0x1.258a6d85633afp-9);
+}
+CARBON_HD double gelu_tanh_grad_near_root(double x) {
+  return root_series(x, kGeluTanhGradRootHi, 0x1.4f523ed77dbdcp-55, 0x1.b8bacd2c96b91p-2, 0x1.8cd1a2b2fff33p-2,
+                     -0x1.029615edb077ap-6, -0x1.d2b77346470abp-4, -0x1.104a83edc0ddcp-6, 0x1.427996dc249cep-6,
+                     0x1.58c9ed713486cp-8, -0x1.3d8d64170bb72p-9);
+}
+CARBON_HD double silu_grad_near_root(double x) {
+  return root_series(x, kSiluGradRootHi, -0x1.f8d74bc9ac154p-54, 0x1.be1410460527fp-3, 0x1.2c563458cc0adp-3,
+                     0x1.353eb573ca457p-6, -0x1.f2d0e32bc2994p-7, -0x1.b0f82c498fd2fp-8, 0x1.098e92b8f076dp-13,
+                     0x1.a2a7caf0ee747p-11, 0x1.8574d136d4cb4p-13);
+}
+
+// gelu'(x) = Phi(x) + x phi(x); the series near its root.
 CARBON_HD double gelu_grad_core(double x) {
+  if (near_root(x, kGeluGradRootHi)) return gelu_grad_near_root(x);
   const double xc = clamp(x, -1e10, 1e10);
   return phi_cdf(xc) + xc * phi_pdf(xc);
 }
@@ -480,7 +532,9 @@ CARBON_HD double gelu_tanh_grad_of(double x) {
   const double s = kMainBranch ? sigmoid_large(y) : sigmoid_core(y);
   return s + xc * sigmoid_grad_core(y) * dy;
 }
-CARBON_HD double gelu_tanh_grad_core(double x) { return gelu_tanh_grad_of<false>(x); }
+CARBON_HD double gelu_tanh_grad_core(double x) {
+  return near_root(x, kGeluTanhGradRootHi) ? gelu_tanh_grad_near_root(x) : gelu_tanh_grad_of<false>(x);
+}
 CARBON_HD double gelu_tanh_grad_large(double x) { return gelu_tanh_grad_of<true>(x); }
 
 // silu'(x) = s (1 + x (1 - s)) = s + x s (1 - s). For |x| < 2^-10 it is
@@ -502,6 +556,7 @@ CARBON_HD double silu_grad_core(double x) {
     const double err = (h - (s - 0.5)) + x * z * fma(z, fma(z, kC7, kC5), kC3);  // Fast2Sum: 0.5 >= |h|
     return with_correction(s, err);
   }
+  if (near_root(x, kSiluGradRootHi)) return silu_grad_near_root(x);
   return silu_grad_large(x);
 }
 
@@ -1118,12 +1173,16 @@ CARBON_HD double main_branch(double x) {
   return x;
 }
 
-// Whether the core takes another branch than main_branch for x. (gelu_tanh
-// and its derivative clamp x to +-1e10 and -1e10 alike before y: x below
-// -1e10 gives the same y either way.)
+// Whether the core takes another branch than main_branch for x: the tiny-argument
+// forms, and for the derivatives the series near their roots. (gelu_tanh and its
+// derivative clamp x to +-1e10 and -1e10 alike before y: x below -1e10 gives the
+// same y either way.)
 template <Fn kFn, bool kBackward>
 CARBON_HD bool takes_rare_branch(double x) {
-  if constexpr (kFn == Fn::kGeluTanh) return gelu_tanh_is_small(x);
+  if constexpr (kFn == Fn::kGeluTanh) {
+    return gelu_tanh_is_small(x) || (kBackward && near_root(x, kGeluTanhGradRootHi));
+  }
+  if constexpr (kFn == Fn::kSilu) return sigmoid_is_small(x) || (kBackward && near_root(x, kSiluGradRootHi));
   return sigmoid_is_small(x);
 }
 
