@@ -12,6 +12,7 @@ from cuda_graphs import capture
 from elementwise_ref import FORWARD
 from oracle import as_bits
 from test_elementwise import special_bits_f32
+from test_elementwise_roots import ROOTS, _neighbours
 
 pytestmark = [
     pytest.mark.cuda,
@@ -38,7 +39,8 @@ def inputs(dtype):
     g = torch.Generator().manual_seed(0)
     rand = torch.randint(-(2**31), 2**31 - 1, (1 << 18,), generator=g, dtype=torch.int64).to(torch.int32)
     spec = torch.tensor([b - (1 << 32) if b >= 1 << 31 else b for b in special_bits_f32()], dtype=torch.int32)
-    return torch.cat([spec, rand]).view(torch.float32)
+    near_roots = torch.tensor([v for r in ROOTS.values() for v in _neighbours(r, 64)], dtype=torch.float32)
+    return torch.cat([spec.view(torch.float32), near_roots, rand.view(torch.float32)])  # (the derivatives' series)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
