@@ -1412,6 +1412,8 @@ def _softplus(a: dict) -> Tensor:
     """beta = 1: x where x > threshold (torch's rule), else carbon's softplus. Other β, as torch's formula
     in float32: y = RN32(x·β); x where y > threshold, else RN32(SOFTPLUS(y) / β), then the input's dtype."""
     x, beta, threshold = a["self"], a.get("beta", 1), a.get("threshold", 20)
+    if not x.is_floating_point():
+        return PASS  # torch's own error for integer tensors
     _need_carbon_dtype("softplus", x)
     if beta == 1:
         return aten.where(aten.gt(x, threshold), x, carbon_ops.softplus(x))
