@@ -362,6 +362,23 @@ def _softshrink(a: dict) -> Tensor:
     return aten.where(aten.isnan(x), x, inner)
 
 
+def _frexp(a: dict) -> Any:
+    """frexp: torch's mantissa and exponent (exact: x's own bits), with the C library's convention pinned down
+    where CUDA leaves it open: ±∞ and NaN give themselves as the mantissa and exponent 0, as on the CPU."""
+    x = a["self"]
+    if not x.is_floating_point():
+        return PASS
+    mantissa, exponent = aten.frexp(x)
+    finite = aten.isfinite(x)
+    mantissa = aten.where(finite, mantissa, x)
+    exponent = aten.where(finite, exponent, aten.zeros((), dtype=exponent.dtype, device=exponent.device))
+    if isinstance(a.get("mantissa"), Tensor) and isinstance(a.get("exponent"), Tensor):
+        a["mantissa"].resize_(mantissa.shape).copy_(mantissa)
+        a["exponent"].resize_(exponent.shape).copy_(exponent)
+        return a["mantissa"], a["exponent"]
+    return mantissa, exponent
+
+
 def _lse(*terms: Tensor) -> Tensor:
     """log Σ e^v over a few tensors: m = max, RN(LOG(RN32(exact Σ EXP(RN(v − m)))) + m), −∞ when every term is −∞
     (m read as 0 there)."""
@@ -3282,7 +3299,7 @@ ROUTES: Dict[str, Callable] = {
     # indexed accumulation
     "index_add": _index_add, "scatter_add": _scatter_add, "index_put": _index_put, "_index_put_impl": _index_put,
     "embedding_dense_backward": _embedding_backward,
-    "index_copy": _index_copy, "scatter": _scatter, "softshrink": _softshrink, "sort": _sort, "argsort": _argsort, "msort": _msort,
+    "index_copy": _index_copy, "scatter": _scatter, "softshrink": _softshrink, "frexp": _frexp, "sort": _sort, "argsort": _argsort, "msort": _msort,
     "topk": _topk, "kthvalue": _order_statistic("kthvalue"), "median": _order_statistic("median"),
     "nanmedian": _order_statistic("nanmedian"), "cummax": _running_extreme("cummax"), "mode": _mode,
     "cummin": _running_extreme("cummin"), "embedding_renorm": _embedding_renorm, "allclose": _allclose,

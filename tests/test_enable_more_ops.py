@@ -1232,7 +1232,6 @@ _EXACT_AS_TORCH = {
     "diag_embed": lambda x: torch.diag_embed(x),
     "heaviside": lambda x: torch.heaviside(x, torch.tensor(0.5)),
     "nextafter": lambda x: torch.nextafter(x, torch.zeros_like(x)),
-    "frexp": lambda x: torch.frexp(x),
     "hardshrink": lambda x: F.hardshrink(x, 0.3),
     "isin": lambda x: torch.isin(x, x[0]),
     "hash_tensor": lambda x: torch.hash_tensor(x).view(torch.int64),
@@ -1299,3 +1298,17 @@ def test_softshrink_band_is_plus_zero_wherever_an_element_sits():
     assert y[1].item() == bits_to_float(round_bits(Fraction(x[1].item()) + Fraction(lam), F32), F32)
     assert math.isnan(y[2].item()) and y[3].item() == 0.0
     assert leaf.grad[:4].tolist()[:2] == [1.0, 1.0] and leaf.grad[4:].tolist() == [0.0] * 66
+
+
+def test_frexp_pins_down_infinities_and_nan():
+    """frexp's mantissa and exponent are x's own bits; ±∞ and NaN give themselves and exponent 0 (the CPU's
+    convention; CUDA leaves it open), also into out= tensors."""
+    x = torch.tensor([3.0, -0.0, 1e-40, math.inf, -math.inf, math.nan, -6.5])
+    with carbon.enabled():
+        m, e = torch.frexp(x)
+        mo, eo = torch.empty(0), torch.empty(0, dtype=torch.int32)
+        torch.frexp(x, out=(mo, eo))
+    want = [math.frexp(v) if math.isfinite(v) else (v, 0) for v in x.tolist()]
+    for (wm, we), gm, ge in zip(want, m.tolist(), e.tolist()):
+        assert (gm == wm or (math.isnan(gm) and math.isnan(wm))) and ge == we
+    assert torch.equal(as_bits(mo), as_bits(m)) and torch.equal(eo, e)
