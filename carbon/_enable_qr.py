@@ -121,8 +121,4 @@ def linalg_qr(a: dict) -> Any:
 
 def _into_qr_outs(a: dict, q: Tensor, r: Tensor) -> Tuple[Tensor, Tensor]:
     """(Q, R), written into linalg_qr.out's Q and R when given."""
-    if isinstance(a.get("Q"), Tensor) and isinstance(a.get("R"), Tensor):
-        a["Q"].resize_(q.shape).copy_(q)
-        a["R"].resize_(r.shape).copy_(r)
-        return a["Q"], a["R"]
-    return q, r
+    return routes._into_outs(a, q, r, ("Q", "R"))

@@ -372,11 +372,7 @@ def _frexp(a: dict) -> Any:
     finite = aten.isfinite(x)
     mantissa = aten.where(finite, mantissa, x)
     exponent = aten.where(finite, exponent, aten.zeros((), dtype=exponent.dtype, device=exponent.device))
-    if isinstance(a.get("mantissa"), Tensor) and isinstance(a.get("exponent"), Tensor):
-        a["mantissa"].resize_(mantissa.shape).copy_(mantissa)
-        a["exponent"].resize_(exponent.shape).copy_(exponent)
-        return a["mantissa"], a["exponent"]
-    return mantissa, exponent
+    return _into_outs(a, mantissa, exponent, ("mantissa", "exponent"))
 
 
 def _lse(*terms: Tensor) -> Tensor:
@@ -2307,13 +2303,15 @@ def _max_unpool(spatial: int) -> Callable[[dict], Tensor]:
 # Under carbon.enable equal elements keep their index order: a stable sort; a median or k-th value is the first
 # element along the dimension that equals torch's value (NaN matches NaN), its own value and index.
 
-def _into_outs(a: dict, values: Tensor, indices: Tensor) -> tuple:
-    """The (values, indices) result, written into the out= tensors of the overloads that have them."""
-    if isinstance(a.get("values"), Tensor) and isinstance(a.get("indices"), Tensor):
-        a["values"].resize_(values.shape).copy_(values)
-        a["indices"].resize_(indices.shape).copy_(indices)
-        return a["values"], a["indices"]
-    return values, indices
+def _into_outs(a: dict, first: Tensor, second: Tensor, names: tuple = ("values", "indices")) -> tuple:
+    """A two-tensor result, written into the out= tensors of the overloads that have them (named `names`:
+    values / indices, Q / R, mantissa / exponent)."""
+    outs = [a.get(n) for n in names]
+    if all(isinstance(t, Tensor) for t in outs):
+        for out, t in zip(outs, (first, second)):
+            out.resize_(t.shape).copy_(t)
+        return tuple(outs)
+    return first, second
 
 
 def _stable_sort(x: Tensor, dim: int, descending: bool) -> tuple:
