@@ -28,12 +28,18 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
     ``training=False`` the input is returned as is (no draw). Otherwise one
     draw of the generator (default: carbon.default_generator); p = 0 keeps
     every element (y = x, NaNs canonical), p = 1 gives zeros. ``inplace``
-    copies the (out-of-place) result into the input."""
+    copies the (out-of-place) result into the input, except where torch's
+    ``dropout_`` leaves the input untouched (p = 0 or no elements): there the
+    input is returned unwritten (the draw is still taken, so later draws do
+    not depend on p), and a tensor that autograd saved, such as softmax's
+    output before ``nn.Dropout(0.0, inplace=True)``, keeps its version."""
     p = float(p)
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"carbon.dropout: p must be in [0, 1], got {p}")
     if not training:
         return input
     state = _generator(generator).next_state()
+    if inplace and (p == 0.0 or input.numel() == 0):
+        return input
     out = torch.ops.carbon.dropout.state(input, p, state)
     return input.copy_(out) if inplace else out

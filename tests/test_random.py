@@ -262,6 +262,27 @@ def test_dropout_layout_and_eval():
     assert m(x) is x
 
 
+def test_inplace_dropout_with_p_zero_leaves_its_input_unwritten():
+    # torch's dropout_ returns its input untouched at p = 0 (timm's
+    # attention: softmax, then nn.Dropout(0.0, inplace=True)); a write would
+    # bump the version of a tensor autograd saved and break the backward.
+    x = torch.randn(3, 5, requires_grad=True)
+    probs = torch.softmax(x, dim=-1)
+    g = gen(9, 4)
+    assert carbon.dropout(probs, 0.0, inplace=True, generator=g) is probs
+    assert probs._version == 0 and g.offset == 5  # the draw is still taken
+    (probs * torch.arange(5.0)).sum().backward()  # would raise after a write
+    nan = torch.tensor([float("nan")]).view(torch.int32).bitwise_or(7).view(torch.float32)  # a payload
+    assert carbon.dropout(nan, 0.0, inplace=True, generator=g).view(torch.int32).item() == nan.view(torch.int32).item()
+    empty = torch.empty(0)
+    assert carbon.dropout(empty, 0.5, inplace=True, generator=g) is empty and empty._version == 0
+    with carbon.enabled(seed=0):
+        y = torch.softmax(x, dim=-1)
+        z = torch.nn.Dropout(0.0, inplace=True)(y)
+        assert z is y and y._version == 0
+        z.sum().backward()
+
+
 def test_dropout_keeps_about_1_minus_p():
     x = torch.ones(100_000)
     y = carbon.dropout(x, 0.25, generator=gen(3))
