@@ -273,11 +273,11 @@ def _pow(a: dict) -> Any:
     if isinstance(e, Tensor) and not isinstance(x, Tensor):
         if not e.is_floating_point():
             raise NotCovered("pow of a number to an integer tensor exponent")
-        _need_carbon_dtype("pow", e)
+        _need_carbon_dtype_or_float64("pow", e)
         return carbon_ops.pow_scalar_tensor(float(x), e)
     if isinstance(e, Tensor) and isinstance(x, Tensor) and x.dim() == 0 and x.device.type == "cpu" and x.is_floating_point():
         # a 0-dim CPU base (BLOOM's ALiBi slopes, base ** arange): a number base, read without a device sync
-        _need_carbon_dtype("pow", x)
+        _need_carbon_dtype_or_float64("pow", x)
         exponent = e if e.is_floating_point() else aten._to_copy(e, dtype=x.dtype)
         return carbon_ops.pow_scalar_tensor(x.item(), exponent).to(torch.result_type(x, e))
     if isinstance(e, Tensor) and e.dim() == 0 and e.device.type == "cpu":
@@ -299,7 +299,7 @@ def _pow(a: dict) -> Any:
                 base = aten.mul(base, base)
         result = aten.ones_like(x) if result is None else aten.clone(result)
         return true_divide(aten.ones_like(x), result) if e < 0 else result
-    _need_carbon_dtype("pow", x)
+    _need_carbon_dtype_or_float64("pow", x)
     return carbon_ops.pow_tensor_scalar(x, float(e))
 
 
@@ -1392,7 +1392,18 @@ def _nll_loss2d(handler: Callable[[dict], Any]) -> Callable[[dict], Any]:
 
 # ---- elementwise functions --------------------------------------------------------------------------------------
 
+# float64 too for these (double-double cores, csrc/elementwise/binary64_math.h): diffusion transformers build
+# their sin-cos position tables and rotary frequencies in float64.
+_BINARY64_UNARY = ("exp", "log", "sin", "cos")
+
+
+def _need_carbon_dtype_or_float64(op: str, *tensors: Optional[Tensor]) -> None:
+    _need_carbon_dtype(op, *(t for t in tensors if t is None or t.dtype != torch.float64))
+
+
 def _unary(name: str, op: Callable) -> Callable[[dict], Any]:
+    need = _need_carbon_dtype_or_float64 if name in _BINARY64_UNARY else _need_carbon_dtype
+
     def handler(a: dict) -> Any:
         x = a["self"]
         if not x.is_floating_point():
@@ -1401,7 +1412,7 @@ def _unary(name: str, op: Callable) -> Callable[[dict], Any]:
             # torch computes these of integer and boolean tensors in the default dtype (torch.log(arange(1, n)) in
             # Mamba-style initializations): the conversion is one correct rounding on every device
             x = aten._to_copy(x, dtype=torch.get_default_dtype())
-        _need_carbon_dtype(name, x)
+        need(name, x)
         return op(x)
     return handler
 

@@ -282,8 +282,17 @@ ELEMENTWISE_FUNCTIONS = ("exp", "log", "tanh", "sigmoid", "erf", "gelu", "gelu_t
                          "asin", "acos", "erfinv", "asinh", "acosh", "atanh")
 
 
+# float64 too (csrc/elementwise/binary64_math.h): these functions and both pow ops.
+BINARY64_FUNCTIONS = ("exp", "log", "sin", "cos")
+
+
+def _check_dtype_or_float64(op: str, name: str, t: Tensor, float64_ok: bool) -> None:
+    if not (float64_ok and t.dtype == torch.float64):
+        _check_dtype(op, name, t)
+
+
 def _elementwise_fake(op: str, x: Tensor) -> Tensor:
-    _check_dtype(op, "x", x)
+    _check_dtype_or_float64(op, "x", x, op in BINARY64_FUNCTIONS)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
@@ -299,13 +308,13 @@ _register_elementwise_fakes()
 
 @torch.library.register_fake("carbon::pow_tensor_scalar")
 def _pow_tensor_scalar_fake(x: Tensor, exponent: float) -> Tensor:
-    _check_dtype("pow_tensor_scalar", "x", x)
+    _check_dtype_or_float64("pow_tensor_scalar", "x", x, True)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 @torch.library.register_fake("carbon::pow_scalar_tensor")
 def _pow_scalar_tensor_fake(base: float, exponent: Tensor) -> Tensor:
-    _check_dtype("pow_scalar_tensor", "exponent", exponent)
+    _check_dtype_or_float64("pow_scalar_tensor", "exponent", exponent, True)
     return torch.empty_like(exponent, memory_format=torch.contiguous_format)
 
 
@@ -355,8 +364,8 @@ def _elementwise_backward_fake(grad: Tensor, x: Tensor, fn: str) -> Tensor:
     if fn not in ELEMENTWISE_FUNCTIONS:
         raise ValueError(f"carbon.{op}: unknown function '{fn}'; expected exp, log, tanh, sigmoid, erf, gelu, gelu_tanh, silu, sin, cos, log1p, softplus, log_sigmoid, expm1, "
                          "log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos, erfinv, asinh, acosh or atanh")
-    _check_dtype(op, "x", x)
-    _check_dtype(op, "grad", grad)
+    _check_dtype_or_float64(op, "x", x, fn in BINARY64_FUNCTIONS)
+    _check_dtype_or_float64(op, "grad", grad, fn in BINARY64_FUNCTIONS)
     if grad.dtype != x.dtype:
         raise TypeError(f"carbon.{op}: grad has dtype {grad.dtype} but x has dtype {x.dtype} (they must agree)")
     if grad.shape != x.shape:

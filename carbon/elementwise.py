@@ -10,6 +10,10 @@ always within 0.5 + 2^-16 ulp, and is bit-identical on every CPU and CUDA GPU
 (one shared implementation from IEEE +, -, *, /, sqrt, fma; no libm). Gradients
 are RN(grad * f'(x)) with f' evaluated the same way. docs/contract.md §6 and
 docs/elementwise.md give the definitions and the measured accuracy.
+
+exp, log, sin and cos also take float64 tensors: a double-double evaluation
+(relative error < 2^-98) rounded once, so correctly rounded except within
+2^-45 ulp of a midpoint, the same bits everywhere (contract §6, "float64").
 """
 
 from __future__ import annotations
@@ -23,12 +27,13 @@ __all__ = ["exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu", "sin", "cos",
 
 
 def exp(x: Tensor) -> Tensor:
-    """e^x, elementwise. exp(-inf) = 0, overflow gives inf."""
+    """e^x, elementwise. exp(-inf) = 0, overflow gives inf. Also float64."""
     return torch.ops.carbon.exp(x)
 
 
 def log(x: Tensor) -> Tensor:
-    """Natural logarithm, elementwise. log(+-0) = -inf, log(x < 0) = NaN."""
+    """Natural logarithm, elementwise. log(+-0) = -inf, log(x < 0) = NaN.
+    Also float64."""
     return torch.ops.carbon.log(x)
 
 
@@ -65,13 +70,14 @@ def sin(x: Tensor) -> Tensor:
     """Sine, elementwise (odd: keeps the sign of zero; NaN at +-inf). The
     argument is reduced modulo pi/2 exactly (with 128 bits of 2/pi), so the
     result is as accurate for x = 1e30 as for x = 1 (torch's float32 sin is
-    not, and differs between CPU and GPU)."""
+    not, and differs between CPU and GPU). Also float64 (reduced with 1280
+    bits of 2/pi, exact up to 1.8e308)."""
     return torch.ops.carbon.sin(x)
 
 
 def cos(x: Tensor) -> Tensor:
     """Cosine, elementwise (even; NaN at +-inf), with sin's exact argument
-    reduction."""
+    reduction. Also float64."""
     return torch.ops.carbon.cos(x)
 
 

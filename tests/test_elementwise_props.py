@@ -107,6 +107,8 @@ def test_torch_compile_fullgraph_matches_eager():
 @pytest.mark.parametrize("dtype", [torch.float64, torch.int32, torch.complex64, torch.bool])
 @pytest.mark.parametrize("name", FORWARD)
 def test_bad_dtype(name, dtype):
+    if dtype == torch.float64 and name in ("exp", "log", "sin", "cos"):
+        pytest.skip("float64 is covered for exp, log, sin and cos (test_elementwise_binary64.py)")
     x = torch.ones(3, dtype=dtype)
     op = "gelu" if name == "gelu_tanh" else name
     with pytest.raises(TypeError, match=rf"^carbon\.{op}: x has dtype"):

@@ -115,7 +115,7 @@ def test_under_enable_non_integer_powers_route_to_carbon():
 
 def test_errors_and_meta():
     with pytest.raises(TypeError, match="carbon.pow_tensor_scalar: x has dtype"):
-        torch.ops.carbon.pow_tensor_scalar(torch.ones(2, dtype=torch.float64), 1.5)
+        torch.ops.carbon.pow_tensor_scalar(torch.ones(2, dtype=torch.int32), 1.5)
     with pytest.raises(TypeError, match="carbon.pow_scalar_tensor: exponent has dtype"):
         torch.ops.carbon.pow_scalar_tensor(2.0, torch.ones(2, dtype=torch.int64))
     m = torch.ops.carbon.pow_tensor_scalar(torch.empty(3, 0, 2, dtype=torch.bfloat16, device="meta"), 2.5)

@@ -111,20 +111,40 @@ void check_device(const char* op, const at::Tensor& t) {
               " are not supported (CPU and CUDA only)");
 }
 
+bool is_binary64(math::Fn fn, const at::Tensor& x) {
+  return x.scalar_type() == at::kDouble && has_binary64(fn);
+}
+
+void check_dtype(math::Fn fn, const char* op, const char* name, const at::Tensor& t) {
+  if (!is_binary64(fn, t)) check_supported_dtype(op, name, t);
+}
+
+// Runs the float32/bfloat16/float16 kernels or the float64 ones.
+void launch(math::Fn fn, bool backward, const at::Tensor& x, const at::Tensor& grad, at::Tensor& out) {
+  const bool b64 = is_binary64(fn, x);
+  if (x.is_cpu()) {
+    if (b64)
+      elementwise_binary64_cpu(fn, backward, x, grad, out);
+    else
+      elementwise_cpu(fn, backward, x, grad, out);
+  } else {
+#ifdef CARBON_WITH_CUDA
+    if (b64)
+      elementwise_binary64_cuda(fn, backward, x, grad, out);
+    else
+      elementwise_cuda(fn, backward, x, grad, out);
+#endif
+  }
+}
+
 at::Tensor run(math::Fn fn, const at::Tensor& x) {
   const char* op = op_name(fn);
-  check_supported_dtype(op, "x", x);
+  check_dtype(fn, op, "x", x);
   check_device(op, x);
   const at::Tensor input = x.contiguous();
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   if (out.numel() == 0) return out;
-  if (x.is_cpu()) {
-    elementwise_cpu(fn, false, input, at::Tensor(), out);
-  } else {
-#ifdef CARBON_WITH_CUDA
-    elementwise_cuda(fn, false, input, at::Tensor(), out);
-#endif
-  }
+  launch(fn, false, input, at::Tensor(), out);
   return out;
 }
 
@@ -146,6 +166,15 @@ void elementwise_cpu(math::Fn fn, bool backward, const at::Tensor& x, const at::
           elementwise_range<kFn, false, F>(xp, gp, op, begin, end);
       });
     });
+  });
+}
+
+void elementwise_binary64_cpu(math::Fn fn, bool backward, const at::Tensor& x, const at::Tensor& grad, at::Tensor& out) {
+  const double* xp = x.const_data_ptr<double>();
+  const double* gp = backward ? grad.const_data_ptr<double>() : nullptr;
+  double* op = out.mutable_data_ptr<double>();
+  carbon::parallel_for(0, x.numel(), 1024, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) op[i] = binary64_one(fn, backward, xp[i], backward ? gp[i] : 0.0);
   });
 }
 
@@ -202,8 +231,8 @@ at::Tensor elementwise_backward(const at::Tensor& grad, const at::Tensor& x, c10
                     "'; expected exp, log, tanh, sigmoid, erf, gelu, gelu_tanh, silu, sin, cos, log1p, softplus, log_sigmoid, expm1, "
                     "log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos, erfinv, asinh, acosh or atanh");
   const char* op = "elementwise_backward";
-  check_supported_dtype(op, "x", x);
-  check_supported_dtype(op, "grad", grad);
+  check_dtype(*found, op, "x", x);
+  check_dtype(*found, op, "grad", grad);
   TORCH_CHECK_TYPE(grad.scalar_type() == x.scalar_type(), "carbon.elementwise_backward: grad has dtype ",
                    grad.scalar_type(), " but x has dtype ", x.scalar_type(), " (they must agree)");
   TORCH_CHECK_VALUE(grad.sizes() == x.sizes(), "carbon.elementwise_backward: grad has shape ", grad.sizes(),
@@ -214,13 +243,7 @@ at::Tensor elementwise_backward(const at::Tensor& grad, const at::Tensor& x, c10
   const at::Tensor xc = x.contiguous(), gc = grad.contiguous();
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   if (out.numel() == 0) return out;
-  if (x.is_cpu()) {
-    elementwise_cpu(*found, true, xc, gc, out);
-  } else {
-#ifdef CARBON_WITH_CUDA
-    elementwise_cuda(*found, true, xc, gc, out);
-#endif
-  }
+  launch(*found, true, xc, gc, out);
   return out;
 }
 

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "../exact/float_format.h"
+#include "binary64_math.h"
 #include "elementwise_math.h"
 
 namespace carbon {
@@ -49,11 +50,36 @@ at::Tensor log_sigmoid_op(const at::Tensor& x);
 // "atanh") at x for the incoming gradient `grad` (same shape and dtype).
 at::Tensor elementwise_backward(const at::Tensor& grad, const at::Tensor& x, c10::string_view fn);
 
+// float64 tensors: exp, log, sin and cos only, from binary64_math.h's
+// double-double cores (the other functions raise for float64).
+CARBON_HD bool has_binary64(math::Fn fn) {
+  return fn == math::Fn::kExp || fn == math::Fn::kLog || fn == math::Fn::kSin || fn == math::Fn::kCos;
+}
+
+// One float64 output element. Forward: RN(f(x)) (binary64_math.h). Backward:
+// torch's formulas with one rounding each, RN(g * RN(f'(x))) for exp
+// (f' = exp), sin (cos) and cos (-sin), RN(g / x) for log. NaN results have
+// the canonical bits (CPUs and GPUs propagate NaN payloads differently).
+CARBON_HD double binary64_one(math::Fn fn, bool backward, double x, double g) {
+  double v;
+  switch (fn) {
+    case math::Fn::kExp: v = math::b64::exp_core(x); v = backward ? g * v : v; break;
+    case math::Fn::kLog: v = backward ? g / x : math::b64::log_core(x); break;
+    case math::Fn::kSin: v = backward ? g * math::b64::cos_core(x) : math::b64::sin_core(x); break;
+    case math::Fn::kCos: v = backward ? g * -math::b64::sin_core(x) : math::b64::cos_core(x); break;
+    default: v = math::quiet_nan(); break;
+  }
+  return is_nan(v) ? math::quiet_nan() : v;
+}
+
 // Device kernels over contiguous tensors of one dtype and size. grad is
 // undefined for the forward pass.
 void elementwise_cpu(math::Fn fn, bool backward, const at::Tensor& x, const at::Tensor& grad, at::Tensor& out);
+void elementwise_binary64_cpu(math::Fn fn, bool backward, const at::Tensor& x, const at::Tensor& grad, at::Tensor& out);
 #ifdef CARBON_WITH_CUDA
 void elementwise_cuda(math::Fn fn, bool backward, const at::Tensor& x, const at::Tensor& grad, at::Tensor& out);
+void elementwise_binary64_cuda(math::Fn fn, bool backward, const at::Tensor& x, const at::Tensor& grad,
+                               at::Tensor& out);
 #endif
 
 // Calls body(std::integral_constant<math::Fn, f>{}) for f known at run time.

@@ -18,7 +18,25 @@ __global__ void elementwise_kernel(const typename F::Bits* __restrict__ x, const
     out[i] = elementwise_one<kFn, kBackward, F>(x[i], kBackward ? g[i] : typename F::Bits{0});
 }
 
+__global__ void elementwise_binary64_kernel(math::Fn fn, bool backward, const double* __restrict__ x,
+                                            const double* __restrict__ g, int64_t n, double* __restrict__ out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    out[i] = binary64_one(fn, backward, x[i], backward ? g[i] : 0.0);
+}
+
 }  // namespace
+
+void elementwise_binary64_cuda(math::Fn fn, bool backward, const at::Tensor& x, const at::Tensor& grad,
+                               at::Tensor& out) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int threads = 128;  // the double-double cores use many registers
+  const int blocks = blocks_for(x.numel(), threads);
+  elementwise_binary64_kernel<<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+      fn, backward, x.const_data_ptr<double>(), backward ? grad.const_data_ptr<double>() : nullptr, x.numel(),
+      out.mutable_data_ptr<double>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
 
 void elementwise_cuda(math::Fn fn, bool backward, const at::Tensor& x, const at::Tensor& grad, at::Tensor& out) {
   const c10::cuda::CUDAGuard guard(x.device());

@@ -5,13 +5,14 @@
 
 #include "../dtypes.h"
 #include "../exact/fp_env.h"
+#include "binary64_math.h"
 #include "pow_math.h"
 
 namespace carbon {
 namespace {
 
 at::Tensor run(const char* op, const at::Tensor& t, double scalar, bool tensor_is_base) {
-  check_supported_dtype(op, tensor_is_base ? "x" : "exponent", t);
+  if (t.scalar_type() != at::kDouble) check_supported_dtype(op, tensor_is_base ? "x" : "exponent", t);
   TORCH_CHECK(t.is_cpu() || t.is_cuda(), "carbon.", op, ": tensors on ", t.device(),
               " are not supported (CPU and CUDA only)");
   const at::Tensor input = t.contiguous();
@@ -30,6 +31,14 @@ at::Tensor run(const char* op, const at::Tensor& t, double scalar, bool tensor_i
 }  // namespace
 
 void pow_cpu(const at::Tensor& x, double scalar, bool tensor_is_base, at::Tensor& out) {
+  if (x.scalar_type() == at::kDouble) {  // float64: the double-double core
+    const double* xp = x.const_data_ptr<double>();
+    double* op = out.mutable_data_ptr<double>();
+    carbon::parallel_for(0, x.numel(), 1024, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) op[i] = pow_binary64_one(xp[i], scalar, tensor_is_base);
+    });
+    return;
+  }
   with_format(format_of(x.scalar_type()), [&](auto fmt) {
     using F = decltype(fmt);
     using Bits = typename F::Bits;

@@ -1,7 +1,8 @@
 // Host-side interface of carbon's pow ops: x^p (tensor base, number exponent)
 // and b^y (number base, tensor exponent), out = RN_F(pow_core) in the
 // tensor's format F (pow_math.h). Used by carbon.enable for torch.pow with a
-// non-integer exponent (integer exponents there are exact products).
+// non-integer exponent (integer exponents there are exact products). float64
+// tensors take binary64_math.h's double-double pow_core instead.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -5,6 +5,7 @@
 #include "../cuda_launch.cuh"
 #include "../dtypes.h"
 #include "pow.h"
+#include "binary64_math.h"
 #include "pow_math.h"
 
 namespace carbon {
@@ -22,6 +23,13 @@ __global__ void pow_kernel(const typename F::Bits* __restrict__ x, int64_t n, do
   }
 }
 
+__global__ void pow_binary64_kernel(const double* __restrict__ x, int64_t n, double scalar, bool tensor_is_base,
+                                    double* __restrict__ out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    out[i] = pow_binary64_one(x[i], scalar, tensor_is_base);
+}
+
 }  // namespace
 
 void pow_cuda(const at::Tensor& x, double scalar, bool tensor_is_base, at::Tensor& out) {
@@ -29,6 +37,12 @@ void pow_cuda(const at::Tensor& x, double scalar, bool tensor_is_base, at::Tenso
   const int threads = 256;
   const int blocks = blocks_for(x.numel(), threads);
   const auto stream = at::cuda::getCurrentCUDAStream();
+  if (x.scalar_type() == at::kDouble) {  // float64: the double-double core
+    pow_binary64_kernel<<<blocks_for(x.numel(), 128), 128, 0, stream>>>(
+        x.const_data_ptr<double>(), x.numel(), scalar, tensor_is_base, out.mutable_data_ptr<double>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
   with_format(format_of(x.scalar_type()), [&](auto fmt) {
     using F = decltype(fmt);
     using Bits = typename F::Bits;
