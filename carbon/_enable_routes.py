@@ -227,6 +227,11 @@ def _rounded_divide(x: Any, y: Any, mode: str) -> Tensor:
     return q if q.dtype == out_dtype else q.to(out_dtype)
 
 
+def _floor_divide(a: dict) -> Tensor:
+    """x // y: torch's floor_divide is div(rounding_mode='floor') (CTRL's sinusoidal table, i // 2)."""
+    return _rounded_divide(a["self"], a["other"], "floor")
+
+
 def _addcmul(a: dict) -> Tensor:
     # self + value * (t1 * t2), three roundings in this order (float32 ones for 16-bit results: _in_opmath)
     value = a.get("value", 1)
@@ -3303,7 +3308,8 @@ ROUTES: Dict[str, Callable] = {
     "gelu": _gelu, "gelu_backward": _gelu_backward, "silu_backward": _silu_backward,
     "tanh_backward": _tanh_backward, "sigmoid_backward": _sigmoid_backward,
     # single IEEE operations, spelled out so that no device fuses them
-    "add": _add, "sub": _sub, "rsub": _rsub, "div": _div, "true_divide": _div, "addcmul": _addcmul,
+    "add": _add, "sub": _sub, "rsub": _rsub, "div": _div, "true_divide": _div, "floor_divide": _floor_divide,
+    "addcmul": _addcmul,
     "addcdiv": _addcdiv, "lerp": _lerp, "pow": _pow, "sqrt": _sqrt, "rsqrt": _rsqrt, "reciprocal": _reciprocal,
     # indexed accumulation
     "index_add": _index_add, "scatter_add": _scatter_add, "index_put": _index_put, "_index_put_impl": _index_put,

@@ -1190,6 +1190,7 @@ def test_routes_divide_by_tensors_on_the_dividends_device_not_by_numbers():
     with _Divisions() as d, carbon.enabled():
         torch.div(x, 7.0, rounding_mode="trunc")
         torch.div(x, torch.tensor(7.0), rounding_mode="floor")
+        x // 7.0  # floor_divide
         torch.histc(x, 8, -1.0, 2.0)
     _assert_tensor_divisors(d)
     with _Divisions() as d:  # a route's own aten calls run below carbon's mode
@@ -1207,6 +1208,26 @@ def test_div_with_a_rounding_mode_and_a_number_divisor_is_torchs_cpu_result(dtyp
             want = torch.div(x, y, rounding_mode=mode)
             assert got.dtype == want.dtype
             assert_bits_equal(got, as_bits(want), f"{mode} {y}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_floor_divide_is_division_rounded_down(dtype):
+    # CTRL's sinusoidal table computes i // 2 of a float arange; floor_divide was refused before
+    x = (_randn(400, seed=141) * 100).to(dtype)
+    with carbon.enabled():
+        got = [x // 2, torch.floor_divide(x, -3.0), x // torch.tensor(0.1), torch.arange(10.0) // 2]
+        inplace = x.clone()
+        inplace //= 7
+        ints = torch.arange(-7, 7) // 3
+    want = [torch.div(x, 2, rounding_mode="floor"), torch.div(x, -3.0, rounding_mode="floor"),
+            torch.div(x, torch.tensor(0.1), rounding_mode="floor"), torch.tensor([0.0, 0, 1, 1, 2, 2, 3, 3, 4, 4])]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        assert_bits_equal(g, as_bits(w))
+    assert_bits_equal(inplace, as_bits(torch.div(x, 7, rounding_mode="floor")))
+    for v, q in zip(x.tolist(), got[0].tolist()):  # an exact oracle: floor of the exact quotient
+        assert q == math.floor(Fraction(v) / 2)
+    assert ints.tolist() == [(k // 3) for k in range(-7, 7)] and ints.dtype == torch.int64
 
 
 def test_scatter_with_a_reduction_is_refused_and_plain_scatter_runs():
