@@ -17,7 +17,6 @@ import pytest
 import torch
 
 import carbon
-from conftest import restore_num_threads  # noqa: F401  (fixture)
 
 mpmath.mp.prec = 300
 mpf = mpmath.mpf
@@ -174,7 +173,7 @@ def test_log_gradient_is_one_division():
     assert dx.tolist() == [g / v for v, g in zip(xs, gs)]
 
 
-def test_same_bits_at_one_and_two_threads_and_in_any_layout(restore_num_threads):  # noqa: F811
+def test_same_bits_at_one_and_two_threads_and_in_any_layout(restore_num_threads):
     x = torch.tensor(spread(-30, 300, 20_000), dtype=torch.float64).reshape(100, 200)
     outs = []
     for threads in (1, 2):
@@ -201,7 +200,7 @@ def sincos_table(d: int, n: int) -> torch.Tensor:
     return torch.cat([torch.sin(out), torch.cos(out)], dim=1)
 
 
-def test_diffusion_position_tables_under_strict_enable(restore_num_threads, carbon_disabled_after):  # noqa: F811
+def test_diffusion_position_tables_under_strict_enable(restore_num_threads, carbon_disabled_after):
     tables = []
     for threads in (1, 2):
         torch.set_num_threads(threads)
