@@ -3151,6 +3151,18 @@ def _log_normal_(a: dict) -> Tensor:
     return carbon_ops.exp(n).to(x.dtype)
 
 
+def _cauchy_(a: dict) -> Tensor:
+    """RN(m + RN(σ·TAN(RN(RN32(π)·(u − ½))))) in float32, then x's dtype, from one uniform draw u (k·2⁻²⁴) per
+    element: torch's inversion formula median + sigma·tan(π(u − ½)) on carbon's uniforms and tan (u − ½ is
+    exact; u = 0 gives −tan(RN32(π)/2) ≈ −2.3e7, finite)."""
+    x, median, sigma = a["self"], float(a.get("median", 0.0)), float(a.get("sigma", 1.0))
+    _need_random_dtype("cauchy_", x.dtype)
+    u = _uniform_values(list(x.shape), 0.0, 1.0, torch.float32, x.device)
+    angle = aten.mul(aten.sub(u, 0.5), float(torch.tensor(math.pi, dtype=torch.float32)))
+    scaled = aten.mul(carbon_ops.tan(angle), _scalar_like(angle, sigma))
+    return aten.add(scaled, _scalar_like(scaled, median)).to(x.dtype)
+
+
 def _geometric_(a: dict) -> Tensor:
     """max(1, CEIL(RN32(LOG(RN(1 − u)) / LOG1P(RN32(−p))))) from one uniform draw u (k·2⁻²⁴) per element:
     torch's inversion formula on carbon's uniforms, log and log1p (1 − u is exact)."""
@@ -3358,7 +3370,7 @@ ROUTES: Dict[str, Callable] = {
     "rand": _rand, "randn": _randn, "randint": _randint, "randperm": _randperm, "uniform": _uniform_,
     "normal": _normal_, "random": _random_, "exponential": _exponential_, "bernoulli": _bernoulli, "multinomial": _multinomial,
     "rand_like": _rand_like, "randn_like": _randn_like, "randint_like": _randint_like, "log_normal": _log_normal_,
-    "geometric": _geometric_,
+    "geometric": _geometric_, "cauchy": _cauchy_,
     "rrelu_with_noise": _rrelu, "rrelu_with_noise_functional": _rrelu_functional,
     "rrelu_with_noise_backward": _rrelu_backward,
     "native_dropout": _native_dropout, "native_dropout_backward": _native_dropout_backward,

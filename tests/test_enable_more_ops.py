@@ -94,6 +94,25 @@ def test_geometric_draws_invert_carbons_uniforms():
     assert abs(float((got == 1).double().mean()) - p) < 0.04
 
 
+def test_cauchy_draws_are_torchs_inversion_of_carbons_uniforms():
+    median, sigma = 0.5, 2.0
+    with carbon.enabled(seed=5):
+        got = torch.empty(2000).cauchy_(median, sigma)
+    with carbon.enabled(seed=5):
+        u = torch.rand(2000)  # the same (first) draw of the same seeded generator
+    pi32 = Fraction(torch.tensor(math.pi, dtype=torch.float32).item())
+    angles = torch.tensor([float(round_bits_value((Fraction(v) - Fraction(1, 2)) * pi32)) for v in u.tolist()])
+    tans = _values(carbon.tan(angles))
+    want = [round_bits_value(Fraction(median) + Fraction(round_bits_value(Fraction(sigma) * Fraction(t)))) for t in tans]
+    assert got.tolist() == want
+    # the law: the median and the quartiles median -+ sigma
+    q = torch.quantile(got.double(), torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64)).tolist()
+    assert abs(q[1] - median) < 0.2 and abs(q[0] - (median - sigma)) < 0.4 and abs(q[2] - (median + sigma)) < 0.4
+    with carbon.enabled(seed=5):
+        half = torch.empty(10, dtype=torch.bfloat16).cauchy_()
+    assert half.dtype == torch.bfloat16 and torch.isfinite(half).all()
+
+
 def test_trunc_normal_by_erfinv_runs_strict_and_gives_the_same_bits_at_one_and_two_threads(restore_num_threads):
     """torch 2.11's nn.init.trunc_normal_ (and other initializers) map uniform draws through erfinv_, then
     scale, shift and clamp: written out here, it runs under strict enable, erfinv_ gives carbon.erfinv of the
