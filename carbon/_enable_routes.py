@@ -583,6 +583,42 @@ def _xlogy(a: dict) -> Tensor:
     return aten.where(aten.logical_and(aten.eq(x_t, 0), aten.logical_not(aten.isnan(y_t))), 0.0, product).to(dtype)
 
 
+def _xlog1py(a: dict) -> Tensor:
+    """x·log1p(y) as RN(x·LOG1P(y)) (carbon's log1p); NaN where y is NaN, else 0 where x = 0 (torch's rule)."""
+    x, y = a["self"], a["other"]
+    x_t = x if isinstance(x, Tensor) else torch.full((), float(x), device=y.device)
+    y_t = y if isinstance(y, Tensor) else torch.full((), float(y), device=x_t.device)
+    dtype = torch.result_type(x, y)
+    if not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    x_t, y_t = x_t.to(dtype), y_t.to(dtype)
+    _need_carbon_dtype("special_xlog1py", x_t, y_t)
+    product = aten.mul(x_t, carbon_ops.log1p(y_t))
+    return aten.where(aten.logical_and(aten.eq(x_t, 0), aten.logical_not(aten.isnan(y_t))), 0.0, product).to(dtype)
+
+
+def _entr(a: dict) -> Tensor:
+    """−x·log(x) as RN(−x·LOG(x)) for x > 0 (carbon's log), 0 at 0, −∞ below, NaN for NaN (torch's rule)."""
+    x = a["self"]
+    if not x.is_floating_point():
+        x = aten._to_copy(x, dtype=torch.get_default_dtype())
+    _need_carbon_dtype("special_entr", x)
+    r = aten.mul(aten.neg(x), carbon_ops.log(aten.where(aten.gt(x, 0), x, 1.0)))
+    r = aten.where(aten.eq(x, 0), 0.0, aten.where(aten.lt(x, 0), float("-inf"), r))
+    return aten.where(aten.isnan(x), x, r)
+
+
+def _angle(a: dict) -> Any:
+    """angle of a real tensor: π (RN in its dtype) where x < 0, else 0; NaN stays NaN. No arithmetic."""
+    x = a["self"]
+    if x.is_complex():
+        raise NotCovered("angle of a complex tensor (atan2)")
+    if not x.is_floating_point():
+        x = aten._to_copy(x, dtype=torch.get_default_dtype())
+    r = aten.where(aten.lt(x, 0), float(torch.tensor(math.pi, dtype=x.dtype)), 0.0).to(x.dtype)
+    return aten.where(aten.isnan(x), x, r)
+
+
 def _smooth_l1(huber: bool) -> Callable[[dict], Tensor]:
     """d = RN(x − y); |d| < β: RN(RN(RN(d·d)·0.5) / β) (smooth L1) or RN(RN(d·d)·0.5) (Huber, δ = β);
     else RN(|d| − RN(0.5·β)), times δ for Huber: RN(δ·RN(|d| − RN(0.5·δ))); mean / sum exact."""
@@ -2544,6 +2580,22 @@ def _logaddexp(a: dict) -> Tensor:
     return aten.where(both_inf, xs, r).to(out_dtype)
 
 
+def _logaddexp2(a: dict) -> Tensor:
+    """torch's formula, each step one rounding or a carbon function: x where x = y = ±∞, else
+    RN(max(x, y) + RN(LOG1P(EXP2(−|RN(x − y)|))·RN(1/ln 2))), in float32 for bfloat16 / float16, rounded once
+    at the end."""
+    x, y = a["self"], a["other"]
+    _need_carbon_dtype("logaddexp2", x, y)
+    out_dtype = torch.result_type(x, y)
+    compute = _opmath(out_dtype)
+    xs, ys = x.to(compute), y.to(compute)
+    inv_ln2 = float(torch.tensor(1.0 / math.log(2.0), dtype=compute))
+    tail = aten.mul(carbon_ops.log1p(carbon_ops.exp2(aten.neg(aten.abs(aten.sub(xs, ys))))), inv_ln2)
+    r = aten.add(aten.maximum(xs, ys), tail)
+    both_inf = aten.logical_and(aten.isinf(xs), aten.eq(xs, ys))
+    return aten.where(both_inf, xs, r).to(out_dtype)
+
+
 def _dist(a: dict) -> Tensor:
     """torch.dist(x, y, p): the vector-norm route (p = 2 or ∞) of RN(x − y) (one rounding per element)."""
     p = a.get("p", 2)
@@ -3296,6 +3348,7 @@ ROUTES: Dict[str, Callable] = {
     "nll_loss_forward": _nll_loss_forward, "nll_loss_backward": _nll_loss_backward,
     "nll_loss2d_forward": _nll_loss2d(_nll_loss_forward), "nll_loss2d_backward": _nll_loss2d(_nll_loss_backward),
     "mse_loss": _mse_loss, "mse_loss_backward": _mse_loss_backward, "logsumexp": _logsumexp, "xlogy": _xlogy,
+    "special_xlog1py": _xlog1py, "special_entr": _entr, "angle": _angle,
     "smooth_l1_loss": _smooth_l1(False), "smooth_l1_loss_backward": _smooth_l1_backward(False),
     "huber_loss": _smooth_l1(True), "huber_loss_backward": _smooth_l1_backward(True), "nansum": _nansum,
     "trace": _trace, "addmv": _addmv, "logit": _logit, "logit_backward": _logit_backward,
@@ -3360,7 +3413,7 @@ ROUTES: Dict[str, Callable] = {
     "_grid_sampler_2d_cpu_fallback": _grid_sample, "grid_sampler_2d_backward": _grid_sample_backward,
     "_grid_sampler_2d_cpu_fallback_backward": _grid_sample_backward, "cudnn_grid_sampler": _cudnn_grid_sampler,
     "cudnn_grid_sampler_backward": _cudnn_grid_sampler_backward,
-    "col2im": _col2im, "remainder": _remainder, "logaddexp": _logaddexp, "dist": _dist,
+    "col2im": _col2im, "remainder": _remainder, "logaddexp": _logaddexp, "logaddexp2": _logaddexp2, "dist": _dist,
     # piecewise activations
     "hardsigmoid": _hardsigmoid, "hardsigmoid_backward": _hardsigmoid_backward, "hardswish": _hardswish,
     "hardswish_backward": _hardswish_backward, "mish": _mish, "mish_backward": _mish_backward, "glu": _glu,

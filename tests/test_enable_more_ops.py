@@ -1249,6 +1249,42 @@ def test_floor_divide_is_division_rounded_down(dtype):
     assert ints.tolist() == [(k // 3) for k in range(-7, 7)] and ints.dtype == torch.int64
 
 
+def test_xlog1py_entr_angle_and_logaddexp2_are_the_documented_compositions():
+    x = _randn(300, seed=160) * 3
+    y = _randn(300, seed=161).abs() * 2 - 0.5
+    x[:5] = torch.tensor([0.0, 0.0, -0.0, float("nan"), 1.0])
+    y[:5] = torch.tensor([0.5, float("nan"), -1.0, 0.5, float("inf")])
+    p = torch.cat([_randn(290, seed=162).abs(), torch.tensor([0.0, -0.0, -1.0, float("nan"), float("inf"), 1e-30,
+                                                             1.0, 2.0, 0.5, 3e38])])
+    with carbon.enabled():
+        xl = torch.special.xlog1py(x, y)
+        en = torch.special.entr(p)
+        an = torch.angle(x)
+        la = torch.logaddexp2(x, y)
+        z = x.clone().requires_grad_(True)
+        w = y.abs().clone().requires_grad_(True)
+        (torch.special.entr(w) + torch.logaddexp2(z, w) + torch.special.xlog1py(z, w)).sum().backward()
+    log1p_y, log_p = _values(carbon.log1p(y)), _values(carbon.log(p.abs()))
+    inv_ln2 = Fraction(torch.tensor(1.0 / math.log(2.0), dtype=torch.float32).item())
+    tail = _values(carbon.log1p(carbon.exp2(-(x - y).abs())))  # RN(x − y) is torch's subtraction
+    pi32 = torch.tensor(math.pi, dtype=torch.float32).item()
+    for i, (a, b) in enumerate(zip(x.tolist(), y.tolist())):
+        want = math.nan if math.isnan(b) else 0.0 if a == 0 else (
+            math.nan if math.isnan(a) or math.isnan(log1p_y[i]) else round_bits_value(Fraction(a) * Fraction(log1p_y[i]))
+            if math.isfinite(log1p_y[i]) else a * log1p_y[i])
+        assert xl[i].item() == want or (math.isnan(want) and math.isnan(xl[i].item())), (i, a, b)
+        want_angle = a if math.isnan(a) else (pi32 if a < 0 else 0.0)
+        assert an[i].item() == want_angle or math.isnan(a)
+        if math.isfinite(a) and math.isfinite(b):
+            step = round_bits_value(Fraction(tail[i]) * inv_ln2)
+            assert la[i].item() == round_bits_value(Fraction(max(a, b)) + Fraction(step)), (i, a, b)
+    for i, v in enumerate(p.tolist()):
+        want = v if math.isnan(v) else 0.0 if v == 0 else -math.inf if v < 0 else (
+            round_bits_value(-Fraction(v) * Fraction(log_p[i])) if math.isfinite(v) else -math.inf)
+        assert en[i].item() == want or (math.isnan(v) and math.isnan(en[i].item())), (i, v)
+    assert z.grad is not None and w.grad is not None
+
+
 def test_scatter_with_a_reduction_is_refused_and_plain_scatter_runs():
     """docs/enable.md allows scatter "without reduction": scatter(..., reduce='add' / 'multiply') adds or
     multiplies one element at a time, in index order on the CPU and in the order of atomics on CUDA."""
