@@ -583,6 +583,24 @@ def _xlogy(a: dict) -> Tensor:
     return aten.where(aten.logical_and(aten.eq(x_t, 0), aten.logical_not(aten.isnan(y_t))), 0.0, product).to(dtype)
 
 
+def _two_argument(name: str, first: str, second: str) -> Callable[[dict], Tensor]:
+    """atan2(y, x) and hypot(x, y): carbon's correctly rounded binary64 cores (contract §6), after torch's
+    broadcasting and type promotion (integers to the default dtype); bfloat16 / float16 are computed in their
+    own format (one rounding of the exact binary64 value)."""
+    def handler(a: dict) -> Tensor:
+        u, v = a["self"], a["other"]
+        dtype = torch.result_type(u, v)
+        if not dtype.is_floating_point:
+            dtype = torch.get_default_dtype()
+        u = u if isinstance(u, Tensor) else torch.full((), float(u), device=v.device)
+        v = v if isinstance(v, Tensor) else torch.full((), float(v), device=u.device)
+        shape = list(torch.broadcast_shapes(u.shape, v.shape))
+        u, v = u.to(dtype).expand(shape), v.to(dtype).expand(shape)
+        _need_carbon_dtype(name, u, v)
+        return getattr(carbon_ops, name)(u, v)
+    return handler
+
+
 def _xlog1py(a: dict) -> Tensor:
     """x·log1p(y) as RN(x·LOG1P(y)) (carbon's log1p); NaN where y is NaN, else 0 where x = 0 (torch's rule)."""
     x, y = a["self"], a["other"]
@@ -3349,6 +3367,8 @@ ROUTES: Dict[str, Callable] = {
     "nll_loss2d_forward": _nll_loss2d(_nll_loss_forward), "nll_loss2d_backward": _nll_loss2d(_nll_loss_backward),
     "mse_loss": _mse_loss, "mse_loss_backward": _mse_loss_backward, "logsumexp": _logsumexp, "xlogy": _xlogy,
     "special_xlog1py": _xlog1py, "special_entr": _entr, "angle": _angle,
+    "atan2": _two_argument("atan2", "y", "x"), "arctan2": _two_argument("atan2", "y", "x"),
+    "hypot": _two_argument("hypot", "x", "y"),
     "smooth_l1_loss": _smooth_l1(False), "smooth_l1_loss_backward": _smooth_l1_backward(False),
     "huber_loss": _smooth_l1(True), "huber_loss_backward": _smooth_l1_backward(True), "nansum": _nansum,
     "trace": _trace, "addmv": _addmv, "logit": _logit, "logit_backward": _logit_backward,

@@ -318,6 +318,30 @@ def _pow_scalar_tensor_fake(base: float, exponent: Tensor) -> Tensor:
     return torch.empty_like(exponent, memory_format=torch.contiguous_format)
 
 
+def _two_argument_fake(op: str, names: tuple, a: Tensor, b: Tensor) -> Tensor:
+    _check_dtype(op, names[0], a)
+    _check_dtype(op, names[1], b)
+    if a.dtype != b.dtype:
+        raise TypeError(f"carbon.{op}: {names[0]} has dtype {a.dtype} but {names[1]} has dtype {b.dtype} (they must agree)")
+    if a.shape != b.shape:
+        raise ValueError(f"carbon.{op}: {names[0]} has shape {list(a.shape)} but {names[1]} has shape {list(b.shape)} "
+                         "(they must agree; broadcast first)")
+    if a.device != b.device:
+        raise ValueError(f"carbon.{op}: expected all tensors on one device, but {names[0]} is on {a.device} and "
+                         f"{names[1]} is on {b.device}")
+    return torch.empty_like(a, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("carbon::atan2")
+def _atan2_fake(y: Tensor, x: Tensor) -> Tensor:
+    return _two_argument_fake("atan2", ("y", "x"), y, x)
+
+
+@torch.library.register_fake("carbon::hypot")
+def _hypot_fake(x: Tensor, y: Tensor) -> Tensor:
+    return _two_argument_fake("hypot", ("x", "y"), x, y)
+
+
 @torch.library.register_fake("carbon::cumsum_rows")
 def _cumsum_rows_fake(x: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
     _check_dtype("cumsum_rows", "x", x)

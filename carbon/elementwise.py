@@ -23,7 +23,7 @@ from torch import Tensor
 
 __all__ = ["exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu", "sin", "cos", "log1p", "softplus", "log_sigmoid", "expm1",
            "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos", "erfinv", "asinh", "acosh",
-           "atanh"]
+           "atanh", "atan2", "hypot"]
 
 
 def exp(x: Tensor) -> Tensor:
@@ -185,3 +185,19 @@ def log_sigmoid(x: Tensor) -> Tensor:
     """log(sigmoid(x)) = -softplus(-x), elementwise, without cancellation
     (the loss of DPO and of pairwise reward models)."""
     return torch.ops.carbon.log_sigmoid(x)
+
+
+def atan2(y: Tensor, x: Tensor) -> Tensor:
+    """The angle of the point (x, y), elementwise, as C's atan2 (signed zeros and
+    infinities give 0, +-pi/4, +-pi/2, +-3pi/4, +-pi with y's sign), correctly rounded
+    from a binary64 evaluation. y and x broadcast; they must have one dtype."""
+    y, x = torch.broadcast_tensors(y, x)
+    return torch.ops.carbon.atan2(y, x)
+
+
+def hypot(x: Tensor, y: Tensor) -> Tensor:
+    """sqrt(x^2 + y^2), elementwise, without overflow, correctly rounded from the
+    exact squares (+inf if either is infinite, even with a NaN). x and y
+    broadcast; they must have one dtype."""
+    x, y = torch.broadcast_tensors(x, y)
+    return torch.ops.carbon.hypot(x, y)

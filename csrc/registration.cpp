@@ -12,6 +12,7 @@
 // log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos, erfinv, asinh, acosh, atanh) ----
 #include "elementwise/elementwise.h"
 #include "elementwise/pow.h"
+#include "elementwise/two_argument.h"
 // ---- end elementwise math ----
 #include "matmul/matmul.h"
 #include "norm/norm.h"
@@ -89,6 +90,8 @@ TORCH_LIBRARY(carbon, m) {
   m.def("log_sigmoid(Tensor x) -> Tensor");
   m.def("pow_tensor_scalar(Tensor x, float exponent) -> Tensor");
   m.def("pow_scalar_tensor(float base, Tensor exponent) -> Tensor");
+  m.def("atan2(Tensor y, Tensor x) -> Tensor");
+  m.def("hypot(Tensor x, Tensor y) -> Tensor");
   m.def("elementwise_backward(Tensor grad, Tensor x, str fn) -> Tensor");
   // ---- end elementwise math ----
 
@@ -212,6 +215,8 @@ void bind_kernels(torch::Library& m) {
   m.impl("log_sigmoid", &carbon::in_default_fp_env<&carbon::log_sigmoid_op>::call);
   m.impl("pow_tensor_scalar", &carbon::in_default_fp_env<&carbon::pow_tensor_scalar>::call);
   m.impl("pow_scalar_tensor", &carbon::in_default_fp_env<&carbon::pow_scalar_tensor>::call);
+  m.impl("atan2", &carbon::in_default_fp_env<&carbon::atan2_op>::call);
+  m.impl("hypot", &carbon::in_default_fp_env<&carbon::hypot_op>::call);
   m.impl("elementwise_backward", &carbon::in_default_fp_env<&carbon::elementwise_backward>::call);
   // ---- end elementwise math ----
   // ---- normalization

@@ -1,0 +1,23 @@
+// Host-side interface of carbon's two-argument functions atan2(y, x) and
+// hypot(x, y): out = RN_F(core(a, b)) elementwise in the inputs' format F
+// (two_argument_math.h). The inputs have one shape, dtype and device (the
+// Python layer broadcasts and promotes first). Used by carbon.enable for
+// torch.atan2 / torch.hypot.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace carbon {
+
+at::Tensor atan2_op(const at::Tensor& y, const at::Tensor& x);
+at::Tensor hypot_op(const at::Tensor& x, const at::Tensor& y);
+
+enum class TwoArgumentFn { kAtan2, kHypot };
+
+// Device kernels over contiguous tensors of one dtype and size.
+void two_argument_cpu(TwoArgumentFn fn, const at::Tensor& a, const at::Tensor& b, at::Tensor& out);
+#ifdef CARBON_WITH_CUDA
+void two_argument_cuda(TwoArgumentFn fn, const at::Tensor& a, const at::Tensor& b, at::Tensor& out);
+#endif
+
+}  // namespace carbon
