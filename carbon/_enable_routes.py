@@ -569,21 +569,24 @@ def _logsumexp(a: dict) -> Tensor:
     return r if keepdim else aten.squeeze(r, dims)
 
 
-def _xlogy(a: dict) -> Tensor:
-    """x·log(y) as RN(x·LOG(y)) (carbon's log), 0 where x = 0 and y is not NaN (torch's rule)."""
-    x, y = a["self"], a["other"]
-    x_t = x if isinstance(x, Tensor) else torch.full((), float(x), device=y.device)
-    y_t = y if isinstance(y, Tensor) else torch.full((), float(y), device=x_t.device)
-    dtype = torch.result_type(x, y)
-    if not dtype.is_floating_point:
-        dtype = torch.get_default_dtype()
-    x_t, y_t = x_t.to(dtype), y_t.to(dtype)
-    _need_carbon_dtype("xlogy", x_t, y_t)
-    product = aten.mul(x_t, carbon_ops.log(y_t))
-    return aten.where(aten.logical_and(aten.eq(x_t, 0), aten.logical_not(aten.isnan(y_t))), 0.0, product).to(dtype)
+def _x_times_log(name: str, log_fn: Callable) -> Callable[[dict], Tensor]:
+    """xlogy and special_xlog1py: RN(x·LOG(y)) / RN(x·LOG1P(y)) (carbon's log, log1p), 0 where x = 0 and y is
+    not NaN (torch's rule); numbers and integer tensors promoted as torch does."""
+    def handler(a: dict) -> Tensor:
+        x, y = a["self"], a["other"]
+        x_t = x if isinstance(x, Tensor) else torch.full((), float(x), device=y.device)
+        y_t = y if isinstance(y, Tensor) else torch.full((), float(y), device=x_t.device)
+        dtype = torch.result_type(x, y)
+        if not dtype.is_floating_point:
+            dtype = torch.get_default_dtype()
+        x_t, y_t = x_t.to(dtype), y_t.to(dtype)
+        _need_carbon_dtype(name, x_t, y_t)
+        product = aten.mul(x_t, log_fn(y_t))
+        return aten.where(aten.logical_and(aten.eq(x_t, 0), aten.logical_not(aten.isnan(y_t))), 0.0, product).to(dtype)
+    return handler
 
 
-def _two_argument(name: str, first: str, second: str) -> Callable[[dict], Tensor]:
+def _two_argument(name: str) -> Callable[[dict], Tensor]:
     """atan2(y, x) and hypot(x, y): carbon's correctly rounded binary64 cores (contract §6), after torch's
     broadcasting and type promotion (integers to the default dtype); bfloat16 / float16 are computed in their
     own format (one rounding of the exact binary64 value)."""
@@ -599,20 +602,6 @@ def _two_argument(name: str, first: str, second: str) -> Callable[[dict], Tensor
         _need_carbon_dtype(name, u, v)
         return getattr(carbon_ops, name)(u, v)
     return handler
-
-
-def _xlog1py(a: dict) -> Tensor:
-    """x·log1p(y) as RN(x·LOG1P(y)) (carbon's log1p); NaN where y is NaN, else 0 where x = 0 (torch's rule)."""
-    x, y = a["self"], a["other"]
-    x_t = x if isinstance(x, Tensor) else torch.full((), float(x), device=y.device)
-    y_t = y if isinstance(y, Tensor) else torch.full((), float(y), device=x_t.device)
-    dtype = torch.result_type(x, y)
-    if not dtype.is_floating_point:
-        dtype = torch.get_default_dtype()
-    x_t, y_t = x_t.to(dtype), y_t.to(dtype)
-    _need_carbon_dtype("special_xlog1py", x_t, y_t)
-    product = aten.mul(x_t, carbon_ops.log1p(y_t))
-    return aten.where(aten.logical_and(aten.eq(x_t, 0), aten.logical_not(aten.isnan(y_t))), 0.0, product).to(dtype)
 
 
 def _entr(a: dict) -> Tensor:
@@ -3365,10 +3354,11 @@ ROUTES: Dict[str, Callable] = {
     "_log_softmax_backward_data": _softmax_backward(carbon_ops.log_softmax_backward),
     "nll_loss_forward": _nll_loss_forward, "nll_loss_backward": _nll_loss_backward,
     "nll_loss2d_forward": _nll_loss2d(_nll_loss_forward), "nll_loss2d_backward": _nll_loss2d(_nll_loss_backward),
-    "mse_loss": _mse_loss, "mse_loss_backward": _mse_loss_backward, "logsumexp": _logsumexp, "xlogy": _xlogy,
-    "special_xlog1py": _xlog1py, "special_entr": _entr, "angle": _angle,
-    "atan2": _two_argument("atan2", "y", "x"), "arctan2": _two_argument("atan2", "y", "x"),
-    "hypot": _two_argument("hypot", "x", "y"),
+    "mse_loss": _mse_loss, "mse_loss_backward": _mse_loss_backward, "logsumexp": _logsumexp,
+    "xlogy": _x_times_log("xlogy", carbon_ops.log),
+    "special_xlog1py": _x_times_log("special_xlog1py", carbon_ops.log1p), "special_entr": _entr, "angle": _angle,
+    "atan2": _two_argument("atan2"), "arctan2": _two_argument("atan2"),
+    "hypot": _two_argument("hypot"),
     "smooth_l1_loss": _smooth_l1(False), "smooth_l1_loss_backward": _smooth_l1_backward(False),
     "huber_loss": _smooth_l1(True), "huber_loss_backward": _smooth_l1_backward(True), "nansum": _nansum,
     "trace": _trace, "addmv": _addmv, "logit": _logit, "logit_backward": _logit_backward,
