@@ -16,6 +16,7 @@
 #                   python benchmarks/bench_reduce.py --device cuda
 #                   python benchmarks/bench_norm.py --device cuda --budget 0.3
 #                   python benchmarks/bench_elementwise.py --device cuda
+#                   python benchmarks/bench_elementwise.py --device cuda --float64 --quick
 #                   python benchmarks/bench_softmax.py --device cuda
 #                   python benchmarks/bench_attention.py --device cuda --quick
 #                   python benchmarks/bench_scatter.py --device cuda --budget 0.3
@@ -45,13 +46,14 @@ mkdir -p "$LOGDIR"
 # longest single file, csrc/elementwise/elementwise.cpp, takes ~100 s; the
 # ~15 .cu files take ~70 s each, 16 at a time there.)
 T_ENV="${T_ENV:-10}"
-T_BUILD="${T_BUILD:-200}"
+T_BUILD="${T_BUILD:-192}"
 T_SMOKE="${T_SMOKE:-15}"
 T_TESTS="${T_TESTS:-90}"
 T_BENCH="${T_BENCH:-20}"
 T_REDUCE="${T_REDUCE:-12}"
 T_NORM="${T_NORM:-12}"
 T_ELEM="${T_ELEM:-12}"
+T_ELEM64="${T_ELEM64:-8}"
 T_SOFTMAX="${T_SOFTMAX:-15}"
 T_ATTN="${T_ATTN:-15}"
 T_SCATTER="${T_SCATTER:-12}"
@@ -171,6 +173,8 @@ record "$STEP_RC"
 run_step norm "$T_NORM" "$PY" benchmarks/bench_norm.py --device cuda --budget 0.3
 record "$STEP_RC"
 run_step elem "$T_ELEM" "$PY" benchmarks/bench_elementwise.py --device cuda
+record "$STEP_RC"
+run_step elem64 "$T_ELEM64" "$PY" benchmarks/bench_elementwise.py --device cuda --float64 --quick
 record "$STEP_RC"
 run_step softmax "$T_SOFTMAX" "$PY" benchmarks/bench_softmax.py --device cuda
 record "$STEP_RC"
