@@ -3446,7 +3446,9 @@ ROUTES: Dict[str, Callable] = {
 from carbon._enable_qr import linalg_qr as _linalg_qr  # noqa: E402
 from carbon._enable_triangular import linalg_cholesky_ex as _linalg_cholesky_ex  # noqa: E402
 from carbon._enable_triangular import linalg_solve_triangular as _linalg_solve_triangular  # noqa: E402
+from carbon._enable_trilinear import trilinear as _trilinear  # noqa: E402
 
 ROUTES["linalg_qr"] = _linalg_qr
 ROUTES["linalg_solve_triangular"] = _linalg_solve_triangular
 ROUTES["linalg_cholesky_ex"] = _linalg_cholesky_ex
+ROUTES["_trilinear"] = _trilinear
