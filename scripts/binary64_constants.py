@@ -1,5 +1,6 @@
 """Prints the constants of csrc/elementwise/binary64_math.h from mpmath at
-1600 bits: the words of 2/pi for the float64 argument reduction, and the
+1600 bits: the words of 2/pi for the float64 argument reduction (held by
+elementwise_math.h's two_over_pi_word, which float32 sin / cos share), and the
 double-double / triple-double splits of ln 2, pi/2 and log2(e).
 Run: python scripts/binary64_constants.py (mpmath ships with torch's sympy)."""
 

@@ -15,7 +15,8 @@
 // Results below 2^-1022 (exp and pow) are rounded from D on the subnormal
 // grid directly, with D.lo breaking exact ties: no double rounding.
 //
-// Constants: scripts/binary64_constants.py (mpmath).
+// Constants: scripts/binary64_constants.py (mpmath); the words of 2/pi are
+// elementwise_math.h's two_over_pi_word, shared with float32 sin and cos.
 #pragma once
 
 #include "../exact/double_double.h"
@@ -80,9 +81,9 @@ CARBON_HD double exp_dd(DD z) {
 
 // ---- log -----------------------------------------------------------------------
 // log x for a positive finite double x, as a double-double:
-//  * x = 2^e m with m in [sqrt(1/2), sqrt(2)) (subnormal x scaled by 2^54
-//    first); log x = e ln2 + 2 atanh(s), s = (m - 1) / (m + 1): m - 1 is
-//    exact (Sterbenz), m + 1 a two_sum, s one division (< 15u^2 + 56u^3).
+//  * x = 2^e m with m in [sqrt(1/2), sqrt(2)) (split_log_argument);
+//    log x = e ln2 + 2 atanh(s), s = (m - 1) / (m + 1): m - 1 is exact
+//    (Sterbenz), m + 1 a two_sum, s one division (< 15u^2 + 56u^3).
 //  * |s| <= (sqrt2 - 1) / (sqrt2 + 1) < 0.1716, w = s^2 < 0.02944:
 //    atanh(s) / s = sum_(n >= 0) w^n / (2n + 1), to n = 20 by Horner in
 //    double-double (positive terms; each step < 10u^2, the coefficients
@@ -93,19 +94,9 @@ CARBON_HD double exp_dd(DD z) {
 //    cancellation; one addition < 3u^2. Relative error < 2^-99.
 CARBON_HD DD log_dd(double x) {
   constexpr double kLn2Hi = 0x1.62e42fefa39efp-1, kLn2Lo = 0x1.abc9e3b39803fp-56;
-  constexpr double kSqrt2 = 0x1.6a09e667f3bcdp+0;
-  int e = 0;
-  if (x < 0x1p-1022) {
-    x *= 0x1p54;
-    e = -54;
-  }
-  const uint64_t bits = double_to_bits(x);
-  e += static_cast<int>(bits >> 52) - 1023;
-  double m = bits_to_double((bits & kFracMask) | (uint64_t(1023) << 52));  // [1, 2)
-  if (m > kSqrt2) {
-    m *= 0.5;
-    e += 1;
-  }
+  const LogArgument a = split_log_argument(x);
+  const double m = a.m;
+  const int e = a.e;
   const DD s = dd::div(DD{m - 1.0, 0.0}, dd::two_sum(m, 1.0));
   const DD w = dd::mul(s, s);
   DD p = dd::div(DD{1.0, 0.0}, 41.0);
@@ -157,21 +148,6 @@ struct Reduced {
   DD r;   // in [-pi/4, pi/4] (up to 2^-100)
 };
 
-CARBON_HD uint64_t two_over_pi_bits(int k) {
-  // Word 0 is zero (bits c_-63 .. c_0, the integer part); words 1 .. 20 hold
-  // c_1 .. c_1280 (scripts/binary64_constants.py). The first four equal
-  // elementwise_math.h's 2/pi words for float32 arguments.
-  constexpr uint64_t kWords[21] = {
-      0,
-      0xa2f9836e4e441529ull, 0xfc2757d1f534ddc0ull, 0xdb6295993c439041ull, 0xfe5163abdebbc561ull,
-      0xb7246e3a424dd2e0ull, 0x06492eea09d1921cull, 0xfe1deb1cb129a73eull, 0xe88235f52ebb4484ull,
-      0xe99c7026b45f7e41ull, 0x3991d639835339f4ull, 0x9c845f8bbdf9283bull, 0x1ff897ffde05980full,
-      0xef2f118b5a0a6d1full, 0x6d367ecf27cb09b7ull, 0x4f463f669e5fea2dull, 0x7527bac7ebe5f17bull,
-      0x3d0739f78a5292eaull, 0x6bfb5fb11f8d5d08ull, 0x56033046fc7b6babull, 0xf0cfbc209af4361dull,
-  };
-  return kWords[k];
-}
-
 // hi 2^64 + lo = a b (integers: every implementation gives the same bits).
 CARBON_HD void mul_64x64(uint64_t a, uint64_t b, uint64_t* hi, uint64_t* lo) {
 #if defined(__CUDA_ARCH__)
@@ -196,7 +172,7 @@ CARBON_HD Reduced reduce_quarter_turns_dd(double ax) {
   const int k = o >> 6, b = o & 63;
   uint64_t w[4];
   for (int t = 0; t < 4; ++t) {
-    const uint64_t a0 = two_over_pi_bits(k + t), a1 = two_over_pi_bits(k + t + 1);
+    const uint64_t a0 = two_over_pi_word(k + t), a1 = two_over_pi_word(k + t + 1);
     w[t] = b == 0 ? a0 : (a0 << b) | (a1 >> (64 - b));
   }
   // P = m (w0 2^192 + w1 2^128 + w2 2^64 + w3) mod 2^256, limbs p[3] (high) .. p[0].
@@ -278,7 +254,7 @@ CARBON_HD double cos_core(double x) {
 }
 
 // ---- pow -----------------------------------------------------------------------------
-// x^p: the special cases of pow_math.h's pow_core (C's pow), and otherwise
+// x^p: pow_math.h's special cases (C's pow), and otherwise
 // |x|^p = exp_dd(p log_dd(|x|)) with the sign of x for odd integers p:
 // p L has relative error < 2^-98.9 (log_dd, one product < 2u^2), so an
 // absolute error below 745 2^-98.9 < 2^-89.3 wherever the result is finite
@@ -287,21 +263,9 @@ CARBON_HD double cos_core(double x) {
 // 3^34 with its 54 significant bits, may round either way: the same way on
 // every device.)
 CARBON_HD double pow_core(double x, double p) {
-  if (p == 0.0 || x == 1.0) return 1.0;
-  if (is_nan(x) || is_nan(p)) return quiet_nan();
-  const double ax = abs_value(x);
-  const bool negative_result = sign_bit(x) && is_odd_integer(p);
-  if (is_inf(p)) {
-    if (ax == 1.0) return 1.0;
-    return (ax < 1.0) == (p > 0.0) ? 0.0 : infinity();
-  }
-  if (x == 0.0 || is_inf(x)) {
-    const double magnitude = (x == 0.0) == (p > 0.0) ? 0.0 : infinity();
-    return negative_result ? -magnitude : magnitude;
-  }
-  if (sign_bit(x) && !is_integer_value(p)) return quiet_nan();
-  const double v = exp_dd(dd::mul(log_dd(ax), p));
-  return negative_result ? -v : v;
+  double special;
+  if (pow_special_case(x, p, &special)) return special;
+  return pow_result(x, p, exp_dd(dd::mul(log_dd(abs_value(x)), p)));
 }
 
 }  // namespace b64

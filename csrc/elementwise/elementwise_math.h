@@ -164,8 +164,32 @@ CARBON_HD double expm1_small(double y) {
 }
 
 // ---- log -------------------------------------------------------------------
-// x = 2^e m with m in [sqrt(1/2), sqrt(2)) (bits; subnormal doubles are first
-// scaled by 2^54). log m = 2 atanh(s), s = (m-1)/(m+1), |s| <= 0.1716:
+// A positive finite double as x = 2^e m with m in [sqrt(1/2), sqrt(2)), from
+// its bits (a subnormal x is first scaled by 2^54); exact. Also used by the
+// float64 log of binary64_math.h.
+struct LogArgument {
+  double m;
+  int e;
+};
+
+CARBON_HD LogArgument split_log_argument(double x) {
+  constexpr double kSqrt2 = 0x1.6a09e667f3bcdp+0;  // below sqrt(2)
+  int e = 0;
+  if (x < 0x1p-1022) {
+    x *= 0x1p54;
+    e = -54;
+  }
+  const uint64_t u = double_to_bits(x);
+  e += static_cast<int>(u >> 52) - 1023;
+  double m = bits_to_double((u & kFracMask) | (uint64_t{1023} << 52));  // [1, 2)
+  if (m > kSqrt2) {
+    m *= 0.5;
+    e += 1;
+  }
+  return {m, e};
+}
+
+// x = 2^e m as above. log m = 2 atanh(s), s = (m-1)/(m+1), |s| <= 0.1716:
 //  * m - 1 is exact (Sterbenz), m + 1 and the division round: s has relative
 //    error < 2.01u.
 //  * atanh(s)/s = 1 + z/3 + ... + z^10/21, z = s^2 <= 0.02944: truncation
@@ -177,7 +201,6 @@ CARBON_HD double expm1_small(double y) {
 CARBON_HD double log_core(double x) {
   constexpr double kLn2Hi = 0x1.62e42fee00000p-1;
   constexpr double kLn2Lo = 0x1.a39ef35793c76p-33;
-  constexpr double kSqrt2 = 0x1.6a09e667f3bcdp+0;
   constexpr double kSeries[10] = {
       0x1.8618618618618p-5, 0x1.af286bca1af28p-5, 0x1.e1e1e1e1e1e1ep-5, 0x1.1111111111111p-4,
       0x1.3b13b13b13b14p-4, 0x1.745d1745d1746p-4, 0x1.c71c71c71c71cp-4, 0x1.2492492492492p-3,
@@ -188,18 +211,9 @@ CARBON_HD double log_core(double x) {
     if (x > 0.0) return x;                                     // +inf
     return quiet_nan();                                        // x < 0 or NaN
   }
-  int e = 0;
-  if (x < 0x1p-1022) {
-    x *= 0x1p54;
-    e = -54;
-  }
-  const uint64_t u = double_to_bits(x);
-  e += static_cast<int>(u >> 52) - 1023;
-  double m = bits_to_double((u & kFracMask) | (uint64_t{1023} << 52));
-  if (m > kSqrt2) {
-    m *= 0.5;
-    e += 1;
-  }
+  const LogArgument a = split_log_argument(x);
+  const double m = a.m;
+  const int e = a.e;
   const double s = (m - 1.0) / (m + 1.0);
   const double z = s * s;
   const double s2 = 2.0 * s;
@@ -640,10 +654,18 @@ struct QuarterTurns {
 };
 
 CARBON_HD uint64_t two_over_pi_word(int k) {
-  // floor(2/pi * 2^256) in 4 words (high first), after a zero word for the
-  // window start e - 1 < 1 (x below 2^25).
-  constexpr uint64_t kWords[5] = {0, 0xa2f9836e4e441529ull, 0xfc2757d1f534ddc0ull, 0xdb6295993c439041ull,
-                                  0xfe5163abdebbc561ull};
+  // Word 0 is zero (bits b_-63 .. b_0, the integer part: the window start
+  // e - 1 < 1 for x below 2^25); words 1 .. 20 hold b_1 .. b_1280, high bit
+  // first (scripts/binary64_constants.py). float32 arguments read words 0-4;
+  // binary64_math.h's float64 reduction reads all of them.
+  constexpr uint64_t kWords[21] = {
+      0,
+      0xa2f9836e4e441529ull, 0xfc2757d1f534ddc0ull, 0xdb6295993c439041ull, 0xfe5163abdebbc561ull,
+      0xb7246e3a424dd2e0ull, 0x06492eea09d1921cull, 0xfe1deb1cb129a73eull, 0xe88235f52ebb4484ull,
+      0xe99c7026b45f7e41ull, 0x3991d639835339f4ull, 0x9c845f8bbdf9283bull, 0x1ff897ffde05980full,
+      0xef2f118b5a0a6d1full, 0x6d367ecf27cb09b7ull, 0x4f463f669e5fea2dull, 0x7527bac7ebe5f17bull,
+      0x3d0739f78a5292eaull, 0x6bfb5fb11f8d5d08ull, 0x56033046fc7b6babull, 0xf0cfbc209af4361dull,
+  };
   return kWords[k];
 }
 

@@ -26,24 +26,42 @@ CARBON_HD bool is_odd_integer(double p) {
          (static_cast<int64_t>(p) & 1) != 0;
 }
 
-CARBON_HD double pow_core(double x, double p) {
+// IEEE 754's pow at the special cases: returns true with *out set when
+// (x, p) is one (x^0 = 1, 1^p = 1, NaN, p = +-inf, x = +-0 or +-inf, a
+// negative x with a non-integer p). Otherwise x and p are finite, x != 0
+// and |x|^p is left to the caller (pow_result gives it its sign). Shared by
+// the float cores below and the float64 ones of binary64_math.h.
+CARBON_HD bool pow_special_case(double x, double p, double* out) {
   const double inf = bits_to_double(kExpMask);
-  if (p == 0.0 || x == 1.0) return 1.0;
-  if (is_nan(x) || is_nan(p)) return quiet_nan();
   const double ax = abs_value(x);
   const bool negative_result = sign_bit(x) && is_odd_integer(p);
-  if (is_inf(p)) {  // |x| = 1 gives 1 (x = -1 included), else 0 or inf
-    if (ax == 1.0) return 1.0;
-    return (ax < 1.0) == (p > 0.0) ? 0.0 : inf;
-  }
-  if (x == 0.0 || is_inf(x)) {
+  if (p == 0.0 || x == 1.0) {
+    *out = 1.0;
+  } else if (is_nan(x) || is_nan(p)) {
+    *out = quiet_nan();
+  } else if (is_inf(p)) {  // |x| = 1 gives 1 (x = -1 included), else 0 or inf
+    *out = ax == 1.0 ? 1.0 : ((ax < 1.0) == (p > 0.0) ? 0.0 : inf);
+  } else if (x == 0.0 || is_inf(x)) {
     // 0^p: 0 for p > 0, inf for p < 0; inf^p the other way round.
     const double magnitude = (x == 0.0) == (p > 0.0) ? 0.0 : inf;
-    return negative_result ? -magnitude : magnitude;
+    *out = negative_result ? -magnitude : magnitude;
+  } else if (sign_bit(x) && !is_integer_value(p)) {
+    *out = quiet_nan();
+  } else {
+    return false;
   }
-  if (sign_bit(x) && !is_integer_value(p)) return quiet_nan();
-  const double v = exp_core(p * log_core(ax));
-  return negative_result ? -v : v;
+  return true;
+}
+
+// x^p from |x|^p outside the special cases: negative for x < 0 and odd p.
+CARBON_HD double pow_result(double x, double p, double magnitude) {
+  return sign_bit(x) && is_odd_integer(p) ? -magnitude : magnitude;
+}
+
+CARBON_HD double pow_core(double x, double p) {
+  double special;
+  if (pow_special_case(x, p, &special)) return special;
+  return pow_result(x, p, exp_core(p * log_core(abs_value(x))));
 }
 
 }  // namespace math
