@@ -569,17 +569,28 @@ def _logsumexp(a: dict) -> Tensor:
     return r if keepdim else aten.squeeze(r, dims)
 
 
+def _promoted_pair(x: Any, y: Any) -> tuple:
+    """(x, y, dtype) for a binary elementwise op with torch's type promotion: numbers become 0-dim tensors,
+    both operands take the result dtype (the default dtype when that is an integer type), and a 0-dim operand
+    on another device (a CPU scalar beside a CUDA tensor) moves to the other's device."""
+    dtype = torch.result_type(x, y)
+    if not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    x_t = x if isinstance(x, Tensor) else torch.full((), float(x), device=y.device)
+    y_t = y if isinstance(y, Tensor) else torch.full((), float(y), device=x_t.device)
+    if x_t.device != y_t.device:
+        if x_t.dim() == 0:
+            x_t = x_t.to(y_t.device)
+        elif y_t.dim() == 0:
+            y_t = y_t.to(x_t.device)
+    return x_t.to(dtype), y_t.to(dtype), dtype
+
+
 def _x_times_log(name: str, log_fn: Callable) -> Callable[[dict], Tensor]:
     """xlogy and special_xlog1py: RN(x·LOG(y)) / RN(x·LOG1P(y)) (carbon's log, log1p), 0 where x = 0 and y is
     not NaN (torch's rule); numbers and integer tensors promoted as torch does."""
     def handler(a: dict) -> Tensor:
-        x, y = a["self"], a["other"]
-        x_t = x if isinstance(x, Tensor) else torch.full((), float(x), device=y.device)
-        y_t = y if isinstance(y, Tensor) else torch.full((), float(y), device=x_t.device)
-        dtype = torch.result_type(x, y)
-        if not dtype.is_floating_point:
-            dtype = torch.get_default_dtype()
-        x_t, y_t = x_t.to(dtype), y_t.to(dtype)
+        x_t, y_t, dtype = _promoted_pair(a["self"], a["other"])
         _need_carbon_dtype(name, x_t, y_t)
         product = aten.mul(x_t, log_fn(y_t))
         return aten.where(aten.logical_and(aten.eq(x_t, 0), aten.logical_not(aten.isnan(y_t))), 0.0, product).to(dtype)
@@ -591,14 +602,9 @@ def _two_argument(name: str) -> Callable[[dict], Tensor]:
     broadcasting and type promotion (integers to the default dtype); bfloat16 / float16 are computed in their
     own format (one rounding of the exact binary64 value)."""
     def handler(a: dict) -> Tensor:
-        u, v = a["self"], a["other"]
-        dtype = torch.result_type(u, v)
-        if not dtype.is_floating_point:
-            dtype = torch.get_default_dtype()
-        u = u if isinstance(u, Tensor) else torch.full((), float(u), device=v.device)
-        v = v if isinstance(v, Tensor) else torch.full((), float(v), device=u.device)
+        u, v, _ = _promoted_pair(a["self"], a["other"])
         shape = list(torch.broadcast_shapes(u.shape, v.shape))
-        u, v = u.to(dtype).expand(shape), v.to(dtype).expand(shape)
+        u, v = u.expand(shape), v.expand(shape)
         _need_carbon_dtype(name, u, v)
         return getattr(carbon_ops, name)(u, v)
     return handler

@@ -24,7 +24,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 import torch
 
-from oracle import SCALE, _round_rational, _scaled, _signed, bits_to_float, exact_sum_bits, fmt_of, round_bits, row_mean_bits
+from oracle import SCALE, _round_rational, _scaled, _signed, bits_to_float, exact_sum_bits, fmt_of, round_bits, row_mean_bits, sqrt_bits
 
 F32 = torch.float32
 NAN = math.nan
@@ -68,21 +68,9 @@ def bits_of(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 def sqrt_rn32(w: float) -> float:
     """RN32(sqrt(w)) for a float32 value w >= 0 (or inf / NaN), exactly."""
-    if math.isnan(w) or w == math.inf:
+    if math.isnan(w) or w == math.inf or w == 0:
         return w
-    if w == 0:
-        return w
-    q = Fraction(w)
-    # sqrt(num / den) = sqrt(num * den) / den; scale by 4^j for >= 80 bits.
-    m = q.numerator * q.denominator
-    j = max(0, 80 - m.bit_length() // 2)
-    big = m << (2 * j)
-    root = math.isqrt(big)
-    sticky = root * root != big
-    # value = (root + frac) / (den * 2^j), frac in (0, 1) iff sticky
-    num = 2 * root + (1 if sticky else 0)
-    den = q.denominator << (j + 1)
-    return bits_to_float(_round_rational(num, den, False, fmt_of(F32)), F32)
+    return bits_to_float(sqrt_bits(w, F32), F32)
 
 
 def rstd_of(var: float, eps: float) -> float:

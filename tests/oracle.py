@@ -119,6 +119,26 @@ def round_bits(x, dtype: torch.dtype) -> int:
     return _round_rational(abs(x.numerator), x.denominator, x < 0, f)
 
 
+def sqrt_bits(x, dtype: torch.dtype) -> int:
+    """Bits of RN_dtype(sqrt(x)) for an exact x >= 0 (an int, a Fraction or a finite float): an integer
+    square root with a sticky bit, rounded once. sqrt(n / d) = sqrt(n d) / d, scaled by 4^j so that the root
+    has >= 80 bits: no rounding boundary of the format lies strictly between root and root + 1."""
+    q = Fraction(x)
+    if q < 0:
+        raise ValueError("oracle.sqrt_bits: negative argument")
+    m = q.numerator * q.denominator
+    j = max(0, 80 - m.bit_length() // 2)
+    big = m << (2 * j)
+    root = math.isqrt(big)
+    sticky = 1 if root * root != big else 0
+    return _round_rational(2 * root + sticky, q.denominator << (j + 1), False, fmt_of(dtype))
+
+
+def round_value(x, dtype: torch.dtype) -> Fraction:
+    """RN_dtype(x) of an exact x as an exact Fraction (for oracles that round at every step; finite results)."""
+    return Fraction(bits_to_float(round_bits(x, dtype), dtype))
+
+
 def bits_to_float(bits: int, dtype: torch.dtype) -> float:
     """The value of a bit pattern of the format (decoded with integers)."""
     f = fmt_of(dtype)

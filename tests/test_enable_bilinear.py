@@ -8,11 +8,7 @@ import pytest
 import torch
 
 import carbon
-from tests.oracle import as_bits, bits_to_float, round_bits
-
-
-def rn(x: Fraction, dtype) -> Fraction:
-    return Fraction(bits_to_float(round_bits(x, dtype), dtype))
+from tests.oracle import as_bits, round_value as rn
 
 
 def bilinear_oracle(x1, x2, w, bias, dtype) -> list:

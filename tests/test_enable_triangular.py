@@ -3,7 +3,6 @@ carbon/_enable_triangular.py, checked against an exact oracle written here (Frac
 the docs state), at 1 and 2 threads and batched vs one matrix at a time; and the client they exist for,
 torch.distributions.MultivariateNormal (sampling, log_prob, gradients) under strict mode."""
 
-import math
 from fractions import Fraction
 
 import pytest
@@ -11,28 +10,16 @@ import torch
 import torch.distributions as D
 
 import carbon
-from tests.oracle import as_bits, bits_to_float, round_bits
+from tests.oracle import as_bits, bits_to_float, round_value, sqrt_bits
 
 
 def rn(x: Fraction, dtype) -> Fraction:
-    return Fraction(bits_to_float(round_bits(x, dtype), dtype))
+    return round_value(x, dtype)
 
 
 def rn_sqrt(c: Fraction, dtype) -> Fraction:
-    """RN(√c) for an exact c > 0: the value of dtype whose rounding interval holds √c (squares compared exactly)."""
-    r = torch.tensor(math.sqrt(float(c)), dtype=torch.float64).to(dtype)
-    inf = torch.tensor(math.inf, dtype=dtype)
-    for _ in range(4):
-        lo, hi = torch.nextafter(r, -inf), torch.nextafter(r, inf)
-        below = (Fraction(r.item()) + Fraction(lo.item())) / 2
-        above = (Fraction(r.item()) + Fraction(hi.item())) / 2
-        if below * below > c:
-            r = lo
-        elif above * above < c:
-            r = hi
-        else:
-            return Fraction(r.item())
-    raise AssertionError("no candidate")
+    """RN(√c) for an exact c > 0 (the oracle's integer square root)."""
+    return Fraction(bits_to_float(sqrt_bits(c, dtype), dtype))
 
 
 def solve_oracle(a, b, upper: bool, unit: bool, dtype) -> list:

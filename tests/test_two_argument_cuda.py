@@ -27,3 +27,12 @@ def test_atan2_and_hypot_on_the_gpu_equal_the_cpu(dtype):
     b = torch.cat([b, specials.repeat(7)])
     for fn in (carbon.atan2, carbon.hypot):
         assert torch.equal(as_bits(fn(a.cuda(), b.cuda()).cpu()), as_bits(fn(a, b))), fn.__name__
+
+
+def test_a_cpu_scalar_beside_a_cuda_tensor_under_enable(carbon_disabled_after):
+    """torch allows a 0-dim CPU tensor beside a CUDA one; the route moves it to the GPU."""
+    y = torch.randn(100, generator=torch.Generator().manual_seed(1))
+    with carbon.enabled():
+        got = torch.atan2(y.cuda(), torch.tensor(2.0))
+        want = torch.atan2(y, torch.tensor(2.0))
+    assert got.device.type == "cuda" and torch.equal(as_bits(got.cpu()), as_bits(want))
