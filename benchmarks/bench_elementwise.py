@@ -24,6 +24,7 @@ import statistics
 import sys
 from typing import Callable, Dict, List, Optional, Tuple
 
+import mpmath  # ships with torch's sympy: digamma and trigamma references for the sample column
 import torch
 
 try:
@@ -49,6 +50,9 @@ FUNCTIONS: Dict[str, Tuple[Callable, Callable, Callable]] = {
     "silu": (carbon.silu, F.silu, lambda v: v / (1 + math.exp(-v))),
     "sin": (carbon.sin, torch.sin, math.sin),
     "cos": (carbon.cos, torch.cos, math.cos),
+    "lgamma": (carbon.lgamma, torch.lgamma, math.lgamma),
+    "digamma": (carbon.digamma, torch.digamma, lambda v: float(mpmath.psi(0, v))),
+    "trigamma": (carbon.trigamma, lambda x: torch.polygamma(1, x), lambda v: float(mpmath.psi(1, v))),
 }
 FLOAT64_FUNCTIONS: Dict[str, Tuple[Callable, Callable, Callable]] = {
     "exp": (carbon.exp, torch.exp, math.exp),

@@ -205,7 +205,7 @@ def _elementwise_backward_for(name: str) -> Any:
 
 for _name in ("exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu", "sin", "cos", "log1p", "softplus", "log_sigmoid",
               "expm1", "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos", "erfinv", "asinh",
-              "acosh", "atanh"):
+              "acosh", "atanh", "lgamma", "digamma", "trigamma"):
     torch.library.register_autograd(f"carbon::{_name}", _elementwise_backward_for(_name), setup_context=_setup_elementwise)
 del _name
 # ============================================================================

@@ -1471,6 +1471,15 @@ def _unary(name: str, op: Callable) -> Callable[[dict], Any]:
     return handler
 
 
+def _polygamma(a: dict) -> Any:
+    """polygamma(n, x) for n = 0 (digamma) and n = 1 (trigamma): carbon's functions. Higher orders (the
+    backward of polygamma(1, x), i.e. a second derivative of digamma) are not covered."""
+    n = a["n"]
+    if n not in (0, 1):
+        raise NotCovered(f"polygamma of order {n} (carbon covers n = 0 and n = 1)")
+    return _unary("polygamma", carbon_ops.digamma if n == 0 else carbon_ops.trigamma)(a)
+
+
 def _gelu(a: dict) -> Tensor:
     _need_carbon_dtype("gelu", a["self"])
     return carbon_ops.gelu(a["self"], a.get("approximate", "none"))
@@ -3384,6 +3393,10 @@ ROUTES: Dict[str, Callable] = {
     **{name: _unary(name, getattr(carbon_ops, name))
        for name in ("log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos", "erfinv", "asinh",
                     "acosh", "atanh")},
+    # the gamma family (§6): log-densities and entropies of Gamma, Beta, Dirichlet, StudentT, Poisson, Binomial;
+    # the backward is autograd's formula, g·digamma(x) and g·polygamma(1, x), of these routes
+    "lgamma": _unary("lgamma", carbon_ops.lgamma), "digamma": _unary("digamma", carbon_ops.digamma),
+    "polygamma": _polygamma,
     "elu": _elu, "elu_backward": _elu_backward, "celu": _celu, "softplus": _softplus, "softplus_backward": _softplus_backward,
     "log_sigmoid_forward": _log_sigmoid_forward, "log_sigmoid_backward": _log_sigmoid_backward,
     "gelu": _gelu, "gelu_backward": _gelu_backward, "silu_backward": _silu_backward,

@@ -273,13 +273,14 @@ def _attention_probs_backward_fake(grad: Tensor, probs: Tensor, scale: float) ->
     return torch.empty_like(probs, memory_format=torch.contiguous_format)
 # ---------------------------------------------------------------------------
 # Elementwise math (exp, log, tanh, sigmoid, erf, gelu, silu, sin, cos, log1p, softplus, log_sigmoid, expm1,
-# log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos, erfinv, asinh, acosh, atanh, their backward).
+# log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos, erfinv, asinh, acosh, atanh, lgamma, digamma,
+# trigamma, their backward).
 # Same checks as csrc/elementwise/elementwise.cpp. Self-contained section.
 # ---------------------------------------------------------------------------
 
 ELEMENTWISE_FUNCTIONS = ("exp", "log", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "silu", "sin", "cos", "log1p",
                          "softplus", "log_sigmoid", "expm1", "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan",
-                         "asin", "acos", "erfinv", "asinh", "acosh", "atanh")
+                         "asin", "acos", "erfinv", "asinh", "acosh", "atanh", "lgamma", "digamma", "trigamma")
 
 
 # float64 too (csrc/elementwise/binary64_math.h): these functions and both pow ops.
@@ -299,7 +300,7 @@ def _elementwise_fake(op: str, x: Tensor) -> Tensor:
 def _register_elementwise_fakes() -> None:
     for name in ("exp", "log", "tanh", "sigmoid", "erf", "silu", "sin", "cos", "log1p", "softplus", "log_sigmoid", "expm1",
                  "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos", "erfinv", "asinh", "acosh",
-                 "atanh"):
+                 "atanh", "lgamma", "digamma", "trigamma"):
         torch.library.register_fake(f"carbon::{name}")(lambda x, _name=name: _elementwise_fake(_name, x))
 
 
@@ -387,7 +388,8 @@ def _elementwise_backward_fake(grad: Tensor, x: Tensor, fn: str) -> Tensor:
     op = "elementwise_backward"
     if fn not in ELEMENTWISE_FUNCTIONS:
         raise ValueError(f"carbon.{op}: unknown function '{fn}'; expected exp, log, tanh, sigmoid, erf, gelu, gelu_tanh, silu, sin, cos, log1p, softplus, log_sigmoid, expm1, "
-                         "log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos, erfinv, asinh, acosh or atanh")
+                         "log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos, erfinv, asinh, acosh, atanh, lgamma, digamma "
+                         "or trigamma")
     _check_dtype_or_float64(op, "x", x, fn in BINARY64_FUNCTIONS)
     _check_dtype_or_float64(op, "grad", grad, fn in BINARY64_FUNCTIONS)
     if grad.dtype != x.dtype:

@@ -1,6 +1,6 @@
 """Carbon's elementwise math: exp, log, tanh, sigmoid, erf, gelu, silu, sin, cos, log1p,
 softplus, log_sigmoid, expm1, log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos,
-erfinv, asinh, acosh, atanh.
+erfinv, asinh, acosh, atanh, lgamma, digamma, trigamma (polygamma).
 
 Each returns, elementwise and in the input's dtype (float32, bfloat16 or
 float16), ONE rounding (to nearest, ties to even) of an fp64 evaluation of
@@ -23,7 +23,7 @@ from torch import Tensor
 
 __all__ = ["exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu", "sin", "cos", "log1p", "softplus", "log_sigmoid", "expm1",
            "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos", "erfinv", "asinh", "acosh",
-           "atanh", "atan2", "hypot"]
+           "atanh", "lgamma", "digamma", "trigamma", "polygamma", "atan2", "hypot"]
 
 
 def exp(x: Tensor) -> Tensor:
@@ -185,6 +185,37 @@ def log_sigmoid(x: Tensor) -> Tensor:
     """log(sigmoid(x)) = -softplus(-x), elementwise, without cancellation
     (the loss of DPO and of pairwise reward models)."""
     return torch.ops.carbon.log_sigmoid(x)
+
+
+def lgamma(x: Tensor) -> Tensor:
+    """log|Gamma(x)|, elementwise (+inf at +-inf, at +-0 and at the negative
+    integers; lgamma(1) = lgamma(2) = +0), accurate next to its zeros (1, 2 and
+    two between each pair of negative integers below -2). Its gradient is
+    RN(grad * digamma(x))."""
+    return torch.ops.carbon.lgamma(x)
+
+
+def digamma(x: Tensor) -> Tensor:
+    """psi(x) = Gamma'(x) / Gamma(x), elementwise (-inf at +0, +inf at -0 and
+    +inf, NaN at -inf and the negative integers), accurate next to its zeros.
+    Its gradient is RN(grad * trigamma(x))."""
+    return torch.ops.carbon.digamma(x)
+
+
+def trigamma(x: Tensor) -> Tensor:
+    """psi'(x) (torch's polygamma(1, x)), elementwise (+inf at +-0 and at the
+    negative integers, +0 at +inf, NaN at -inf). Its gradient is
+    RN(grad * psi''(x))."""
+    return torch.ops.carbon.trigamma(x)
+
+
+def polygamma(n: int, x: Tensor) -> Tensor:
+    """torch.polygamma for n = 0 (digamma) and n = 1 (trigamma)."""
+    if n == 0:
+        return digamma(x)
+    if n == 1:
+        return trigamma(x)
+    raise ValueError(f"carbon.polygamma: n must be 0 or 1, got {n}")
 
 
 def atan2(y: Tensor, x: Tensor) -> Tensor:

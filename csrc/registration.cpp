@@ -9,7 +9,8 @@
 #include "convert/round_to.h"
 #include "exact/fp_env.h"
 // ---- elementwise math (exp, log, tanh, sigmoid, erf, gelu, silu, sin, cos, log1p, softplus, log_sigmoid, expm1,
-// log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos, erfinv, asinh, acosh, atanh) ----
+// log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos, erfinv, asinh, acosh, atanh, lgamma, digamma,
+// trigamma) ----
 #include "elementwise/elementwise.h"
 #include "elementwise/pow.h"
 #include "elementwise/two_argument.h"
@@ -88,6 +89,9 @@ TORCH_LIBRARY(carbon, m) {
   m.def("atanh(Tensor x) -> Tensor");
   m.def("softplus(Tensor x) -> Tensor");
   m.def("log_sigmoid(Tensor x) -> Tensor");
+  m.def("lgamma(Tensor x) -> Tensor");
+  m.def("digamma(Tensor x) -> Tensor");
+  m.def("trigamma(Tensor x) -> Tensor");
   m.def("pow_tensor_scalar(Tensor x, float exponent) -> Tensor");
   m.def("pow_scalar_tensor(float base, Tensor exponent) -> Tensor");
   m.def("atan2(Tensor y, Tensor x) -> Tensor");
@@ -213,6 +217,9 @@ void bind_kernels(torch::Library& m) {
   m.impl("atanh", &carbon::in_default_fp_env<&carbon::atanh_op>::call);
   m.impl("softplus", &carbon::in_default_fp_env<&carbon::softplus_op>::call);
   m.impl("log_sigmoid", &carbon::in_default_fp_env<&carbon::log_sigmoid_op>::call);
+  m.impl("lgamma", &carbon::in_default_fp_env<&carbon::lgamma_op>::call);
+  m.impl("digamma", &carbon::in_default_fp_env<&carbon::digamma_op>::call);
+  m.impl("trigamma", &carbon::in_default_fp_env<&carbon::trigamma_op>::call);
   m.impl("pow_tensor_scalar", &carbon::in_default_fp_env<&carbon::pow_tensor_scalar>::call);
   m.impl("pow_scalar_tensor", &carbon::in_default_fp_env<&carbon::pow_scalar_tensor>::call);
   m.impl("atan2", &carbon::in_default_fp_env<&carbon::atan2_op>::call);

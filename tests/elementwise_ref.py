@@ -116,7 +116,35 @@ def value(name: str, x: float):
         return mp.asinh(X)
     if name == "acosh":
         return math.nan if x < 1 else mp.acosh(X)
+    if name in ("lgamma", "digamma", "trigamma", "tetragamma"):
+        return _gamma_family(name, x)
     raise ValueError(name)
+
+
+def _is_pole(x: float) -> bool:
+    return x <= 0 and x == math.floor(x)
+
+
+def _gamma_family(name: str, x: float):
+    """lgamma = log|Gamma|, digamma = psi, trigamma = psi', tetragamma = psi'' (mpmath), with the poles'
+    values of the contract: lgamma +inf at 0 and the negative integers; psi -1/x at +-0 and NaN at the
+    negative integers; psi' +inf at both; psi'' -2/x^3 at +-0 and NaN at the negative integers."""
+    X = mp.mpf(x)
+    if name == "lgamma":
+        if _is_pole(x):
+            return math.inf
+        return 0.0 if x in (1.0, 2.0) else mp.re(mp.loggamma(X))
+    if x == 0:
+        return {"digamma": -math.copysign(math.inf, x), "trigamma": math.inf,
+                "tetragamma": -math.copysign(math.inf, x)}[name]
+    if _is_pole(x):
+        return math.inf if name == "trigamma" else math.nan
+    n = {"digamma": 0, "trigamma": 1, "tetragamma": 2}[name]
+    if x < -100 and n > 0:
+        # mpmath's psi(n, x) is slow (~25 s) far below 0: the reflection formulas at 256 bits
+        s, c = mp.sinpi(X), mp.cospi(X)
+        return mp.pi**2 / s**2 - mp.psi(1, 1 - X) if n == 1 else mp.psi(2, 1 - X) - 2 * mp.pi**3 * c / s**3
+    return mp.psi(n, X)
 
 
 def derivative(name: str, x: float):
@@ -225,6 +253,15 @@ def derivative(name: str, x: float):
             return math.inf, 0
         v = 1 / mp.sqrt(X * X - 1)
         return v, v
+    if name in ("lgamma", "digamma", "trigamma"):
+        higher = {"lgamma": "digamma", "digamma": "trigamma", "trigamma": "tetragamma"}[name]
+        v = _gamma_family(higher, x)
+        if isinstance(v, float):
+            return v, 0
+        if name == "trigamma" and x < 0:
+            # psi''(x) = psi''(1 - x) - 2 pi^3 cos(pi x) / sin^3(pi x): the bound is absolute in these terms
+            return v, abs(mp.psi(2, 1 - X)) + abs(2 * mp.pi**3 * mp.cospi(X) / mp.sinpi(X) ** 3)
+        return v, abs(v)
     raise ValueError(name)
 
 
@@ -238,7 +275,8 @@ _LIMITS = {
     "sinh": (math.inf, -math.inf), "cosh": (math.inf, math.inf), "tan": (math.nan, math.nan),
     "atan": (math.pi / 2, -math.pi / 2), "asin": (math.nan, math.nan), "acos": (math.nan, math.nan),
     "erfinv": (math.nan, math.nan), "asinh": (math.inf, -math.inf), "acosh": (math.inf, math.nan),
-    "atanh": (math.nan, math.nan),
+    "atanh": (math.nan, math.nan), "lgamma": (math.inf, math.inf), "digamma": (math.inf, math.nan),
+    "trigamma": (0.0, math.nan),
 }
 _GRAD_LIMITS = {
     "exp": (math.inf, 0.0), "log": (0.0, math.nan), "tanh": (0.0, 0.0), "sigmoid": (0.0, 0.0),
@@ -249,6 +287,7 @@ _GRAD_LIMITS = {
     "sinh": (math.inf, math.inf), "cosh": (math.inf, -math.inf), "tan": (math.nan, math.nan),
     "atan": (0.0, 0.0), "asin": (math.nan, math.nan), "acos": (math.nan, math.nan),
     "erfinv": (math.nan, math.nan), "asinh": (0.0, 0.0), "acosh": (0.0, math.nan), "atanh": (math.nan, math.nan),
+    "lgamma": (math.inf, math.nan), "digamma": (0.0, math.nan), "trigamma": (-0.0, math.nan),
 }
 
 

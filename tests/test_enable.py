@@ -601,8 +601,8 @@ def test_strict_refuses_an_uncovered_op_by_name():
     with carbon.enabled():
         with pytest.raises(carbon.NotExactError, match=r"aten\.logcumsumexp"):
             torch.logcumsumexp(x, 0)
-        with pytest.raises(carbon.NotExactError, match=r"aten\.lgamma"):
-            torch.lgamma(x)
+        with pytest.raises(carbon.NotExactError, match=r"aten\.i0"):
+            torch.i0(x)
         # integer arithmetic is exact: allowed
         assert torch.cumsum(torch.arange(5), 0).tolist() == [0, 1, 3, 6, 10]
 

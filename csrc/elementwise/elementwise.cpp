@@ -102,6 +102,9 @@ const char* op_name(math::Fn fn) {
     case math::Fn::kAsinh: return "asinh";
     case math::Fn::kAcosh: return "acosh";
     case math::Fn::kAtanh: return "atanh";
+    case math::Fn::kLgamma: return "lgamma";
+    case math::Fn::kDigamma: return "digamma";
+    case math::Fn::kTrigamma: return "trigamma";
   }
   return "?";
 }
@@ -204,6 +207,9 @@ at::Tensor acosh_op(const at::Tensor& x) { return run(math::Fn::kAcosh, x); }
 at::Tensor atanh_op(const at::Tensor& x) { return run(math::Fn::kAtanh, x); }
 at::Tensor softplus_op(const at::Tensor& x) { return run(math::Fn::kSoftplus, x); }
 at::Tensor log_sigmoid_op(const at::Tensor& x) { return run(math::Fn::kLogSigmoid, x); }
+at::Tensor lgamma_op(const at::Tensor& x) { return run(math::Fn::kLgamma, x); }
+at::Tensor digamma_op(const at::Tensor& x) { return run(math::Fn::kDigamma, x); }
+at::Tensor trigamma_op(const at::Tensor& x) { return run(math::Fn::kTrigamma, x); }
 
 at::Tensor gelu_op(const at::Tensor& x, c10::string_view approximate) {
   TORCH_CHECK_VALUE(approximate == "none" || approximate == "tanh",
@@ -222,14 +228,16 @@ at::Tensor elementwise_backward(const at::Tensor& grad, const at::Tensor& x, c10
       {"erfc", math::Fn::kErfc},       {"sinh", math::Fn::kSinh},   {"cosh", math::Fn::kCosh},
       {"tan", math::Fn::kTan},         {"atan", math::Fn::kAtan},   {"asin", math::Fn::kAsin},
       {"acos", math::Fn::kAcos},       {"erfinv", math::Fn::kErfinv}, {"asinh", math::Fn::kAsinh},
-      {"acosh", math::Fn::kAcosh},     {"atanh", math::Fn::kAtanh},
+      {"acosh", math::Fn::kAcosh},     {"atanh", math::Fn::kAtanh}, {"lgamma", math::Fn::kLgamma},
+      {"digamma", math::Fn::kDigamma}, {"trigamma", math::Fn::kTrigamma},
   };
   const math::Fn* found = nullptr;
   for (const auto& entry : kNames)
     if (fn_name == entry.first) found = &entry.second;
   TORCH_CHECK_VALUE(found != nullptr, "carbon.elementwise_backward: unknown function '", std::string(fn_name),
                     "'; expected exp, log, tanh, sigmoid, erf, gelu, gelu_tanh, silu, sin, cos, log1p, softplus, log_sigmoid, expm1, "
-                    "log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos, erfinv, asinh, acosh or atanh");
+                    "log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos, erfinv, asinh, acosh, atanh, lgamma, digamma "
+                    "or trigamma");
   const char* op = "elementwise_backward";
   check_dtype(*found, op, "x", x);
   check_dtype(*found, op, "grad", grad);

@@ -1,9 +1,10 @@
 // Host-side interface of the elementwise math ops: exp, log, tanh, sigmoid,
 // erf, gelu (erf form or tanh approximation), silu, sin, cos, log1p, softplus,
 // log_sigmoid, expm1, log2, log10, exp2, erfc, sinh, cosh, tan, atan, asin, acos,
-// erfinv, asinh, acosh, atanh and their backward.
+// erfinv, asinh, acosh, atanh, lgamma, digamma, trigamma and their backward.
 // out = RN_F(f_core(x)) and grad_x = RN_F(g * f'_core(x)) in x's format F,
-// with the shared host/device cores of elementwise_math.h.
+// with the shared host/device cores of elementwise_math.h and gamma_math.h
+// (elementwise_fns.h).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -13,7 +14,7 @@
 
 #include "../exact/float_format.h"
 #include "binary64_math.h"
-#include "elementwise_math.h"
+#include "elementwise_fns.h"
 
 namespace carbon {
 
@@ -44,10 +45,13 @@ at::Tensor acosh_op(const at::Tensor& x);
 at::Tensor atanh_op(const at::Tensor& x);
 at::Tensor softplus_op(const at::Tensor& x);
 at::Tensor log_sigmoid_op(const at::Tensor& x);
+at::Tensor lgamma_op(const at::Tensor& x);
+at::Tensor digamma_op(const at::Tensor& x);
+at::Tensor trigamma_op(const at::Tensor& x);
 // grad_x of function `fn` ("exp", "log", "tanh", "sigmoid", "erf", "gelu",
 // "gelu_tanh", "silu", "sin", "cos", "log1p", "softplus", "log_sigmoid", "expm1",
 // "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos", "erfinv", "asinh", "acosh",
-// "atanh") at x for the incoming gradient `grad` (same shape and dtype).
+// "atanh", "lgamma", "digamma", "trigamma") at x for the incoming gradient `grad` (same shape and dtype).
 at::Tensor elementwise_backward(const at::Tensor& grad, const at::Tensor& x, c10::string_view fn);
 
 // float64 tensors: exp, log, sin and cos only, from binary64_math.h's
@@ -115,6 +119,9 @@ void with_fn(math::Fn f, Body&& body) {
     case Fn::kAsinh: return body(std::integral_constant<Fn, Fn::kAsinh>{});
     case Fn::kAcosh: return body(std::integral_constant<Fn, Fn::kAcosh>{});
     case Fn::kAtanh: return body(std::integral_constant<Fn, Fn::kAtanh>{});
+    case Fn::kLgamma: return body(std::integral_constant<Fn, Fn::kLgamma>{});
+    case Fn::kDigamma: return body(std::integral_constant<Fn, Fn::kDigamma>{});
+    case Fn::kTrigamma: return body(std::integral_constant<Fn, Fn::kTrigamma>{});
   }
 }
 
