@@ -1,0 +1,146 @@
+"""The gamma family's samplers under carbon.enable (docs/enable.md, carbon/_enable_gamma_samplers.py):
+``_standard_gamma`` and ``_sample_dirichlet`` against an independent Python evaluation of the documented
+definition (Marsaglia–Tsang with a fixed budget of 24 attempts per element, binary64 steps, logs / exps /
+powers correctly rounded by mpmath) on the same carbon draws; the samples' distribution against the exact
+gamma CDF (mpmath's regularized incomplete gamma function, Kolmogorov–Smirnov); 1 vs 2 threads; and
+Gamma / Beta / Dirichlet / StudentT / Chi2 sampling under strict mode. The reparameterized gradient is
+not covered and raises."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import mpmath as mp
+import numpy as np
+import pytest
+import torch
+from torch import distributions as D
+
+import carbon
+from oracle import as_bits, round_bits
+
+pytestmark = pytest.mark.usefixtures("carbon_disabled_after")
+K = 24
+mp.mp.prec = 200
+
+
+def rn(v) -> float:
+    return float(v)  # an mpf at 200 bits rounded to the nearest double
+
+
+def f32(v: float) -> float:
+    with np.errstate(over="ignore"):
+        return float(np.float32(v))
+
+
+def gamma_oracle(alpha: float, normals, uniforms, boost_u: float) -> float:
+    """The definition of docs/enable.md in Python floats (IEEE binary64) and mpmath."""
+    if math.isnan(alpha) or alpha < 0:
+        return math.nan
+    if alpha == 0:
+        return 0.0
+    a = alpha + 1.0 if alpha < 1 else alpha
+    d = a - 1.0 / 3.0
+    c = rn(mp.power(mp.mpf(d * 9.0), -0.5)) if math.isfinite(d) else 0.0
+    g = d
+    for x, u in zip(normals, uniforms):
+        t = c * x + 1.0
+        v = (t * t) * t
+        if not v > 0:
+            continue
+        log_v = rn(mp.log(v))
+        log_u = rn(mp.log(u)) if u > 0 else -math.inf
+        bound = (x * x) * 0.5 + d * ((1.0 - v) + log_v) if math.isfinite(d) else math.nan
+        if log_u < bound:
+            g = d * v
+            break
+    if alpha < 1:
+        log_b = rn(mp.log(boost_u)) if boost_u > 0 else -math.inf
+        g = g * (rn(mp.exp(log_b / alpha)) if log_b > -math.inf else 0.0)
+    return g
+
+
+def draws(seed: int, n: int):
+    """The draws the route makes, in its order: K normals and K uniforms per element, one more uniform each."""
+    with carbon.enabled(seed=seed):
+        normals = torch.randn(n, K).double().tolist()
+        uniforms = torch.rand(n, K).double().tolist()
+        boost = torch.rand(n).double().tolist()
+    return normals, uniforms, boost
+
+
+ALPHAS = [0.0, 1e-30, 1e-3, 0.3, 0.999, 1.0, 1.5, 2.5, 7.0, 50.0, 1e4, 3e9, math.inf, math.nan, -1.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_standard_gamma_is_the_definition(dtype):
+    rng = np.random.default_rng(0)
+    alpha = torch.tensor(ALPHAS + list(rng.gamma(1.0, 2.0, 200)), dtype=torch.float32).to(dtype)
+    with carbon.enabled(seed=11):
+        got = torch._standard_gamma(alpha)
+    normals, uniforms, boost = draws(11, alpha.numel())
+    tiny = torch.finfo(dtype).tiny
+    for i, a in enumerate(alpha.double().tolist()):
+        g = gamma_oracle(a, normals[i], uniforms[i], boost[i])
+        want = torch.tensor(f32(g), dtype=torch.float32).to(dtype)  # RN32, then RN of the dtype
+        if not math.isnan(g):
+            want = want.clamp_min(tiny)
+        assert as_bits(got[i:i + 1]).item() == as_bits(want.reshape(1)).item(), (i, a, got[i].item(), g)
+
+
+def test_sample_dirichlet_is_the_definition():
+    rng = np.random.default_rng(1)
+    alpha = torch.tensor(rng.gamma(1.0, 1.5, (40, 6)) + 0.05, dtype=torch.float32)
+    with carbon.enabled(seed=5):
+        got = torch._sample_dirichlet(alpha)
+    normals, uniforms, boost = draws(5, alpha.numel())
+    flat = alpha.double().flatten().tolist()
+    g32 = [f32(gamma_oracle(a, normals[i], uniforms[i], boost[i])) for i, a in enumerate(flat)]
+    eps, tiny = torch.finfo(torch.float32).eps, torch.finfo(torch.float32).tiny
+    for r in range(40):
+        row = g32[6 * r:6 * r + 6]
+        total = round_bits(sum(Fraction(v) for v in row), torch.float32)  # the exact sum, rounded once
+        total = torch.tensor([total], dtype=torch.int32).view(torch.float32).item()
+        want = [min(max(f32(v / total), tiny), 1.0 - eps) for v in row]
+        assert got[r].tolist() == want, r
+
+
+@pytest.mark.parametrize("alpha", [0.3, 1.0, 2.5, 50.0])
+def test_samples_follow_the_gamma_distribution(alpha):
+    n = 4000
+    with carbon.enabled(seed=2):
+        x = sorted(torch._standard_gamma(torch.full((n,), alpha)).double().tolist())
+    cdf = [float(mp.gammainc(alpha, 0, v, regularized=True)) for v in x]
+    ks = max(max((i + 1) / n - c, c - i / n) for i, c in enumerate(cdf))
+    assert ks < 1.63 / math.sqrt(n), ks  # the 1% critical value
+
+
+def _sample_all(threads: int):
+    torch.set_num_threads(threads)
+    with carbon.enabled(seed=7):
+        a, b = torch.linspace(0.2, 6.0, 300), torch.linspace(5.0, 0.4, 300)
+        out = [D.Gamma(a, b).sample(), D.Beta(a, b).sample((2,)), D.Dirichlet(torch.stack([a, b], -1)).sample(),
+               D.StudentT(a + 0.5).sample(), D.Chi2(a).sample(), torch._standard_gamma(a.to(torch.bfloat16))]
+    return [as_bits(t) for t in out]
+
+
+def test_distributions_sample_under_strict_mode_with_the_same_bits_at_1_and_2_threads(restore_num_threads):
+    for x, y in zip(_sample_all(1), _sample_all(2)):
+        assert torch.equal(x, y)
+
+
+def test_the_reparameterized_gradient_is_refused():
+    a = torch.tensor([1.5, 2.0], requires_grad=True)
+    with carbon.enabled(seed=1):
+        sample = D.Gamma(a, 1.0).rsample()
+        with pytest.raises(carbon.NotExactError, match=r"_standard_gamma_grad"):
+            sample.sum().backward()
+
+
+def test_empty_and_bad_inputs():
+    with carbon.enabled(seed=1):
+        assert torch._standard_gamma(torch.ones(0, 3)).shape == (0, 3)
+        assert torch._sample_dirichlet(torch.ones(2, 0)).shape == (2, 0)
+        with pytest.raises(carbon.NotExactError, match=r"_standard_gamma in torch\.float64"):
+            torch._standard_gamma(torch.ones(3, dtype=torch.float64))
