@@ -1480,6 +1480,24 @@ def _polygamma(a: dict) -> Any:
     return _unary("polygamma", carbon_ops.digamma if n == 0 else carbon_ops.trigamma)(a)
 
 
+def _mvlgamma(a: dict) -> Any:
+    """torch's formula with carbon's lgamma: RN(x + c_j) for c_j = −(p−1)/2 … 0 in steps of ½ (x's dtype), the
+    exact sum over j of LGAMMA of them rounded once, then + RN32(p(p−1)/4·log π) in float32 (torch's opmath) and
+    rounded to x's dtype."""
+    x, p = a["self"], a["p"]
+    if p < 1:
+        return PASS  # torch's own error
+    if not x.is_floating_point():
+        x = aten._to_copy(x, dtype=torch.get_default_dtype())
+    _need_carbon_dtype("mvlgamma", x)
+    offsets = aten.arange(-p * 0.5 + 0.5, 0.5, 0.5, dtype=x.dtype, device=x.device)
+    terms = carbon_ops.lgamma(aten.add(offsets, x.unsqueeze(-1)))
+    total = carbon_ops.sum(terms, [-1], False, None).to(torch.float32)
+    constant = float(torch.tensor(p * (p - 1) * math.log(math.pi) * 0.25, dtype=torch.float32))
+    out = aten.add(total, torch.full((), constant, dtype=torch.float32, device=x.device))
+    return out if x.dtype == torch.float32 else carbon_ops.round_to(out, x.dtype, 1)
+
+
 def _gelu(a: dict) -> Tensor:
     _need_carbon_dtype("gelu", a["self"])
     return carbon_ops.gelu(a["self"], a.get("approximate", "none"))
@@ -3396,7 +3414,7 @@ ROUTES: Dict[str, Callable] = {
     # the gamma family (§6): log-densities and entropies of Gamma, Beta, Dirichlet, StudentT, Poisson, Binomial;
     # the backward is autograd's formula, g·digamma(x) and g·polygamma(1, x), of these routes
     "lgamma": _unary("lgamma", carbon_ops.lgamma), "digamma": _unary("digamma", carbon_ops.digamma),
-    "polygamma": _polygamma,
+    "polygamma": _polygamma, "mvlgamma": _mvlgamma,
     "elu": _elu, "elu_backward": _elu_backward, "celu": _celu, "softplus": _softplus, "softplus_backward": _softplus_backward,
     "log_sigmoid_forward": _log_sigmoid_forward, "log_sigmoid_backward": _log_sigmoid_backward,
     "gelu": _gelu, "gelu_backward": _gelu_backward, "silu_backward": _silu_backward,

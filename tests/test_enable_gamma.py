@@ -117,3 +117,22 @@ def test_a_sample_alone_equals_its_row_in_the_batch():
         alone = D.Dirichlet(conc[7]).log_prob(simplex[7]), D.Beta(a[7], b[7]).entropy(), D.Poisson(a[7]).log_prob(k[7])
     for x, y in zip(batch, alone):
         assert torch.equal(as_bits(x[7]), as_bits(y))
+
+
+def test_mvlgamma_is_torchs_formula_with_carbons_lgamma():
+    from fractions import Fraction
+    import math
+    from oracle import bits_to_float, round_bits
+    x = torch.linspace(1.6, 9.0, 37)
+    with carbon.enabled():
+        got = torch.mvlgamma(x, 3)
+        ints = torch.special.multigammaln(torch.arange(2, 7), 2)
+    # independent: the terms' exact sum (Fractions) rounded once, then one float32 addition of the constant
+    c = float(torch.tensor(3 * 2 * math.log(math.pi) * 0.25, dtype=torch.float32))
+    for i, xi in enumerate(x.tolist()):
+        terms = carbon.lgamma(torch.tensor([xi - 1.0, xi - 0.5, xi])).tolist()
+        s = bits_to_float(round_bits(sum(Fraction(t) for t in terms), torch.float32), torch.float32)
+        want = torch.tensor(s + c, dtype=torch.float32)  # the double sum of two
+        # float32 values rounded to float32 is their correctly rounded float32 sum
+        assert got[i].item() == want.item(), i
+    assert ints.dtype == torch.float32 and torch.allclose(ints, torch.mvlgamma(torch.arange(2, 7).float(), 2))
