@@ -1,6 +1,7 @@
 """carbon.enable routes for the gamma family's samplers: ``aten._standard_gamma`` (``Gamma``, ``Chi2``,
-``StudentT`` sample / rsample) and ``aten._sample_dirichlet`` (``Dirichlet``, ``Beta``), from carbon.Generator's
-draws (docs/enable.md gives the definition; tests/test_enable_gamma_samplers.py an independent oracle of it).
+``StudentT`` sample / rsample), ``aten._sample_dirichlet`` (``Dirichlet``, ``Beta``) and ``aten.poisson``
+(``Poisson``, Poisson noise), from carbon.Generator's draws (docs/enable.md gives the definitions;
+tests/test_enable_gamma_samplers.py an independent oracle of them).
 
 torch samples by rejection (Marsaglia and Tsang, 2000) with a loop per element whose draws come from the
 device's own generator. Here every element makes the same fixed number of attempts, K = 24, each from its own
@@ -8,6 +9,10 @@ draws (element i, attempt j: flat index i·K + j of one normal and one uniform d
 accepted one; the arithmetic is binary64 operations one at a time with carbon's correctly rounded float64 log,
 exp and pow. So a sample depends only on (seed, offset, i), never on the device. For α ≥ 1 an attempt is
 accepted with probability above 0.95: all 24 fail with probability below 10⁻³¹ (the result is then d).
+
+Poisson: for λ < 10 the number of arrivals of a rate-1 Poisson process in [0, λ] among 64 exponential draws
+(exact prefix sums, carbon.cumsum); for λ ≥ 10 Hörmann's transformed rejection (PTRS, 1993) with 24 attempts
+(each accepted with probability above 0.9). Neither needs a loop whose length depends on the values.
 
 The reparameterized gradients (``_standard_gamma_grad``, ``_dirichlet_grad``: ``rsample`` with
 ``requires_grad``) are not covered and raise under strict mode.
@@ -96,3 +101,75 @@ def sample_dirichlet(args: dict) -> Any:
     x = aten.div(g, total)
     finfo = torch.finfo(alpha.dtype)
     return _to_dtype(x, alpha.dtype, finfo.tiny, 1.0 - finfo.eps)
+
+
+# ---- Poisson ---------------------------------------------------------------------------------------------------
+
+COUNT_DRAWS = 64  # λ < 10: P(Poisson(10) > 63) < 10⁻²⁹
+_LOG_FACTORIAL = [float.fromhex(h) for h in (
+    "0.0", "0.0", "0x1.62e42fefa39efp-1", "0x1.cab0bfa2a2002p+0", "0x1.96ca77c922cf9p+1",
+    "0x1.326643c4479c9p+2", "0x1.a51273acf01cap+2", "0x1.10ce1f32dcc30p+3", "0x1.5358e82fcb70dp+3", "0x1.99a8921a7f7cfp+3",
+    "0x1.e357590954d15p+3", "0x1.180973f3a8d74p+4", "0x1.3fcba16d50143p+4", "0x1.68d5a9c3b32cep+4", "0x1.930f3df162a42p+4",
+    "0x1.be636a63fd346p+4")]  # RN64(log k!), k < 16 (mpmath)
+_HALF_LOG_2PI = float.fromhex("0x1.d67f1c864beb5p-1")
+
+
+def log_factorial64(k: Tensor) -> Tensor:
+    """log k! for a float64 tensor of integers k ≥ 0: the table below 16, else Stirling's series in z = k + 1
+    to 1/(1260 z⁵) (error < 1/(1680 z⁷) < 10⁻¹²), binary64 steps with carbon's float64 log."""
+    z = aten.add(k, 1.0)
+    inv = aten.div(aten.full_like(z, 1.0), z)
+    w = aten.mul(inv, inv)
+    series = aten.mul(inv, aten.add(aten.mul(w, aten.add(aten.mul(w, 1.0 / 1260.0), -1.0 / 360.0)), 1.0 / 12.0))
+    stirling = aten.add(aten.add(aten.sub(aten.mul(aten.sub(z, 0.5), carbon_ops.log(z)), z), _HALF_LOG_2PI), series)
+    table = torch.tensor(_LOG_FACTORIAL, dtype=torch.float64, device=k.device)
+    small = aten.lt(k, 16.0)
+    return aten.where(small, table[aten.clamp(k, 0, 15).to(torch.int64)], stirling)
+
+
+def _poisson_small(lam: Tensor) -> Tensor:
+    """λ < 10: #{j < 64 : S_j ≤ λ}, S_j = RN32(exact prefix sum of E_0 … E_j), E_i = RN32(−LOG(1 − u_i))."""
+    u = routes._uniform_values(list(lam.shape) + [COUNT_DRAWS], 0.0, 1.0, torch.float32, lam.device)
+    e = aten.neg(carbon_ops.log(aten.rsub(u, 1.0)))
+    arrivals = carbon_ops.cumsum_rows(e.reshape([-1, COUNT_DRAWS]), None).reshape(e.shape)
+    return aten.sum(aten.le(arrivals, lam.to(torch.float32).unsqueeze(-1)), -1).double()
+
+
+def _poisson_ptrs(lam: Tensor) -> Tensor:
+    """λ ≥ 10: PTRS, 24 attempts from uniforms U = u − ½ and V (two draws of shape λ.shape + [24])."""
+    shape, device = list(lam.shape) + [ATTEMPTS], lam.device
+    u = aten.sub(_uniforms(shape, device), 0.5)
+    v = _uniforms(shape, device)
+    lam1 = lam.unsqueeze(-1)
+    b = aten.add(aten.mul(carbon_ops.pow_tensor_scalar(lam1, 0.5), 2.53), 0.931)
+    a = aten.add(aten.mul(b, 0.02483), -0.059)
+    log_inv_alpha = carbon_ops.log(aten.add(aten.div(aten.full_like(b, 1.1328), aten.sub(b, 3.4)), 1.1239))
+    v_r = aten.rsub(aten.div(aten.full_like(b, 3.6224), aten.sub(b, 2.0)), 0.9277)
+    us = aten.rsub(aten.abs(u), 0.5)
+    k = aten.floor(aten.add(aten.add(aten.mul(aten.add(aten.div(aten.mul(a, 2.0), us), b), u), lam1), 0.43))
+    quick = aten.logical_and(aten.ge(us, 0.07), aten.le(v, v_r))
+    rejected = aten.logical_or(aten.lt(k, 0.0), aten.logical_and(aten.lt(us, 0.013), aten.gt(v, us)))
+    k0 = aten.clamp_min(k, 0.0)
+    lhs = aten.sub(aten.add(carbon_ops.log(v), log_inv_alpha),
+                   carbon_ops.log(aten.add(aten.div(a, aten.mul(us, us)), b)))
+    rhs = aten.sub(aten.add(aten.neg(lam1), aten.mul(k0, carbon_ops.log(lam1))), log_factorial64(k0))
+    accepted = aten.logical_or(quick, aten.logical_and(aten.logical_not(rejected), aten.le(lhs, rhs)))
+    attempt = aten.arange(ATTEMPTS, device=device)
+    first = aten.amin(aten.where(accepted, attempt, ATTEMPTS - 1), -1, True)
+    chosen = aten.gather(k0, -1, first).squeeze(-1)
+    return aten.where(aten.any(accepted, -1), chosen, aten.floor(lam))  # none accepted (< 10⁻²⁴): ⌊λ⌋
+
+
+def poisson(args: dict) -> Any:
+    rates = args["self"]
+    if args.get("generator") is not None:
+        raise routes.NotCovered("poisson with an explicit generator (carbon draws from carbon.Generator)")
+    routes._need_random_dtype("poisson", rates.dtype)
+    if rates.numel() == 0:
+        return aten.empty_like(rates)
+    lam = rates.double()
+    bad = aten.logical_or(aten.logical_not(aten.isfinite(lam)), aten.lt(lam, 0.0))  # torch raises (a host read)
+    small = aten.lt(lam, 10.0)
+    count = aten.where(small, _poisson_small(aten.where(bad, 0.0, lam)), _poisson_ptrs(aten.where(aten.logical_or(small, bad), 10.0, lam)))
+    out = aten.where(bad, float("nan"), count).to(torch.float32)
+    return out if rates.dtype == torch.float32 else carbon_ops.round_to(out, rates.dtype, 1)

@@ -18,7 +18,7 @@ import torch
 from torch import distributions as D
 
 import carbon
-from oracle import as_bits, round_bits
+from oracle import as_bits, bits_to_float, round_bits
 
 pytestmark = pytest.mark.usefixtures("carbon_disabled_after")
 K = 24
@@ -144,3 +144,91 @@ def test_empty_and_bad_inputs():
         assert torch._sample_dirichlet(torch.ones(2, 0)).shape == (2, 0)
         with pytest.raises(carbon.NotExactError, match=r"_standard_gamma in torch\.float64"):
             torch._standard_gamma(torch.ones(3, dtype=torch.float64))
+
+
+# ---- Poisson ----------------------------------------------------------------------------------------------------
+
+def _log(v: float) -> float:
+    return rn(mp.log(v)) if v > 0 else -math.inf
+
+
+def _log_factorial(k: float) -> float:
+    if k < 16:
+        return rn(mp.log(mp.factorial(int(k))))
+    z = k + 1.0
+    inv = 1.0 / z
+    w = inv * inv
+    series = inv * (w * (w * (1.0 / 1260.0) + (-1.0 / 360.0)) + 1.0 / 12.0)
+    return ((((z - 0.5) * _log(z)) - z) + float.fromhex("0x1.d67f1c864beb5p-1")) + series
+
+
+def poisson_oracle(lam: float, counts_u, u_list, v_list) -> float:
+    """docs/enable.md's definition in Python floats and mpmath, on the route's draws."""
+    if not math.isfinite(lam) or lam < 0:
+        return math.nan
+    if lam < 10:
+        e = [f32(-f32(rn(mp.log(1.0 - u)))) if u < 1 else math.inf for u in counts_u]
+        total, n = Fraction(0), 0
+        for x in e:
+            total += Fraction(x)
+            s = bits_to_float(round_bits(total, torch.float32), torch.float32)
+            n += s <= f32(lam)
+        return float(n)
+    b = math.sqrt(lam) * 2.53 + 0.931
+    a = b * 0.02483 + (-0.059)
+    log_inv_alpha = _log(1.1328 / (b - 3.4) + 1.1239)
+    v_r = 0.9277 - 3.6224 / (b - 2.0)
+    for u, v in zip(u_list, v_list):
+        u = u - 0.5
+        us = 0.5 - abs(u)
+        k = math.floor((((a * 2.0) / us + b) * u + lam) + 0.43) if us > 0 else -math.inf
+        if us >= 0.07 and v <= v_r:
+            return float(k)
+        if k < 0 or (us < 0.013 and v > us):
+            continue
+        lhs = (_log(v) + log_inv_alpha) - _log(a / (us * us) + b)
+        rhs = (-lam + k * _log(lam)) - _log_factorial(float(k))
+        if lhs <= rhs:
+            return float(k)
+    return float(math.floor(lam))
+
+
+def test_poisson_is_the_definition():
+    rates = [0.0, 1e-30, 0.3, 1.0, 2.5, 9.99, 10.0, 10.5, 33.0, 1e3, 12345.6, 1e7, math.inf, math.nan, -2.0]
+    lam = torch.tensor(rates * 6, dtype=torch.float32)
+    n = lam.numel()
+    with carbon.enabled(seed=21):
+        got = torch.poisson(lam).tolist()
+    with carbon.enabled(seed=21):
+        counts_u = torch.rand(n, 64).double().tolist()
+        u = torch.rand(n, K).double().tolist()
+        v = torch.rand(n, K).double().tolist()
+    for i, r in enumerate(lam.tolist()):
+        want = poisson_oracle(r, counts_u[i], u[i], v[i])
+        assert got[i] == want or (math.isnan(got[i]) and math.isnan(want)), (i, r, got[i], want)
+
+
+@pytest.mark.parametrize("rate", [0.7, 4.0, 9.5, 10.0, 37.0, 1000.0])
+def test_poisson_samples_follow_the_distribution(rate):
+    n = 4000
+    with carbon.enabled(seed=3):
+        x = torch.poisson(torch.full((n,), rate)).tolist()
+    counts = {}
+    for k in x:
+        counts[int(k)] = counts.get(int(k), 0) + 1
+    emp, cdf, worst = 0, mp.mpf(0), 0.0
+    for k in range(0, int(max(x)) + 1):
+        emp += counts.get(k, 0)
+        cdf += mp.exp(-rate + k * mp.log(rate) - mp.loggamma(k + 1))
+        worst = max(worst, abs(emp / n - float(cdf)))
+    assert worst < 1.63 / math.sqrt(n), worst  # Kolmogorov's 1% value (conservative for a discrete law)
+
+
+def test_poisson_sampling_under_strict_mode_at_1_and_2_threads(restore_num_threads):
+    def run(threads):
+        torch.set_num_threads(threads)
+        with carbon.enabled(seed=8):
+            lam = torch.linspace(0.0, 60.0, 3001)
+            return as_bits(D.Poisson(lam).sample()), as_bits(torch.poisson(lam.half() * 100))
+    for x, y in zip(run(1), run(2)):
+        assert torch.equal(x, y)

@@ -17,7 +17,7 @@ def _samples(device: str):
         a = torch.linspace(0.05, 40.0, 5000, device=device)
         b = torch.linspace(6.0, 0.3, 5000, device=device)
         return [torch._standard_gamma(a), torch._standard_gamma(a.half()), torch._sample_dirichlet(torch.stack([a, b], -1)),
-                D.Beta(a, b).sample(), D.StudentT(a + 1).sample()]
+                D.Beta(a, b).sample(), D.StudentT(a + 1).sample(), torch.poisson(a), torch.poisson(a * 1000)]
 
 
 def test_samples_on_the_gpu_equal_the_cpu(carbon_disabled_after):
