@@ -3484,9 +3484,10 @@ from carbon._enable_qr import linalg_qr as _linalg_qr  # noqa: E402
 from carbon._enable_triangular import linalg_cholesky_ex as _linalg_cholesky_ex  # noqa: E402
 from carbon._enable_triangular import linalg_solve_triangular as _linalg_solve_triangular  # noqa: E402
 from carbon._enable_trilinear import trilinear as _trilinear  # noqa: E402
-from carbon._enable_gamma_samplers import sample_dirichlet as _sample_dirichlet  # noqa: E402
-from carbon._enable_gamma_samplers import poisson as _poisson  # noqa: E402
-from carbon._enable_gamma_samplers import standard_gamma as _standard_gamma  # noqa: E402
+from carbon._enable_samplers import sample_dirichlet as _sample_dirichlet  # noqa: E402
+from carbon._enable_samplers import binomial as _binomial  # noqa: E402
+from carbon._enable_samplers import poisson as _poisson  # noqa: E402
+from carbon._enable_samplers import standard_gamma as _standard_gamma  # noqa: E402
 
 ROUTES["linalg_qr"] = _linalg_qr
 ROUTES["linalg_solve_triangular"] = _linalg_solve_triangular
@@ -3495,3 +3496,4 @@ ROUTES["_trilinear"] = _trilinear
 ROUTES["_standard_gamma"] = _standard_gamma
 ROUTES["_sample_dirichlet"] = _sample_dirichlet
 ROUTES["poisson"] = _poisson
+ROUTES["binomial"] = _binomial

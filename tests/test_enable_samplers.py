@@ -1,10 +1,11 @@
-"""The gamma family's samplers under carbon.enable (docs/enable.md, carbon/_enable_gamma_samplers.py):
+"""The samplers that draw by rejection under carbon.enable (docs/enable.md, carbon/_enable_samplers.py):
 ``_standard_gamma`` and ``_sample_dirichlet`` against an independent Python evaluation of the documented
 definition (Marsaglia–Tsang with a fixed budget of 24 attempts per element, binary64 steps, logs / exps /
 powers correctly rounded by mpmath) on the same carbon draws; the samples' distribution against the exact
 gamma CDF (mpmath's regularized incomplete gamma function, Kolmogorov–Smirnov); 1 vs 2 threads; and
-Gamma / Beta / Dirichlet / StudentT / Chi2 sampling under strict mode. The reparameterized gradient is
-not covered and raises."""
+Gamma / Beta / Dirichlet / StudentT / Chi2 sampling under strict mode. ``poisson`` and ``binomial`` likewise
+(Python + mpmath + Fraction evaluations of their definitions on the same draws, Kolmogorov distance to the
+exact CDF, 1 vs 2 threads). The reparameterized gradient is not covered and raises."""
 
 from __future__ import annotations
 
@@ -230,5 +231,87 @@ def test_poisson_sampling_under_strict_mode_at_1_and_2_threads(restore_num_threa
         with carbon.enabled(seed=8):
             lam = torch.linspace(0.0, 60.0, 3001)
             return as_bits(D.Poisson(lam).sample()), as_bits(torch.poisson(lam.half() * 100))
+    for x, y in zip(run(1), run(2)):
+        assert torch.equal(x, y)
+
+
+# ---- binomial ---------------------------------------------------------------------------------------------------
+
+def binomial_oracle(n: float, p: float, wait_u, u_list, v_list) -> float:
+    """docs/enable.md's definition in Python floats and mpmath, on the route's draws."""
+    if not math.isfinite(n) or n < 0 or not 0 <= p <= 1:
+        return math.nan
+    flip = p > 0.5
+    q = 1.0 - p if flip else p
+    if n * q < 10:
+        log_q = _log(1.0 - q)
+        total, x = 0.0, 0
+        for u in wait_u:
+            g = 2.0**47 if log_q == 0 else min(math.floor(_log(u) / log_q) + 1.0, 2.0**47)
+            total += g
+            x += total <= n
+        x = float(x)
+    else:
+        spq = math.sqrt((n * q) * (1.0 - q))
+        b = spq * 2.53 + 1.15
+        a = (b * 0.0248 + (-0.0873)) + q * 0.01
+        c = n * q + 0.5
+        v_r = 0.92 - 4.2 / b
+        alpha = (5.1 / b + 2.83) * spq
+        lpq = _log(q / (1.0 - q))
+        m = math.floor((n + 1.0) * q)
+        h = _log_factorial(m) + _log_factorial(n - m)
+        x = float(math.floor(n * q))
+        for u, v in zip(u_list, v_list):
+            u = u - 0.5
+            us = 0.5 - abs(u)
+            k = math.floor(((a * 2.0) / us + b) * u + c) if us > 0 else -math.inf
+            if not 0 <= k <= n:
+                continue
+            if (us >= 0.07 and v <= v_r) or \
+                    _log((v * alpha) / (a / (us * us) + b)) <= ((h - _log_factorial(k)) - _log_factorial(n - k)) + (k - m) * lpq:
+                x = float(k)
+                break
+    return n - x if flip else x
+
+
+def test_binomial_is_the_definition():
+    pairs = [(10, 0.5), (0, 0.3), (5, 0.0), (100, 1.0), (1000, 0.02), (50, 0.9), (1e6, 0.3), (7, 0.999), (3e4, 1e-4),
+             (25, 0.4), (40, 0.75), (2, 0.5), (-1, 0.5), (math.nan, 0.5), (5, 1.5), (math.inf, 0.1)]
+    n = torch.tensor([c for c, _ in pairs] * 6, dtype=torch.float32)
+    p = torch.tensor([q for _, q in pairs] * 6, dtype=torch.float32)
+    with carbon.enabled(seed=13):
+        got = torch.binomial(n, p).tolist()
+    with carbon.enabled(seed=13):
+        wait_u = torch.rand(n.numel(), 64).double().tolist()
+        u = torch.rand(n.numel(), K).double().tolist()
+        v = torch.rand(n.numel(), K).double().tolist()
+    for i, (ni, pi) in enumerate(zip(n.tolist(), p.tolist())):
+        want = binomial_oracle(ni, pi, wait_u[i], u[i], v[i])
+        assert got[i] == want or (math.isnan(got[i]) and math.isnan(want)), (i, ni, pi, got[i], want)
+
+
+@pytest.mark.parametrize("n,p", [(10, 0.5), (200, 0.03), (60, 0.4), (1000, 0.97), (5000, 0.2)])
+def test_binomial_samples_follow_the_distribution(n, p):
+    draws_n = 4000
+    with carbon.enabled(seed=4):
+        x = torch.binomial(torch.full((draws_n,), float(n)), torch.full((draws_n,), p)).tolist()
+    counts = {}
+    for k in x:
+        counts[int(k)] = counts.get(int(k), 0) + 1
+    emp, cdf, worst = 0, mp.mpf(0), 0.0
+    for k in range(0, n + 1):
+        emp += counts.get(k, 0)
+        cdf += mp.binomial(n, k) * mp.mpf(p) ** k * (1 - mp.mpf(p)) ** (n - k)
+        worst = max(worst, abs(emp / draws_n - float(cdf)))
+    assert worst < 1.63 / math.sqrt(draws_n), worst
+
+
+def test_binomial_sampling_under_strict_mode_at_1_and_2_threads(restore_num_threads):
+    def run(threads):
+        torch.set_num_threads(threads)
+        with carbon.enabled(seed=8):
+            probs = torch.linspace(0.0, 1.0, 2001)
+            return as_bits(D.Binomial(40, probs).sample()), as_bits(torch.binomial(probs * 1e4, probs))
     for x, y in zip(run(1), run(2)):
         assert torch.equal(x, y)

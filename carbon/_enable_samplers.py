@@ -1,7 +1,7 @@
-"""carbon.enable routes for the gamma family's samplers: ``aten._standard_gamma`` (``Gamma``, ``Chi2``,
-``StudentT`` sample / rsample), ``aten._sample_dirichlet`` (``Dirichlet``, ``Beta``) and ``aten.poisson``
-(``Poisson``, Poisson noise), from carbon.Generator's draws (docs/enable.md gives the definitions;
-tests/test_enable_gamma_samplers.py an independent oracle of them).
+"""carbon.enable routes for the samplers of torch.distributions that draw by rejection: ``aten._standard_gamma`` (``Gamma``, ``Chi2``,
+``StudentT`` sample / rsample), ``aten._sample_dirichlet`` (``Dirichlet``, ``Beta``), ``aten.poisson``
+(``Poisson``, Poisson noise) and ``aten.binomial`` (``Binomial``), from carbon.Generator's draws (docs/enable.md gives the definitions;
+tests/test_enable_samplers.py an independent oracle of them).
 
 torch samples by rejection (Marsaglia and Tsang, 2000) with a loop per element whose draws come from the
 device's own generator. Here every element makes the same fixed number of attempts, K = 24, each from its own
@@ -12,7 +12,8 @@ accepted with probability above 0.95: all 24 fail with probability below 10⁻³
 
 Poisson: for λ < 10 the number of arrivals of a rate-1 Poisson process in [0, λ] among 64 exponential draws
 (exact prefix sums, carbon.cumsum); for λ ≥ 10 Hörmann's transformed rejection (PTRS, 1993) with 24 attempts
-(each accepted with probability above 0.9). Neither needs a loop whose length depends on the values.
+(each accepted with probability above 0.9). Binomial likewise: waiting times between successes for n·q < 10,
+Hörmann's BTRS (1993) otherwise. None needs a loop whose length depends on the values.
 
 The reparameterized gradients (``_standard_gamma_grad``, ``_dirichlet_grad``: ``rsample`` with
 ``requires_grad``) are not covered and raise under strict mode.
@@ -173,3 +174,74 @@ def poisson(args: dict) -> Any:
     count = aten.where(small, _poisson_small(aten.where(bad, 0.0, lam)), _poisson_ptrs(aten.where(aten.logical_or(small, bad), 10.0, lam)))
     out = aten.where(bad, float("nan"), count).to(torch.float32)
     return out if rates.dtype == torch.float32 else carbon_ops.round_to(out, rates.dtype, 1)
+
+
+# ---- binomial --------------------------------------------------------------------------------------------------
+
+WAIT_CAP = 2.0 ** 47  # waiting times are capped here: 64 of them sum exactly in binary64
+
+
+def _binomial_small(n: Tensor, q: Tensor) -> Tensor:
+    """n·q < 10: the number of successes as waiting times G_j = ⌊LOG(u_j) / LOG(1 − q)⌋ + 1 (64 uniforms per
+    element), #{j : G_0 + … + G_j ≤ n}; the G are integers below 2^47, so their prefix sums are exact."""
+    u = _uniforms(list(n.shape) + [COUNT_DRAWS], n.device)
+    log_q = carbon_ops.log(aten.rsub(q, 1.0)).unsqueeze(-1)  # 1 − q exact (q ≤ ½ a float32 value)
+    wait = aten.add(aten.floor(aten.div(carbon_ops.log(u), log_q)), 1.0)
+    never = aten.logical_or(aten.eq(log_q, 0.0), aten.isnan(wait))  # q = 0: no success ever
+    wait = aten.where(never, WAIT_CAP, aten.clamp_max(wait, WAIT_CAP))
+    return aten.sum(aten.le(aten.cumsum(wait, -1), n.unsqueeze(-1)), -1).double()
+
+
+def _binomial_btrs(n: Tensor, q: Tensor) -> Tensor:
+    """n·q ≥ 10: Hörmann's BTRS with 24 attempts from uniforms U = u − ½ and V."""
+    shape, device = list(n.shape) + [ATTEMPTS], n.device
+    u = aten.sub(_uniforms(shape, device), 0.5)
+    v = _uniforms(shape, device)
+    n1, q1 = n.unsqueeze(-1), q.unsqueeze(-1)
+    nq = aten.mul(n1, q1)
+    spq = carbon_ops.pow_tensor_scalar(aten.mul(nq, aten.rsub(q1, 1.0)), 0.5)
+    b = aten.add(aten.mul(spq, 2.53), 1.15)
+    a = aten.add(aten.add(aten.mul(b, 0.0248), -0.0873), aten.mul(q1, 0.01))
+    c = aten.add(nq, 0.5)
+    v_r = aten.rsub(aten.div(aten.full_like(b, 4.2), b), 0.92)
+    alpha = aten.mul(aten.add(aten.div(aten.full_like(b, 5.1), b), 2.83), spq)
+    lpq = carbon_ops.log(aten.div(q1, aten.rsub(q1, 1.0)))
+    m = aten.floor(aten.mul(aten.add(n1, 1.0), q1))
+    h = aten.add(log_factorial64(m), log_factorial64(aten.sub(n1, m)))
+    us = aten.rsub(aten.abs(u), 0.5)
+    k = aten.floor(aten.add(aten.mul(aten.add(aten.div(aten.mul(a, 2.0), us), b), u), c))
+    valid = aten.logical_and(aten.ge(k, 0.0), aten.le(k, n1))
+    quick = aten.logical_and(aten.ge(us, 0.07), aten.le(v, v_r))
+    k0 = aten.where(valid, k, 0.0)
+    lhs = carbon_ops.log(aten.div(aten.mul(v, alpha), aten.add(aten.div(a, aten.mul(us, us)), b)))
+    rhs = aten.add(aten.sub(aten.sub(h, log_factorial64(k0)), log_factorial64(aten.sub(n1, k0))),
+                   aten.mul(aten.sub(k0, m), lpq))
+    accepted = aten.logical_and(valid, aten.logical_or(quick, aten.le(lhs, rhs)))
+    attempt = aten.arange(ATTEMPTS, device=device)
+    first = aten.amin(aten.where(accepted, attempt, ATTEMPTS - 1), -1, True)
+    chosen = aten.gather(k0, -1, first).squeeze(-1)
+    return aten.where(aten.any(accepted, -1), chosen, aten.floor(aten.mul(n, q)))  # none accepted: ⌊n·q⌋
+
+
+def binomial(args: dict) -> Any:
+    count, prob = args["count"], args["prob"]
+    if args.get("generator") is not None:
+        raise routes.NotCovered("binomial with an explicit generator (carbon draws from carbon.Generator)")
+    routes._need_random_dtype("binomial", count.dtype)
+    routes._need_random_dtype("binomial", prob.dtype)
+    if count.numel() == 0:
+        return aten.empty_like(count)
+    n, p = count.double(), prob.double()
+    bad = aten.logical_or(aten.logical_or(aten.logical_not(aten.isfinite(n)), aten.lt(n, 0.0)),
+                          aten.logical_not(aten.logical_and(aten.ge(p, 0.0), aten.le(p, 1.0))))
+    n = aten.where(bad, 0.0, n)
+    flip = aten.gt(p, 0.5)
+    q = aten.where(bad, 0.0, aten.where(flip, aten.rsub(p, 1.0), p))  # 1 − p exact
+    small = aten.lt(aten.mul(n, q), 10.0)
+    easy = aten.logical_or(small, bad)
+    count_small = _binomial_small(n, q)
+    count_big = _binomial_btrs(aten.where(easy, 100.0, n), aten.where(easy, 0.5, q))
+    x = aten.where(small, count_small, count_big)
+    x = aten.where(flip, aten.sub(n, x), x)
+    out = aten.where(bad, float("nan"), x).to(torch.float32)
+    return out if count.dtype == torch.float32 else carbon_ops.round_to(out, count.dtype, 1)
