@@ -271,7 +271,7 @@ def _pow(a: dict) -> Any:
     from the lowest bit, each product rounded: carbon.optim.power's order);
     0.5 as sqrt; a negative exponent as 1 / x^|n|. Other number exponents,
     and a number base with a tensor exponent (e.g. rotary embeddings'
-    base ** (arange / dim)): carbon's pow, RN(exp(p log x)) from binary64 cores."""
+    base ** (arange / dim)), and two tensors: carbon's pow, RN(exp(p log x)) from binary64 cores."""
     x, e = a["self"], a["exponent"]
     if isinstance(x, Tensor) and not x.is_floating_point() and not _floating(e):
         return PASS
@@ -288,7 +288,13 @@ def _pow(a: dict) -> Any:
     if isinstance(e, Tensor) and e.dim() == 0 and e.device.type == "cpu":
         return _pow({"self": x, "exponent": e.item()})  # a 0-dim CPU exponent: a number exponent
     if isinstance(e, Tensor):
-        raise NotCovered("pow with a tensor base and a tensor exponent")
+        # two tensors (Weibull's and Kumaraswamy's samplers): carbon's pow of each pair, after torch's
+        # broadcasting and promotion (integers to the default dtype), one rounding of pow_core
+        u, v, _ = _promoted_pair(x, e)
+        shape = list(torch.broadcast_shapes(u.shape, v.shape))
+        u, v = u.expand(shape), v.expand(shape)
+        _need_carbon_dtype("pow", u, v)
+        return carbon_ops.pow_tensor_tensor(u, v)
     if not x.is_floating_point():  # an integer tensor to a float power: torch's result dtype, converted first
         x = aten._to_copy(x, dtype=torch.get_default_dtype())
     if e == 0.5:

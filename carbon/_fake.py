@@ -343,6 +343,11 @@ def _hypot_fake(x: Tensor, y: Tensor) -> Tensor:
     return _two_argument_fake("hypot", ("x", "y"), x, y)
 
 
+@torch.library.register_fake("carbon::pow_tensor_tensor")
+def _pow_tensor_tensor_fake(x: Tensor, exponent: Tensor) -> Tensor:
+    return _two_argument_fake("pow_tensor_tensor", ("x", "exponent"), x, exponent)
+
+
 @torch.library.register_fake("carbon::cumsum_rows")
 def _cumsum_rows_fake(x: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
     _check_dtype("cumsum_rows", "x", x)

@@ -96,6 +96,7 @@ TORCH_LIBRARY(carbon, m) {
   m.def("pow_scalar_tensor(float base, Tensor exponent) -> Tensor");
   m.def("atan2(Tensor y, Tensor x) -> Tensor");
   m.def("hypot(Tensor x, Tensor y) -> Tensor");
+  m.def("pow_tensor_tensor(Tensor x, Tensor exponent) -> Tensor");
   m.def("elementwise_backward(Tensor grad, Tensor x, str fn) -> Tensor");
   // ---- end elementwise math ----
 
@@ -224,6 +225,7 @@ void bind_kernels(torch::Library& m) {
   m.impl("pow_scalar_tensor", &carbon::in_default_fp_env<&carbon::pow_scalar_tensor>::call);
   m.impl("atan2", &carbon::in_default_fp_env<&carbon::atan2_op>::call);
   m.impl("hypot", &carbon::in_default_fp_env<&carbon::hypot_op>::call);
+  m.impl("pow_tensor_tensor", &carbon::in_default_fp_env<&carbon::pow_tensor_tensor>::call);
   m.impl("elementwise_backward", &carbon::in_default_fp_env<&carbon::elementwise_backward>::call);
   // ---- end elementwise math ----
   // ---- normalization

@@ -4,6 +4,7 @@ the exact x^2 + y^2, rounded once), atan2 against mpmath at 200 bits — plus C'
 values, every dtype, broadcasting, 1 vs 2 threads, errors, and torch.atan2 / torch.hypot under carbon.enable."""
 
 import math
+from typing import Optional
 from fractions import Fraction
 
 import mpmath
@@ -101,3 +102,71 @@ def test_torch_atan2_and_hypot_under_enable(carbon_disabled_after):
     assert torch.equal(as_bits(inplace), as_bits(a.detach()))
     assert ints.dtype == torch.float32 and half.dtype == torch.float16
     assert y.grad is not None and x.grad is not None
+
+
+# ---- pow of two tensors (torch.pow(Tensor, Tensor) under carbon.enable) ---------------------------------------
+
+def _c99_pow_special(a: float, b: float) -> Optional[float]:
+    """C99 Annex F's pow at its special cases (None elsewhere), written from the standard."""
+    odd = math.isfinite(b) and b == math.floor(b) and abs(b) < 2**53 and int(b) % 2 == 1
+    if b == 0 or a == 1:
+        return 1.0
+    if math.isnan(a) or math.isnan(b):
+        return math.nan
+    if math.isinf(b):
+        if abs(a) == 1:
+            return 1.0
+        return 0.0 if (abs(a) < 1) == (b > 0) else math.inf
+    if a == 0:
+        if b < 0:
+            return math.copysign(math.inf, a) if odd else math.inf
+        return math.copysign(0.0, a) if odd else 0.0
+    if math.isinf(a):
+        magnitude = math.inf if b > 0 else 0.0
+        return -magnitude if a < 0 and odd else magnitude
+    if a < 0 and b != math.floor(b):
+        return math.nan
+    return None
+
+
+def _pow_want_bits(a: float, b: float, dtype) -> set:
+    """RN(a^b) (mpmath at 200 bits), with its neighbour when a^b lies within 2^-41 relative of a midpoint
+    (contract §6: pow_core's error is below 2^-43), and C99's special values."""
+    special = _c99_pow_special(a, b)
+    if special is not None:
+        return {round_bits(special, dtype)}
+    v = mpmath.power(abs(mpmath.mpf(a)), mpmath.mpf(b))
+    if a < 0 and int(b) % 2:
+        v = -v
+    slack = abs(v) * mpmath.mpf(2) ** -41
+    return {rn_mp(v - slack, dtype), rn_mp(v, dtype), rn_mp(v + slack, dtype)}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pow_of_two_tensors_is_correctly_rounded(dtype):
+    g = torch.Generator().manual_seed(9)
+    x = (torch.rand(2000, generator=g) * 6).to(dtype)
+    y = (torch.randn(2000, generator=g) * 4).to(dtype)
+    x[:300], y[:300] = -x[:300], torch.round(y[:300])  # negative bases with integer exponents
+    specials = [0.0, -0.0, 1.0, -1.0, math.inf, -math.inf, math.nan, 2.0, -2.0, 0.5]
+    x = torch.cat([x, torch.tensor(specials, dtype=dtype).repeat_interleave(10)])
+    y = torch.cat([y, torch.tensor(specials, dtype=dtype).repeat(10)])
+    got = as_bits(torch.ops.carbon.pow_tensor_tensor(x, y)).tolist()
+    mask = (1 << (32 if dtype == torch.float32 else 16)) - 1
+    for i, (a, b) in enumerate(zip(x.float().tolist(), y.float().tolist())):
+        assert got[i] & mask in _pow_want_bits(a, b, dtype), (i, a, b)
+
+
+def test_torch_pow_of_two_tensors_under_enable(carbon_disabled_after):
+    from torch import distributions as D
+    x = (torch.rand(6, 5, generator=torch.Generator().manual_seed(3)) * 3 + 0.1).requires_grad_(True)
+    e = torch.linspace(-2.0, 3.0, 5).requires_grad_(True)
+    with carbon.enabled(seed=2):
+        y = torch.pow(x, e)
+        y.sum().backward()
+        ints = torch.pow(torch.arange(1, 4), torch.tensor([0.5, 1.5, 2.5]))
+        weibull = D.Weibull(torch.tensor([1.0, 2.0]), torch.tensor([1.5, 0.7])).sample((3,))
+        kumaraswamy = D.Kumaraswamy(torch.tensor([1.5]), torch.tensor([2.5])).sample((3,))
+    assert torch.equal(as_bits(y), as_bits(torch.ops.carbon.pow_tensor_tensor(x.detach(), e.detach().expand(6, 5))))
+    assert ints.dtype == torch.float32 and weibull.shape == (3, 2) and kumaraswamy.shape == (3, 1)
+    assert x.grad is not None and e.grad is not None

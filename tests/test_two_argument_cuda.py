@@ -1,5 +1,6 @@
-"""carbon.atan2 and carbon.hypot on a CUDA GPU: the CPU's bits (one shared binary64 core), for random values
-over a wide range of exponents, C's special values and every dtype. Skipped without a GPU."""
+"""carbon.atan2, carbon.hypot and the pow of two tensors on a CUDA GPU: the CPU's bits (one shared binary64
+core), for random values over a wide range of exponents, C's special values and every dtype. Skipped without
+a GPU."""
 
 import math
 
@@ -25,8 +26,8 @@ def test_atan2_and_hypot_on_the_gpu_equal_the_cpu(dtype):
     specials = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, 1.0, -1.0], dtype=dtype)
     a = torch.cat([a, specials.repeat_interleave(7)])
     b = torch.cat([b, specials.repeat(7)])
-    for fn in (carbon.atan2, carbon.hypot):
-        assert torch.equal(as_bits(fn(a.cuda(), b.cuda()).cpu()), as_bits(fn(a, b))), fn.__name__
+    for fn in (carbon.atan2, carbon.hypot, torch.ops.carbon.pow_tensor_tensor):
+        assert torch.equal(as_bits(fn(a.cuda(), b.cuda()).cpu()), as_bits(fn(a, b))), str(fn)
 
 
 def test_a_cpu_scalar_beside_a_cuda_tensor_under_enable(carbon_disabled_after):

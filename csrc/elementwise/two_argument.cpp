@@ -1,5 +1,5 @@
-// The two-argument functions atan2 and hypot: input checks and the CPU kernel
-// (two_argument.h).
+// The two-argument functions atan2, hypot and pow: input checks and the CPU
+// kernel (two_argument.h).
 #include "two_argument.h"
 
 #include <ATen/Parallel.h>
@@ -50,7 +50,7 @@ void two_argument_cpu(TwoArgumentFn fn, const at::Tensor& a, const at::Tensor& b
     carbon::parallel_for(0, a.numel(), 8192, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const double u = decode(ap[i], f), v = decode(bp[i], f);
-        const double r = fn == TwoArgumentFn::kAtan2 ? math::atan2_core(u, v) : math::hypot_core(u, v);
+        const double r = two_argument_core(fn, u, v);
         op[i] = static_cast<Bits>(encode(round_double(r, f), f));
       }
     });
@@ -63,6 +63,10 @@ at::Tensor atan2_op(const at::Tensor& y, const at::Tensor& x) {
 
 at::Tensor hypot_op(const at::Tensor& x, const at::Tensor& y) {
   return run(TwoArgumentFn::kHypot, "hypot", "x", "y", x, y);
+}
+
+at::Tensor pow_tensor_tensor(const at::Tensor& x, const at::Tensor& exponent) {
+  return run(TwoArgumentFn::kPow, "pow_tensor_tensor", "x", "exponent", x, exponent);
 }
 
 }  // namespace carbon

@@ -1,4 +1,4 @@
-// CUDA kernel of the two-argument functions atan2 and hypot: a grid-stride
+// CUDA kernel of the two-argument functions atan2, hypot and pow: a grid-stride
 // loop over the same per-element code as the CPU (two_argument_math.h), so
 // the same bits. No host synchronization.
 #include <c10/cuda/CUDAGuard.h>
@@ -20,7 +20,7 @@ __global__ void two_argument_kernel(TwoArgumentFn fn, const typename F::Bits* __
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const double u = decode(a[i], f), v = decode(b[i], f);
-    const double r = fn == TwoArgumentFn::kAtan2 ? math::atan2_core(u, v) : math::hypot_core(u, v);
+    const double r = two_argument_core(fn, u, v);
     out[i] = static_cast<typename F::Bits>(encode(round_double(r, f), f));
   }
 }

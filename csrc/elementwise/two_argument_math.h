@@ -1,6 +1,10 @@
-// atan2(y, x) and hypot(x, y) of two float values (float32, bfloat16 or
-// float16, as doubles), shared by the CPU and CUDA kernels: IEEE +, -, *, /,
-// sqrt and elementwise_math.h's atan_core only, so the same bits everywhere.
+// atan2(y, x), hypot(x, y) and pow(x, y) of two float values (float32,
+// bfloat16 or float16, as doubles), shared by the CPU and CUDA kernels: IEEE
+// +, -, *, /, sqrt and elementwise_math.h's cores only, so the same bits
+// everywhere. pow is pow_math.h's pow_core (IEEE 754's special values;
+// relative error < 2^-43 elsewhere: one rounding is correct except within
+// ~2^-19 ulp of a midpoint -- also for integer exponents, where x^2 can be a
+// midpoint exactly).
 // The result in the inputs' format F is one rounding of the binary64 value:
 // correctly rounded except within ~2^-20 ulp of a midpoint.
 //
@@ -21,6 +25,7 @@
 #include <cmath>  // sqrt only (correctly rounded by IEEE 754)
 
 #include "elementwise_math.h"
+#include "pow_math.h"
 
 namespace carbon {
 namespace math {
@@ -56,4 +61,14 @@ CARBON_HD double atan2_core(double y, double x) {
 }
 
 }  // namespace math
+
+enum class TwoArgumentFn { kAtan2, kHypot, kPow };
+
+// The function fn of the inputs (a, b): atan2(a, b), hypot(a, b) or a^b.
+CARBON_HD double two_argument_core(TwoArgumentFn fn, double a, double b) {
+  if (fn == TwoArgumentFn::kAtan2) return math::atan2_core(a, b);
+  if (fn == TwoArgumentFn::kHypot) return math::hypot_core(a, b);
+  return math::pow_core(a, b);
+}
+
 }  // namespace carbon
