@@ -13,13 +13,15 @@
 //  * lgamma and digamma have zeros (lgamma at 1 and 2 and twice between
 //    each pair of negative integers below -2, digamma once in (0, inf) and
 //    once between each pair of negative integers), where a binary64
-//    evaluation loses its relative accuracy. For x > 0 a binary64
+//    evaluation loses its relative accuracy. lgamma for 0 < x < 3.5 sums
+//    its Taylor series at 2 in binary64 (the zeros 1 and 2 are exact floats:
+//    lgamma_near_one_and_two, < 2^-47). For other x > 0 a binary64
 //    evaluation comes with a bound on its error from the size of its terms
 //    (lgamma_binary64, digamma_binary64) and is taken where that bound is
 //    below 2^-42 of the result -- most arguments, at ~1/20 of the cost;
-//    elsewhere (next to the zeros, and for every x < 0) they are evaluated
-//    in double-double to an absolute error below ~2^-90 (a few 2^-100
-//    relative to the largest term). Either way the value is a fixed function
+//    elsewhere (digamma next to its zero, and both for every x < 0) they
+//    are evaluated in double-double to an absolute error below ~2^-90 (a
+//    few 2^-100 relative to the largest term). Either way the value is a fixed function
 //    of x (the choice depends on x alone). lgamma(1) = lgamma(2) = +0
 //    exactly. A float32 argument next to an irrational zero keeps |f(x)| far
 //    above 2^-50 (tests/test_elementwise_gamma.py measures the closest ones
@@ -194,12 +196,49 @@ CARBON_HD double lgamma_binary64(double x, double* terms) {
   return (((a - z) + kHalfLog2Pi.hi) + s * inv) - log_product;
 }
 
+// Taylor's series of lgamma at 2: lgamma(2 + e) = (1 - gamma) e +
+// sum_(k >= 2) (-1)^k (zeta(k) - 1) e^k / k, for |e| <= 1/2 (exact e). The
+// coefficients fall like 2^-k / k, so to k = 30 the remainder is below
+// 2^-61 e^2; Horner's sum (fma) has relative error < 4u: the e^2 part is at
+// most 0.45 of the linear one, no cancellation.
+CARBON_HD double lgamma_near_two(double e) {
+  // (-1)^k (zeta(k) - 1) / k, k = 30 .. 2 (scripts/gamma_constants.py)
+  constexpr double kSeries[29] = {
+      0x1.11116e693ed98p-35,  -0x1.1a7c26ec2523cp-34, 0x1.24932a337434cp-33,  -0x1.2f69a9fabe3e0p-32,
+      0x1.3b15d2b2fc10cp-31,  -0x1.47b1679258d0ep-30, 0x1.555a877ffd2c3p-29,  -0x1.6434a8447aeadp-28,
+      0x1.7469daccfadcdp-27,  -0x1.862c734df3eacp-26, 0x1.99b93c2070b0fp-25,  -0x1.af5a6cbbf8a97p-24,
+      0x1.c76bbb3f07a4dp-23,  -0x1.e2600d93cfd2fp-22, 0x1.0064cdeb22f0fp-20,  -0x1.11b2eb7679541p-19,
+      0x1.2597a39f34aacp-18,  -0x1.3cbc963ce2243p-17, 0x1.580dcee66eb02p-16,  -0x1.78de5bd7c81efp-15,
+      0x1.a127b0f17d65ap-14,  -0x1.d3fd4c76d2fc8p-13, 0x1.0b36af86396e9p-11,  -0x1.38ac5c2bf8e08p-10,
+      0x1.7add6eadb6c30p-9,   -0x1.e404fc218f5f2p-8,  0x1.51322ac7d8483p-6,   -0x1.13e001a557607p-4,
+      0x1.4a34cc4a60fa6p-2};
+  constexpr double kOneMinusGamma = 0x1.b0ee6072093cep-2;
+  return e * fma(e, series(kSeries, e), kOneMinusGamma);
+}
+
+// lgamma for 2^-25 <= x < 3.5 in binary64 around 2 (x + 1, x - 1, x - 2, x - 3
+// are exact: x has no bit below 2^-48):
+//   x < 1/2:       lgamma(x + 2) - log(x + 1) - log x   (-log x >= 0.69 dominates)
+//   1/2 <= x < 3/2: lgamma(x + 1) - log x   (near 1 the two terms are 0.42 e and
+//                   e - e^2/2 against a result of -0.58 e: a factor 2.5)
+//   3/2 <= x <= 5/2: lgamma(x)
+//   x > 5/2:       lgamma(x - 1) + log(x - 1)   (log(x - 1) > 0.4 dominates)
+// with log_core (< 2^-50): relative error < 2^-47 throughout, also next to
+// the zeros 1 and 2 (no double-double needed there).
+CARBON_HD double lgamma_near_one_and_two(double x) {
+  if (x < 0.5) return (lgamma_near_two(x) - log_core(x + 1.0)) - log_core(x);
+  if (x < 1.5) return lgamma_near_two(x - 1.0) - log_core(x);
+  if (x <= 2.5) return lgamma_near_two(x - 2.0);
+  return lgamma_near_two(x - 3.0) + log_core(x - 1.0);
+}
+
 CARBON_HD double lgamma_core(double x) {
   if (is_nan(x)) return quiet_nan();
   const double ax = abs_value(x);
   if (is_inf(x) || (x <= 0.0 && nearest_integer(x) == x)) return b64::infinity();
   if (x == 1.0 || x == 2.0) return 0.0;
   if (ax < kTiny) return -log_core(ax) - kEulerGamma * x;
+  if (x > 0.0 && x < 3.5) return lgamma_near_one_and_two(x);
   if (x > 0.0) {
     double terms;
     const double v = lgamma_binary64(x, &terms);
