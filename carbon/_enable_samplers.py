@@ -76,28 +76,28 @@ def _to_dtype(x32: Tensor, dtype: torch.dtype, low: float, high: float) -> Tenso
     return x32 if dtype == torch.float32 else carbon_ops.round_to(x32, dtype, 1)
 
 
-def _alpha64(op: str, alpha: Tensor) -> Tensor:
-    routes._need_random_dtype(op, alpha.dtype)
-    return alpha.double()
+def _is_empty(op: str, args: dict, *tensors: Tensor) -> bool:
+    """Refuses an explicit torch.Generator and dtypes other than carbon's three; True for an empty input."""
+    if args.get("generator") is not None:
+        raise routes.NotCovered(f"{op} with an explicit generator (carbon draws from carbon.Generator)")
+    for t in tensors:
+        routes._need_random_dtype(op, t.dtype)
+    return tensors[0].numel() == 0
 
 
 def standard_gamma(args: dict) -> Any:
     alpha = args["self"]
-    if args.get("generator") is not None:
-        raise routes.NotCovered("_standard_gamma with an explicit generator (carbon draws from carbon.Generator)")
-    if alpha.numel() == 0:
+    if _is_empty("_standard_gamma", args, alpha):
         return aten.empty_like(alpha)
-    g = standard_gamma64(_alpha64("_standard_gamma", alpha)).to(torch.float32)
+    g = standard_gamma64(alpha.double()).to(torch.float32)
     return _to_dtype(g, alpha.dtype, torch.finfo(alpha.dtype).tiny, float("inf"))  # torch's clamp to the smallest normal
 
 
 def sample_dirichlet(args: dict) -> Any:
     alpha = args["self"]
-    if args.get("generator") is not None:
-        raise routes.NotCovered("_sample_dirichlet with an explicit generator (carbon draws from carbon.Generator)")
-    if alpha.numel() == 0:
+    if _is_empty("_sample_dirichlet", args, alpha):
         return aten.empty_like(alpha)
-    g = standard_gamma64(_alpha64("_sample_dirichlet", alpha)).to(torch.float32)
+    g = standard_gamma64(alpha.double()).to(torch.float32)
     total = carbon_ops.sum(g, [-1], True, None)  # the exact sum, rounded once
     x = aten.div(g, total)
     finfo = torch.finfo(alpha.dtype)
@@ -163,10 +163,7 @@ def _poisson_ptrs(lam: Tensor) -> Tensor:
 
 def poisson(args: dict) -> Any:
     rates = args["self"]
-    if args.get("generator") is not None:
-        raise routes.NotCovered("poisson with an explicit generator (carbon draws from carbon.Generator)")
-    routes._need_random_dtype("poisson", rates.dtype)
-    if rates.numel() == 0:
+    if _is_empty("poisson", args, rates):
         return aten.empty_like(rates)
     lam = rates.double()
     bad = aten.logical_or(aten.logical_not(aten.isfinite(lam)), aten.lt(lam, 0.0))  # torch raises (a host read)
@@ -225,11 +222,7 @@ def _binomial_btrs(n: Tensor, q: Tensor) -> Tensor:
 
 def binomial(args: dict) -> Any:
     count, prob = args["count"], args["prob"]
-    if args.get("generator") is not None:
-        raise routes.NotCovered("binomial with an explicit generator (carbon draws from carbon.Generator)")
-    routes._need_random_dtype("binomial", count.dtype)
-    routes._need_random_dtype("binomial", prob.dtype)
-    if count.numel() == 0:
+    if _is_empty("binomial", args, count, prob):
         return aten.empty_like(count)
     n, p = count.double(), prob.double()
     bad = aten.logical_or(aten.logical_or(aten.logical_not(aten.isfinite(n)), aten.lt(n, 0.0)),
