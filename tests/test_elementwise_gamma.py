@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import random
-import struct
 
 import mpmath as mp
 import pytest
@@ -19,15 +18,12 @@ import torch
 import carbon
 from elementwise_ref import grad_expected_bits
 from oracle import as_bits, bits_to_float, fmt_of
+from test_elementwise import _f32_bits as f32_bits
 from test_elementwise import check  # RN(f(x)) of every bit pattern against elementwise_ref, by carbon.<name>
 
 NAMES = ("lgamma", "digamma", "trigamma")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 CALL = {"lgamma": carbon.lgamma, "digamma": carbon.digamma, "trigamma": carbon.trigamma}
-
-
-def f32_bits(v: float) -> int:
-    return struct.unpack("<I", struct.pack("<f", v))[0]
 
 
 def neighbours(values, d: int):

@@ -103,17 +103,55 @@ CARBON_HD DD log_of(DD p) { return dd::add(b64::log_dd(p.hi), p.lo / p.hi); }
 // double-double, of sum_j c_j w^(j-1) with the largest j first.
 template <int T, int H>
 CARBON_HD DD series(const double (&tail)[T], const DD (&head)[H], DD w) {
-  double t = tail[0];
-  for (int i = 1; i < T; ++i) t = fma(t, w.hi, tail[i]);
-  DD s = dd::add(head[0], dd::mul(w, t));
+  DD s = dd::add(head[0], dd::mul(w, horner(tail, w.hi)));
   for (int i = 1; i < H; ++i) s = dd::add(dd::mul(s, w), head[i]);
   return s;
 }
 
-template <int N>
-CARBON_HD double series(const double (&c)[N], double w) {
-  double t = c[0];
-  for (int i = 1; i < N; ++i) t = fma(t, w, c[i]);
+// The coefficients of the asymptotic series, largest j first: a binary64
+// tail and a double-double head (scripts/gamma_constants.py). The binary64
+// fast paths use the tail and the heads' high parts; the double-double paths
+// all of them. (Returned by value: namespace-scope arrays are not visible in
+// device code.)
+struct SeriesCoefficients16 {
+  double tail[11];
+  DD head[5];
+};
+struct SeriesCoefficients17 {
+  double tail[13];
+  DD head[4];
+};
+// lgamma: B_2j / (2j (2j-1)), j = 16 .. 6 in binary64, j = 5 .. 1 as double-doubles.
+CARBON_HD SeriesCoefficients16 lgamma_coefficients() {
+  return {{
+      -0x1.d1089b142d357p+23, 0x1.51a2089a6e11ap+19, -0x1.1a198ae1c4ab8p+15, 0x1.12234e81b4e82p+11,
+      -0x1.39b2525cccc1bp+7,  0x1.ace44322ce006p+3,  -0x1.6476701181f3ap+0,  0x1.6fe96381e0680p-3,
+      -0x1.e4286cb0f5398p-6,  0x1.a41a41a41a41ap-8,  -0x1.f6ab0d9993c7dp-10},
+          {{0x1.b951e2b18ff23p-11, 0x1.5c3a9ce01b952p-65},
+           {-0x1.3813813813814p-11, 0x1.fb1fb1fb1fb20p-65},
+           {0x1.a01a01a01a01ap-11, 0x1.a01a01a01a01ap-71},
+           {-0x1.6c16c16c16c17p-9, 0x1.f49f49f49f49fp-64},
+           {0x1.5555555555555p-4, 0x1.5555555555555p-58}}};
+}
+// digamma: B_2j / (2j), j = 17 .. 5 in binary64, j = 4 .. 1 as double-doubles.
+CARBON_HD SeriesCoefficients17 digamma_coefficients() {
+  return {{
+      0x1.7892edfdf5555p+33, -0x1.c280563b8bcbdp+28, 0x1.31fad7cbf3c00p+24, -0x1.dc0b1a5cfbe16p+19,
+      0x1.ac572aaaaaaabp+15, -0x1.c2f0566566566p+11, 0x1.1975cc0ed7304p+8,  -0x1.a74ca514ca515p+4,
+      0x1.86e7f9b9fe6e8p+1,  -0x1.c5e5e5e5e5e5ep-2,  0x1.5555555555555p-4,  -0x1.5995995995996p-6,
+      0x1.f07c1f07c1f08p-8},
+          {{-0x1.1111111111111p-8, -0x1.1111111111111p-64},
+           {0x1.0410410410410p-8, 0x1.0410410410410p-62},
+           {-0x1.1111111111111p-7, -0x1.1111111111111p-63},
+           {0x1.5555555555555p-4, 0x1.5555555555555p-58}}};
+}
+
+// The same series in binary64: Horner's sum through the tail, then the
+// heads' high parts.
+template <int T, int H>
+CARBON_HD double series_binary64(const double (&tail)[T], const DD (&head)[H], double w) {
+  double t = horner(tail, w);
+  for (int i = 0; i < H; ++i) t = fma(t, w, head[i].hi);
   return t;
 }
 
@@ -139,23 +177,13 @@ CARBON_HD SinCosPi sincos_pi(double f) {
 // Stirling's series for z >= 16 (a double): |error| < 2^-92 absolute (the
 // terms reach ~16 log 16 = 44 with relative errors of a few 2^-100).
 CARBON_HD DD lgamma_stirling(double z) {
-  // B_2j / (2j (2j-1)), j = 16 .. 6 in binary64, j = 5 .. 1 as double-doubles (function-local:
-  // namespace-scope arrays are not visible in device code)
-  constexpr double kLgammaTail[11] = {
-      -0x1.d1089b142d357p+23, 0x1.51a2089a6e11ap+19, -0x1.1a198ae1c4ab8p+15, 0x1.12234e81b4e82p+11,
-      -0x1.39b2525cccc1bp+7,  0x1.ace44322ce006p+3,  -0x1.6476701181f3ap+0,  0x1.6fe96381e0680p-3,
-      -0x1.e4286cb0f5398p-6,  0x1.a41a41a41a41ap-8,  -0x1.f6ab0d9993c7dp-10};
-  constexpr DD kLgammaHead[5] = {{0x1.b951e2b18ff23p-11, 0x1.5c3a9ce01b952p-65},
-                                 {-0x1.3813813813814p-11, 0x1.fb1fb1fb1fb20p-65},
-                                 {0x1.a01a01a01a01ap-11, 0x1.a01a01a01a01ap-71},
-                                 {-0x1.6c16c16c16c17p-9, 0x1.f49f49f49f49fp-64},
-                                 {0x1.5555555555555p-4, 0x1.5555555555555p-58}};
   const DD lz = b64::log_dd(z);
   DD t = dd::mul(dd::two_sum(z, -0.5), lz);
   t = dd::add(t, -z);
   t = dd::add(t, kHalfLog2Pi);
   const DD w = dd::div(DD{1.0, 0.0}, dd::two_prod(z, z));
-  const DD s = dd::div(series(kLgammaTail, kLgammaHead, w), z);
+  const SeriesCoefficients16 c = lgamma_coefficients();
+  const DD s = dd::div(series(c.tail, c.head, w), z);
   return dd::add(t, s);
 }
 
@@ -179,19 +207,13 @@ CARBON_HD DD lgamma_positive(double x) {
 // *terms returns T; the core takes v only where T <= 64 |v|, so its relative
 // error is below 2^-42.7, and uses double-double elsewhere (next to the zeros).
 CARBON_HD double lgamma_binary64(double x, double* terms) {
-  // B_2j / (2j (2j-1)), j = 16 .. 1 (binary64)
-  constexpr double kLgammaSeries[16] = {
-      -0x1.d1089b142d357p+23, 0x1.51a2089a6e11ap+19, -0x1.1a198ae1c4ab8p+15, 0x1.12234e81b4e82p+11,
-      -0x1.39b2525cccc1bp+7, 0x1.ace44322ce006p+3, -0x1.6476701181f3ap+0, 0x1.6fe96381e0680p-3,
-      -0x1.e4286cb0f5398p-6, 0x1.a41a41a41a41ap-8, -0x1.f6ab0d9993c7dp-10, 0x1.b951e2b18ff23p-11,
-      -0x1.3813813813814p-11, 0x1.a01a01a01a01ap-11, -0x1.6c16c16c16c17p-9, 0x1.5555555555555p-4};
   double product = 1.0, z = x;
   for (; z < kAsymptotic; z += 1.0) product *= z;
   const double log_product = z == x ? 0.0 : log_core(product);
   const double a = (z - 0.5) * log_core(z);
   const double inv = 1.0 / z, w = inv * inv;
-  double s = kLgammaSeries[0];
-  for (int i = 1; i < 16; ++i) s = fma(s, w, kLgammaSeries[i]);
+  const SeriesCoefficients16 c = lgamma_coefficients();
+  const double s = series_binary64(c.tail, c.head, w);
   *terms = a + z + 1.0 + abs_value(log_product);
   return (((a - z) + kHalfLog2Pi.hi) + s * inv) - log_product;
 }
@@ -213,7 +235,7 @@ CARBON_HD double lgamma_near_two(double e) {
       0x1.7add6eadb6c30p-9,   -0x1.e404fc218f5f2p-8,  0x1.51322ac7d8483p-6,   -0x1.13e001a557607p-4,
       0x1.4a34cc4a60fa6p-2};
   constexpr double kOneMinusGamma = 0x1.b0ee6072093cep-2;
-  return e * fma(e, series(kSeries, e), kOneMinusGamma);
+  return e * fma(e, horner(kSeries, e), kOneMinusGamma);
 }
 
 // lgamma for 2^-25 <= x < 3.5 in binary64 around 2 (x + 1, x - 1, x - 2, x - 3
@@ -253,19 +275,10 @@ CARBON_HD double lgamma_core(double x) {
 // ---- digamma ---------------------------------------------------------------------
 // psi(z) for z >= 16: log z - 1/(2z) - w S(w), w = 1/z^2; |error| < 2^-96.
 CARBON_HD DD digamma_asymptotic(double z) {
-  // B_2j / (2j), j = 17 .. 5 in binary64, j = 4 .. 1 as double-doubles
-  constexpr double kDigammaTail[13] = {
-      0x1.7892edfdf5555p+33, -0x1.c280563b8bcbdp+28, 0x1.31fad7cbf3c00p+24, -0x1.dc0b1a5cfbe16p+19,
-      0x1.ac572aaaaaaabp+15, -0x1.c2f0566566566p+11, 0x1.1975cc0ed7304p+8,  -0x1.a74ca514ca515p+4,
-      0x1.86e7f9b9fe6e8p+1,  -0x1.c5e5e5e5e5e5ep-2,  0x1.5555555555555p-4,  -0x1.5995995995996p-6,
-      0x1.f07c1f07c1f08p-8};
-  constexpr DD kDigammaHead[4] = {{-0x1.1111111111111p-8, -0x1.1111111111111p-64},
-                                  {0x1.0410410410410p-8, 0x1.0410410410410p-62},
-                                  {-0x1.1111111111111p-7, -0x1.1111111111111p-63},
-                                  {0x1.5555555555555p-4, 0x1.5555555555555p-58}};
   const DD w = dd::div(DD{1.0, 0.0}, dd::two_prod(z, z));
   DD v = dd::add(b64::log_dd(z), dd::neg(dd::div(DD{0.5, 0.0}, z)));
-  return dd::add(v, dd::neg(dd::mul(series(kDigammaTail, kDigammaHead, w), w)));
+  const SeriesCoefficients17 c = digamma_coefficients();
+  return dd::add(v, dd::neg(dd::mul(series(c.tail, c.head, w), w)));
 }
 
 // psi(x) for x >= 2^-25 with no bit below 2^-48: psi(z) - sum 1/(x + i).
@@ -282,18 +295,11 @@ CARBON_HD DD digamma_positive(double x) {
 // T = log z + 1 + R (*terms). As for lgamma, taken where T <= 64 |v|
 // (relative error < 2^-42.3).
 CARBON_HD double digamma_binary64(double x, double* terms) {
-  // B_2j / (2j), j = 17 .. 1 (binary64)
-  constexpr double kDigammaSeries[17] = {
-      0x1.7892edfdf5555p+33, -0x1.c280563b8bcbdp+28, 0x1.31fad7cbf3c00p+24, -0x1.dc0b1a5cfbe16p+19,
-      0x1.ac572aaaaaaabp+15, -0x1.c2f0566566566p+11, 0x1.1975cc0ed7304p+8, -0x1.a74ca514ca515p+4,
-      0x1.86e7f9b9fe6e8p+1, -0x1.c5e5e5e5e5e5ep-2, 0x1.5555555555555p-4, -0x1.5995995995996p-6,
-      0x1.f07c1f07c1f08p-8, -0x1.1111111111111p-8, 0x1.0410410410410p-8, -0x1.1111111111111p-7,
-      0x1.5555555555555p-4};
   double r = 0.0, z = x;
   for (; z < kAsymptotic; z += 1.0) r += 1.0 / z;
   const double inv = 1.0 / z, w = inv * inv;
-  double s = kDigammaSeries[0];
-  for (int i = 1; i < 17; ++i) s = fma(s, w, kDigammaSeries[i]);
+  const SeriesCoefficients17 c = digamma_coefficients();
+  const double s = series_binary64(c.tail, c.head, w);
   const double log_z = log_core(z);
   *terms = log_z + 1.0 + r;
   return ((log_z - 0.5 * inv) - w * s) - r;
@@ -326,7 +332,7 @@ CARBON_HD double trigamma_positive(double x) {
   double sum = 0.0, z = x;
   for (; z < kAsymptotic; z += 1.0) sum += 1.0 / (z * z);
   const double inv = 1.0 / z, w = inv * inv;
-  return sum + inv * (1.0 + fma(0.5, inv, w * series(kTrigamma, w)));
+  return sum + inv * (1.0 + fma(0.5, inv, w * horner(kTrigamma, w)));
 }
 
 CARBON_HD double trigamma_core(double x) {
@@ -349,7 +355,7 @@ CARBON_HD double tetragamma_positive(double x) {
   double sum = 0.0, z = x;
   for (; z < kAsymptotic; z += 1.0) sum += 2.0 / (z * z * z);
   const double inv = 1.0 / z, w = inv * inv;
-  return -(sum + w * (1.0 + fma(w, series(kTetragamma, w), inv)));
+  return -(sum + w * (1.0 + fma(w, horner(kTetragamma, w), inv)));
 }
 
 CARBON_HD double tetragamma_core(double x) {
