@@ -1,10 +1,16 @@
+import atexit
 import os
+import shutil
 import tempfile
 
 # torch.compile's on-disk caches (inductor's FX graph cache, AOTAutograd's cache) are keyed on the
 # traced graph, not on the Python autograd formulas of carbon's ops: a graph compiled by an older
 # carbon could be reused with backward ops that no longer exist. Each test session compiles afresh.
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="carbon-tests-inductor-"))
+# The directory is removed when the session ends, so repeated runs do not fill /tmp.
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    _inductor_cache = tempfile.mkdtemp(prefix="carbon-tests-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _inductor_cache
+    atexit.register(shutil.rmtree, _inductor_cache, ignore_errors=True)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
