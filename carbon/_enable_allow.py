@@ -51,6 +51,8 @@ ALLOWED = PER_TENSOR | frozenset({
     "rot90", "block_diag", "diag_embed", "alias_copy", "as_strided_copy", "squeeze_copy", "unsqueeze_copy",
     "unfold_copy", "_chunk_cat", "_unsafe_masked_index", "_upsample_nearest_exact1d", "_upsample_nearest_exact2d",
     "_upsample_nearest_exact3d",
+    # an LU factorization's triangles and its permutation matrix (copies; the factorization itself is routed)
+    "lu_unpack",
     # exact by construction: a selection or a bit-level operation per element (nextafter a neighbour); the
     # shrinks' gradients select g or +0 (softshrink itself is routed:
     # torch's CPU kernel gives −0 or +0 in the band depending on where an element sits)

@@ -3486,6 +3486,7 @@ ROUTES: Dict[str, Callable] = {
 }
 
 # routes kept in their own modules (they use the helpers above)
+from carbon import _enable_lu  # noqa: E402
 from carbon._enable_qr import linalg_qr as _linalg_qr  # noqa: E402
 from carbon._enable_triangular import linalg_cholesky_ex as _linalg_cholesky_ex  # noqa: E402
 from carbon._enable_triangular import linalg_solve_triangular as _linalg_solve_triangular  # noqa: E402
@@ -3498,6 +3499,13 @@ from carbon._enable_samplers import standard_gamma as _standard_gamma  # noqa: E
 ROUTES["linalg_qr"] = _linalg_qr
 ROUTES["linalg_solve_triangular"] = _linalg_solve_triangular
 ROUTES["linalg_cholesky_ex"] = _linalg_cholesky_ex
+ROUTES.update({
+    "linalg_lu_factor_ex": _enable_lu.linalg_lu_factor_ex, "linalg_lu": _enable_lu.linalg_lu,
+    "linalg_lu_solve": _enable_lu.linalg_lu_solve, "_linalg_solve_ex": _enable_lu.linalg_solve_ex,
+    "linalg_inv_ex": _enable_lu.linalg_inv_ex, "_linalg_det": _enable_lu.linalg_det,
+    "_linalg_slogdet": _enable_lu.linalg_slogdet, "cholesky_solve": _enable_lu.cholesky_solve,
+    "cholesky_inverse": _enable_lu.cholesky_inverse,
+})
 ROUTES["_trilinear"] = _trilinear
 ROUTES["_standard_gamma"] = _standard_gamma
 ROUTES["_sample_dirichlet"] = _sample_dirichlet
