@@ -3487,6 +3487,7 @@ ROUTES: Dict[str, Callable] = {
 
 # routes kept in their own modules (they use the helpers above)
 from carbon import _enable_lu  # noqa: E402
+from carbon import _enable_sampler_grads  # noqa: E402
 from carbon._enable_qr import linalg_qr as _linalg_qr  # noqa: E402
 from carbon._enable_triangular import linalg_cholesky_ex as _linalg_cholesky_ex  # noqa: E402
 from carbon._enable_triangular import linalg_solve_triangular as _linalg_solve_triangular  # noqa: E402
@@ -3511,3 +3512,5 @@ ROUTES["_standard_gamma"] = _standard_gamma
 ROUTES["_sample_dirichlet"] = _sample_dirichlet
 ROUTES["poisson"] = _poisson
 ROUTES["binomial"] = _binomial
+ROUTES["_standard_gamma_grad"] = _enable_sampler_grads.standard_gamma_grad
+ROUTES["_dirichlet_grad"] = _enable_sampler_grads.dirichlet_grad

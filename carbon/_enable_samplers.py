@@ -16,7 +16,7 @@ Poisson: for λ < 10 the number of arrivals of a rate-1 Poisson process in [0, �
 Hörmann's BTRS (1993) otherwise. None needs a loop whose length depends on the values.
 
 The reparameterized gradients (``_standard_gamma_grad``, ``_dirichlet_grad``: ``rsample`` with
-``requires_grad``) are not covered and raise under strict mode.
+``requires_grad``) are in carbon/_enable_sampler_grads.py.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ powers correctly rounded by mpmath) on the same carbon draws; the samples' distr
 gamma CDF (mpmath's regularized incomplete gamma function, Kolmogorov–Smirnov); 1 vs 2 threads; and
 Gamma / Beta / Dirichlet / StudentT / Chi2 sampling under strict mode. ``poisson`` and ``binomial`` likewise
 (Python + mpmath + Fraction evaluations of their definitions on the same draws, Kolmogorov distance to the
-exact CDF, 1 vs 2 threads). The reparameterized gradient is not covered and raises."""
+exact CDF, 1 vs 2 threads). The reparameterized gradients: tests/test_enable_sampler_grads.py."""
 
 from __future__ import annotations
 
@@ -129,14 +129,6 @@ def _sample_all(threads: int):
 def test_distributions_sample_under_strict_mode_with_the_same_bits_at_1_and_2_threads(restore_num_threads):
     for x, y in zip(_sample_all(1), _sample_all(2)):
         assert torch.equal(x, y)
-
-
-def test_the_reparameterized_gradient_is_refused():
-    a = torch.tensor([1.5, 2.0], requires_grad=True)
-    with carbon.enabled(seed=1):
-        sample = D.Gamma(a, 1.0).rsample()
-        with pytest.raises(carbon.NotExactError, match=r"_standard_gamma_grad"):
-            sample.sum().backward()
 
 
 def test_empty_and_bad_inputs():
