@@ -1818,19 +1818,22 @@ def _avg_pool_backward(d: int) -> Callable[[dict], Tensor]:
 
 
 def _interpolation_matrix(size_in: int, size_out: int, align_corners: bool, scale: Optional[float],
-                          device: torch.device, cubic: bool = False) -> Tensor:
+                          device: torch.device, cubic: bool = False, antialias: bool = False) -> Tensor:
     """[size_out, size_in] float32 weights of linear (or cubic) interpolation along one dimension, torch's
     rule in binary64: scale = (in − 1)/(out − 1) with align_corners, else 1/scale_factor if given, else
     in/out; src = scale·dst (align_corners) or scale·(dst + 0.5) − 0.5, clamped at 0 for linear. Linear:
     i0 = ⌊src⌋, i1 = min(i0 + 1, in − 1), λ1 = src − i0, λ0 = 1 − λ1. Cubic (torch's A = −0.75 kernel):
     t = src − ⌊src⌋, weights c₁(t + 1), c₀(t), c₀(1 − t), c₁(2 − t) at ⌊src⌋ − 1 … ⌊src⌋ + 2, indices clamped
     to [0, in − 1], with c₀(x) = ((A + 2)x − (A + 3))x² + 1 and c₁(x) = ((Ax − 5A)x + 8A)x − 4A. Weights
-    landing on one index are added in binary64; each entry is then rounded once to float32."""
+    landing on one index are added in binary64; each entry is then rounded once to float32. antialias: the
+    weights of _antialias_rows."""
     if align_corners:
         step = (size_in - 1) / (size_out - 1) if size_out > 1 else 0.0
     else:
         step = 1.0 / scale if scale is not None and scale > 0 else size_in / size_out
-    key = ("interpolation", size_in, size_out, align_corners, scale, cubic)
+    key = ("interpolation", size_in, size_out, align_corners, scale, cubic, antialias)
+    if antialias:
+        return _shape_constant(key, device, lambda: _antialias_rows(size_in, size_out, step, cubic))
     return _shape_constant(key, device, lambda: _interpolation_rows(size_in, size_out, align_corners, step, cubic))
 
 
@@ -1854,13 +1857,49 @@ def _interpolation_rows(size_in: int, size_out: int, align_corners: bool, step: 
     return torch.tensor(rows, dtype=torch.float64).to(torch.float32)
 
 
-def _cubic_weights(t: float, A: float = -0.75) -> List[float]:
-    """torch's get_cubic_upsample_coefficients (Keys' kernel, A = −0.75), in binary64."""
+def _antialias_rows(size_in: int, size_out: int, step: float, cubic: bool) -> Tensor:
+    """torch's antialiased weights (F.interpolate(antialias=True), PIL's resampling), in binary64: the filter
+    (triangle, or Keys' cubic with A = −0.5) stretched by the scale when downsampling, support
+    s = (2 or 4)/2 · max(scale, 1); output i reads inputs xmin … xmin + xsize − 1 with c = scale·(i + 0.5),
+    xmin = max(trunc(c − s + 0.5), 0), xmax = min(trunc(c + s + 0.5), in), weight_j = filter((j − c + 0.5)/
+    max(scale, 1)) divided by their sum (when nonzero); each entry then rounded once to float32."""
+    support = (2.0 if cubic else 1.0) * (step if step >= 1.0 else 1.0)
+    invscale = 1.0 / step if step >= 1.0 else 1.0
+    rows = [[0.0] * size_in for _ in range(size_out)]
+    for dst in range(size_out):
+        center = step * (dst + 0.5)
+        xmin = max(int(center - support + 0.5), 0)
+        xmax = min(int(center + support + 0.5), size_in)
+        weights = [_antialias_filter((j - center + 0.5) * invscale, cubic) for j in range(xmin, xmax)]
+        total = 0.0
+        for w in weights:
+            total += w
+        for j, w in zip(range(xmin, xmax), weights):
+            rows[dst][j] = w / total if total != 0.0 else w
+    return torch.tensor(rows, dtype=torch.float64).to(torch.float32)
+
+
+def _antialias_filter(x: float, cubic: bool) -> float:
+    x = abs(x)
+    if not cubic:
+        return 1.0 - x if x < 1.0 else 0.0
+    near, far = _cubic_kernel(-0.5)
+    return near(x) if x < 1.0 else (far(x) if x < 2.0 else 0.0)
+
+
+def _cubic_kernel(A: float) -> tuple:
+    """Keys' cubic convolution kernel: its pieces on |x| < 1 and 1 ≤ |x| < 2 (torch's cubic_convolution1/2)."""
     def near(x: float) -> float:
         return ((A + 2) * x - (A + 3)) * x * x + 1
 
     def far(x: float) -> float:
         return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A
+    return near, far
+
+
+def _cubic_weights(t: float, A: float = -0.75) -> List[float]:
+    """torch's get_cubic_upsample_coefficients (Keys' kernel, A = −0.75), in binary64."""
+    near, far = _cubic_kernel(A)
     return [far(t + 1.0), near(t), near(1.0 - t), far(2.0 - t)]
 
 
@@ -1884,7 +1923,7 @@ def _along(t: Tensor, dim: int, matrix: Tensor, out_dtype: torch.dtype) -> Tenso
     return aten.movedim(out.reshape(lead + [matrix.shape[0]]), -1, dim)
 
 
-def _upsample_linear(spatial: int, cubic: bool = False) -> Callable[[dict], Tensor]:
+def _upsample_linear(spatial: int, cubic: bool = False, antialias: bool = False) -> Callable[[dict], Tensor]:
     """linear / bilinear / trilinear (and bicubic) upsampling as separable exact products: along each
     spatial dimension from the last, RN(exact Σ of interpolation weight · value) (two or four terms;
     carbon.mm with the float32 interpolation matrix); float32 between the passes, the input's dtype after
@@ -1897,13 +1936,13 @@ def _upsample_linear(spatial: int, cubic: bool = False) -> Callable[[dict], Tens
         t = x
         for k in reversed(range(spatial)):
             dim = x.dim() - spatial + k
-            matrix = _interpolation_matrix(in_sizes[k], out_sizes[k], align, factors[k], x.device, cubic)
+            matrix = _interpolation_matrix(in_sizes[k], out_sizes[k], align, factors[k], x.device, cubic, antialias)
             t = _along(t, dim, matrix, x.dtype if k == 0 else torch.float32)
         return t.contiguous()
     return handler
 
 
-def _upsample_linear_backward(spatial: int, cubic: bool = False) -> Callable[[dict], Tensor]:
+def _upsample_linear_backward(spatial: int, cubic: bool = False, antialias: bool = False) -> Callable[[dict], Tensor]:
     """The transposed products: along each spatial dimension from the last, RN(exact Σ_j weight[j, k] · g_j)."""
     def handler(a: dict) -> Tensor:
         g = a["grad_output"]
@@ -1912,7 +1951,7 @@ def _upsample_linear_backward(spatial: int, cubic: bool = False) -> Callable[[di
         t = g
         for k in reversed(range(spatial)):
             dim = g.dim() - spatial + k
-            matrix = _interpolation_matrix(in_sizes[k], out_sizes[k], align, factors[k], g.device, cubic)
+            matrix = _interpolation_matrix(in_sizes[k], out_sizes[k], align, factors[k], g.device, cubic, antialias)
             t = _along(t, dim, aten.t(matrix), g.dtype if k == 0 else torch.float32)
         return t.contiguous()
     return handler
@@ -3456,6 +3495,10 @@ ROUTES: Dict[str, Callable] = {
     "upsample_trilinear3d_backward": _upsample_linear_backward(3),
     "upsample_bicubic2d": _upsample_linear(2, cubic=True),
     "upsample_bicubic2d_backward": _upsample_linear_backward(2, cubic=True),
+    "_upsample_bilinear2d_aa": _upsample_linear(2, antialias=True),
+    "_upsample_bilinear2d_aa_backward": _upsample_linear_backward(2, antialias=True),
+    "_upsample_bicubic2d_aa": _upsample_linear(2, cubic=True, antialias=True),
+    "_upsample_bicubic2d_aa_backward": _upsample_linear_backward(2, cubic=True, antialias=True),
     # folding, modulo, log-add-exp, distance
     "_ctc_loss": _ctc_loss, "_ctc_loss_backward": _ctc_loss_backward,
     "_use_cudnn_ctc_loss": _no_library_ctc_loss, "_use_miopen_ctc_loss": _no_library_ctc_loss,

@@ -503,6 +503,66 @@ def test_bicubic_upsampling_is_two_exact_separable_passes(align_corners, size):
     assert torch.allclose(y, ref, atol=1e-5)
 
 
+def _antialias_rows(size_in: int, size_out: int, align_corners: bool, factor, cubic: bool) -> list:
+    """Per output index {input index: Fraction weight}: torch's antialiased rule (PIL's) as docs/enable.md states
+    it, in binary64 — the triangle or Keys' cubic (A = −0.5) filter stretched by the scale when downsampling,
+    taps xmin … xmax − 1 around c = scale·(i + 0.5), normalized by their sum — each weight rounded to float32."""
+    if align_corners:
+        scale = (size_in - 1) / (size_out - 1) if size_out > 1 else 0.0
+    else:
+        scale = 1.0 / factor if factor else size_in / size_out
+    stretch = scale if scale >= 1.0 else 1.0
+    support = (2.0 if cubic else 1.0) * stretch
+
+    def kernel(x: float) -> float:
+        x, a = abs(x), -0.5
+        if not cubic:
+            return max(1.0 - x, 0.0)
+        if x < 1.0:
+            return ((a + 2) * x - (a + 3)) * x * x + 1
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a if x < 2.0 else 0.0
+    rows = []
+    for dst in range(size_out):
+        c = scale * (dst + 0.5)
+        lo, hi = max(int(c - support + 0.5), 0), min(int(c + support + 0.5), size_in)
+        w = {j: kernel((j - c + 0.5) / stretch) for j in range(lo, hi)}
+        total = 0.0
+        for v in w.values():
+            total += v
+        rows.append({j: Fraction(round_bits_value(Fraction(v / total if total else v))) for j, v in w.items()})
+    return rows
+
+
+@pytest.mark.parametrize("cubic", [False, True])
+@pytest.mark.parametrize("size, factor, align_corners", [((3, 4), None, False), ((3, 4), None, True),
+                                                         ((9, 14), None, False), (None, 0.45, False)])
+def test_antialiased_resizing_is_two_exact_separable_passes(cubic, size, factor, align_corners):
+    x = _randn(1, 2, 7, 9, seed=41).requires_grad_()
+    mode = "bicubic" if cubic else "bilinear"
+    with carbon.enabled():
+        y = F.interpolate(x, size=size, scale_factor=factor, mode=mode, antialias=True, align_corners=align_corners)
+        g = torch.linspace(-1, 1, y.numel()).reshape(y.shape)
+        y.backward(g)
+    ho, wo = y.shape[-2:]
+    ah = _antialias_rows(7, ho, align_corners, factor, cubic)
+    aw = _antialias_rows(9, wo, align_corners, factor, cubic)
+    xs, gs = x.detach().double().tolist()[0], g.double().tolist()[0]
+    want_y, want_dx = [], []
+    for c in range(2):
+        rows = [[Fraction(round_bits_value(sum(wt * Fraction(xs[c][i][k]) for k, wt in aw[j].items())))
+                 for j in range(wo)] for i in range(7)]
+        want_y += [round_bits(sum(wt * rows[k][j] for k, wt in ah[i].items()), F32) for i in range(ho) for j in range(wo)]
+        gw = [[Fraction(round_bits_value(sum(aw[j].get(k, 0) * Fraction(gs[c][i][j]) for j in range(wo))))
+               for k in range(9)] for i in range(ho)]
+        want_dx += [round_bits(sum(ah[i].get(r, 0) * gw[i][k] for i in range(ho)), F32) for r in range(7) for k in range(9)]
+    assert_bits_equal(y, bits_tensor(want_y, F32).reshape(y.shape), f"{mode} antialias")
+    assert_bits_equal(x.grad, bits_tensor(want_dx, F32).reshape(x.shape), f"{mode} antialias gradient")
+    # the same resampling as torch's own (whose weights are computed in float32)
+    ref = F.interpolate(x.detach(), size=size, scale_factor=factor, mode=mode, antialias=True,
+                        align_corners=align_corners)
+    assert torch.allclose(y, ref, atol=2e-5)
+
+
 # ---- average pooling with ceil_mode / count_include_pad=False -------------------------------------------------------
 
 def _torch_windows(size: int, k: int, s: int, p: int, ceil_mode: bool, count_pad: bool) -> list:

@@ -48,6 +48,11 @@ def _bicubic(d):
     return F.interpolate(d["img"], scale_factor=2.5, mode="bicubic")
 
 
+def _antialias(d):
+    return F.interpolate(d["img"], size=(4, 5), mode="bilinear", antialias=True) + \
+        F.interpolate(d["img"], size=(4, 5), mode="bicubic", antialias=True)
+
+
 def _rope(d):
     cis = torch.polar(torch.ones_like(d["freqs"]), d["freqs"])
     return torch.view_as_real(torch.view_as_complex(d["q"].reshape(4, 8, 2)) * cis).flatten(-2)
@@ -64,7 +69,7 @@ def _cpu_indices(d):
 
 
 CASES = {"fold": _fold, "grid_sample": _grid_sample, "affine_grid": _affine, "cdist": _cdist,
-         "embedding_bag": _bag, "avg_pool3d": _pool3d, "bicubic": _bicubic, "complex rope": _rope, "ctc": _ctc,
+         "embedding_bag": _bag, "avg_pool3d": _pool3d, "bicubic": _bicubic, "antialias": _antialias, "complex rope": _rope, "ctc": _ctc,
          "cpu indices": _cpu_indices}
 
 
