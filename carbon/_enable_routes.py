@@ -3529,6 +3529,7 @@ ROUTES: Dict[str, Callable] = {
 }
 
 # routes kept in their own modules (they use the helpers above)
+from carbon import _enable_logcumsumexp  # noqa: E402
 from carbon import _enable_lu  # noqa: E402
 from carbon import _enable_sampler_grads  # noqa: E402
 from carbon._enable_qr import linalg_qr as _linalg_qr  # noqa: E402
@@ -3555,5 +3556,7 @@ ROUTES["_standard_gamma"] = _standard_gamma
 ROUTES["_sample_dirichlet"] = _sample_dirichlet
 ROUTES["poisson"] = _poisson
 ROUTES["binomial"] = _binomial
+ROUTES["logcumsumexp"] = _enable_logcumsumexp.logcumsumexp
+ROUTES["_logcumsumexp"] = _enable_logcumsumexp.logcumsumexp
 ROUTES["_standard_gamma_grad"] = _enable_sampler_grads.standard_gamma_grad
 ROUTES["_dirichlet_grad"] = _enable_sampler_grads.dirichlet_grad

@@ -53,6 +53,10 @@ def _antialias(d):
         F.interpolate(d["img"], size=(4, 5), mode="bicubic", antialias=True)
 
 
+def _logcumsumexp(d):
+    return torch.logcumsumexp(d["img"] * 4, -1)
+
+
 def _rope(d):
     cis = torch.polar(torch.ones_like(d["freqs"]), d["freqs"])
     return torch.view_as_real(torch.view_as_complex(d["q"].reshape(4, 8, 2)) * cis).flatten(-2)
@@ -69,7 +73,7 @@ def _cpu_indices(d):
 
 
 CASES = {"fold": _fold, "grid_sample": _grid_sample, "affine_grid": _affine, "cdist": _cdist,
-         "embedding_bag": _bag, "avg_pool3d": _pool3d, "bicubic": _bicubic, "antialias": _antialias, "complex rope": _rope, "ctc": _ctc,
+         "embedding_bag": _bag, "avg_pool3d": _pool3d, "bicubic": _bicubic, "antialias": _antialias, "logcumsumexp": _logcumsumexp, "complex rope": _rope, "ctc": _ctc,
          "cpu indices": _cpu_indices}
 
 
