@@ -73,7 +73,8 @@ def _cpu_indices(d):
 
 
 CASES = {"fold": _fold, "grid_sample": _grid_sample, "affine_grid": _affine, "cdist": _cdist,
-         "embedding_bag": _bag, "avg_pool3d": _pool3d, "bicubic": _bicubic, "antialias": _antialias, "logcumsumexp": _logcumsumexp, "complex rope": _rope, "ctc": _ctc,
+         "embedding_bag": _bag, "avg_pool3d": _pool3d, "bicubic": _bicubic, "antialias": _antialias,
+         "logcumsumexp": _logcumsumexp, "complex rope": _rope, "ctc": _ctc,
          "cpu indices": _cpu_indices}
 
 
