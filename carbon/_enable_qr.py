@@ -13,7 +13,10 @@ For an m × n float32 matrix A and k = 0 … min(m, n) − 1, on the column x = 
     R[k, k] = β, and R is the upper triangle of the final A.
 Q = H₀ H₁ … from the identity's first columns (min(m, n) of them, or m with mode="complete"), applied last
 first, each as Q[k:, k:] ← RN(Q − RN(tᵢ·wⱼ)), w = RN(vᵀ Q[k:, k:]) (LAPACK's dorg2r order). This is LAPACK's
-geqr2 / org2r algorithm with its sign convention; only the arithmetic is pinned down.
+geqr2 / org2r algorithm with its sign convention; only the arithmetic is pinned down. torch.geqrf returns the
+factorization in LAPACK's compact form (R and the v's below the diagonal, and τ), and
+torch.linalg.householder_product (orgqr) runs the Q recurrence on any such reflectors and τ's
+(nn.utils.parametrizations.orthogonal's householder map uses both).
 
 Cost: 2·min(m, n) steps of carbon.mm on a vector and a block, in Python — milliseconds for the matrices of
 RL networks, seconds for 1024-wide ones. No value is read on the host (no device synchronization).
@@ -29,7 +32,7 @@ from torch import Tensor
 
 from carbon import _enable_routes as routes
 
-__all__ = ["linalg_qr"]
+__all__ = ["linalg_qr", "geqrf", "linalg_householder_product"]
 
 aten = torch.ops.aten
 carbon_ops = torch.ops.carbon
@@ -78,27 +81,42 @@ def _reflector(x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
     return beta, tau, v
 
 
+def _geqrf_one(a: Tensor) -> Tuple[Tensor, Tensor]:
+    """LAPACK's compact form of one matrix: R on and above the diagonal, each reflector's v below it (its
+    leading 1 implied), and τ."""
+    m, n = a.shape
+    work = a.clone(memory_format=torch.contiguous_format)
+    taus: List[Tensor] = []
+    for k in range(min(m, n)):
+        beta, tau, v = _reflector(work[k:, k])
+        if k + 1 < n:
+            work[k:, k + 1:] = _reflect(work[k:, k + 1:], aten.mul(tau, v), v)
+        work[k, k] = beta.reshape(())
+        work[k + 1:, k] = v[1:]
+        taus.append(tau)
+    tau = aten.cat(taus) if taus else aten.empty([0], dtype=a.dtype, device=a.device)
+    return work, tau
+
+
+def _householder_one(reflectors: Tensor, tau: Tensor, columns: int) -> Tensor:
+    """H₀ H₁ … H_{k−1} applied to the identity's first `columns` columns, the last reflector first (dorg2r's
+    order): Q[i:, i:] ← RN(Q − RN(tⱼ·wₗ)), w = RN(vᵀ Q[i:, i:]), v = (1, reflectors[i + 1:, i]), t = RN(τᵢ·v)."""
+    m = reflectors.shape[0]
+    q = aten.eye(m, columns, dtype=reflectors.dtype, device=reflectors.device)
+    for i in reversed(range(tau.shape[0])):
+        v = aten.cat([aten.ones_like(tau[i:i + 1]), reflectors[i + 1:, i]])
+        q[i:, i:] = _reflect(q[i:, i:], aten.mul(tau[i:i + 1], v), v)
+    return q
+
+
 def _qr_one(a: Tensor, mode: str) -> Tuple[Tensor, Tensor]:
     m, n = a.shape
-    kk = min(m, n)
-    work = a.clone(memory_format=torch.contiguous_format)
-    reflectors: List[Tuple[Tensor, Tensor]] = []
-    for k in range(kk):
-        beta, tau, v = _reflector(work[k:, k])
-        t = aten.mul(tau, v)
-        if k + 1 < n:
-            work[k:, k + 1:] = _reflect(work[k:, k + 1:], t, v)
-        work[k, k] = beta.reshape(())
-        reflectors.append((t, v))
-    rows = m if mode == "complete" else kk
+    work, tau = _geqrf_one(a)
+    rows = m if mode == "complete" else min(m, n)
     r = aten.triu(work[:rows] if mode != "complete" else work)
     if mode == "r":
         return aten.empty([0], dtype=a.dtype, device=a.device), r
-    q = aten.eye(m, rows, dtype=a.dtype, device=a.device)
-    for k in reversed(range(kk)):
-        t, v = reflectors[k]
-        q[k:, k:] = _reflect(q[k:, k:], t, v)
-    return q, r
+    return _householder_one(work, tau, rows), r
 
 
 def linalg_qr(a: dict) -> Any:
@@ -117,6 +135,49 @@ def linalg_qr(a: dict) -> Any:
     qs, rs = zip(*pieces)
     q = qs[0] if mode == "r" else aten.stack(list(qs)).reshape(lead + [m, q_cols])
     return _into_qr_outs(a, q, aten.stack(list(rs)).reshape(lead + [r_rows, n]))
+
+
+def geqrf(a: dict) -> Any:
+    """torch.geqrf: (the compact reflectors and R, τ) of the factorization above."""
+    x = a["self"]
+    if x.dim() < 2 or x.is_complex() or not x.is_floating_point():
+        return routes.PASS
+    if x.dtype != torch.float32:
+        raise routes.NotCovered(f"geqrf in {x.dtype}: carbon covers float32")
+    lead, (m, n) = list(x.shape[:-2]), x.shape[-2:]
+    if x.numel() == 0:
+        result = (aten.zeros(lead + [m, n], dtype=x.dtype, device=x.device),
+                  aten.zeros(lead + [min(m, n)], dtype=x.dtype, device=x.device))
+    else:
+        pieces = [_geqrf_one(mat) for mat in x.reshape([math.prod(lead), m, n]).unbind(0)]
+        result = (aten.stack([p[0] for p in pieces]).reshape(lead + [m, n]),
+                  aten.stack([p[1] for p in pieces]).reshape(lead + [min(m, n)]))
+    return routes._into_outs(a, result[0], result[1], ("a", "tau"))
+
+
+def linalg_householder_product(a: dict) -> Any:
+    """torch.linalg.householder_product (torch.orgqr): the product of the reflectors stored below the diagonal
+    of `input` with scales τ, the module's Q recurrence."""
+    x, tau = a["input"], a["tau"]
+    if x.dim() < 2 or x.is_complex() or not x.is_floating_point() or tau.dtype != x.dtype \
+            or tau.device != x.device or tau.dim() != x.dim() - 1:
+        return routes.PASS
+    if x.dtype != torch.float32:
+        raise routes.NotCovered(f"linalg_householder_product in {x.dtype}: carbon covers float32")
+    lead, (m, n) = list(x.shape[:-2]), x.shape[-2:]
+    if not (m >= n >= tau.shape[-1]) or list(tau.shape[:-1]) != lead:
+        return routes.PASS  # torch's own error
+    if x.numel() == 0:
+        q = aten.eye(m, n, dtype=x.dtype, device=x.device).expand(lead + [m, n]).contiguous()
+    else:
+        count = math.prod(lead)
+        mats, taus = x.reshape([count, m, n]).unbind(0), tau.reshape([count, tau.shape[-1]]).unbind(0)
+        q = aten.stack([_householder_one(mat, t, n) for mat, t in zip(mats, taus)]).reshape(lead + [m, n])
+    out = a.get("out")
+    if isinstance(out, Tensor):
+        out.resize_(q.shape).copy_(q)
+        return out
+    return q
 
 
 def _into_qr_outs(a: dict, q: Tensor, r: Tensor) -> Tuple[Tensor, Tensor]:

@@ -30,13 +30,13 @@ def dot(xs, ys) -> float:
     return rn(sum((Fraction(x) * Fraction(y) for x, y in zip(xs, ys)), Fraction(0)))
 
 
-def householder(a: List[List[float]], mode: str):
-    """The docstring's algorithm of carbon/_enable_qr.py, on lists of floats."""
+def factor(a: List[List[float]]):
+    """The docstring's factorization of carbon/_enable_qr.py on lists of floats: LAPACK's compact form (R on and
+    above the diagonal, each reflector's v below it) and the τ's."""
     m, n = len(a), len(a[0])
-    kk = min(m, n)
     w = [row[:] for row in a]
-    refl = []
-    for k in range(kk):
+    taus = []
+    for k in range(min(m, n)):
         x = [w[i][k] for i in range(k, m)]
         alpha, rest = x[0], x[1:]
         top = max(abs(v) for v in x)
@@ -58,18 +58,34 @@ def householder(a: List[List[float]], mode: str):
             for i in range(k, m):
                 w[i][j] = rn(Fraction(w[i][j]) - Fraction(rn(Fraction(t[i - k]) * Fraction(wj))))
         w[k][k] = beta
-        refl.append((t, v))
-    rows = m if mode == "complete" else kk
-    r = [[w[i][j] if j >= i else 0.0 for j in range(n)] for i in range(rows)]
-    q = [[1.0 if i == j else 0.0 for j in range(rows)] for i in range(m)]
-    for k in reversed(range(kk)):
-        t, v = refl[k]
-        for j in range(k, rows):
+        for i in range(k + 1, m):
+            w[i][k] = v[i - k]
+        taus.append(tau)
+    return w, taus
+
+
+def product(w: List[List[float]], taus: List[float], columns: int):
+    """H₀ … H_{k−1} on the identity's first `columns` columns, the last first: v = (1, w[k+1:, k]), t = RN(τ·v)."""
+    m = len(w)
+    q = [[1.0 if i == j else 0.0 for j in range(columns)] for i in range(m)]
+    for k in reversed(range(len(taus))):
+        v = [1.0] + [w[i][k] for i in range(k + 1, m)]
+        t = [rn(Fraction(taus[k]) * Fraction(vi)) for vi in v]
+        for j in range(k, columns):
             col = [q[i][j] for i in range(k, m)]
             wj = dot(v, col)
             for i in range(k, m):
                 q[i][j] = rn(Fraction(q[i][j]) - Fraction(rn(Fraction(t[i - k]) * Fraction(wj))))
-    return q, r
+    return q
+
+
+def householder(a: List[List[float]], mode: str):
+    """Q and R of the documented algorithm."""
+    m, n = len(a), len(a[0])
+    w, taus = factor(a)
+    rows = m if mode == "complete" else min(m, n)
+    r = [[w[i][j] if j >= i else 0.0 for j in range(n)] for i in range(rows)]
+    return product(w, taus, rows), r
 
 
 def _bits(values) -> torch.Tensor:
@@ -155,3 +171,48 @@ def test_other_dtypes_are_refused():
     a = torch.randn(4, 3, dtype=torch.float64)
     with carbon.enabled(), pytest.raises(carbon.NotExactError, match="linalg_qr in torch.float64"):
         torch.linalg.qr(a)
+
+
+@pytest.mark.parametrize("shape", [(7, 4), (4, 7), (5, 5)])
+def test_geqrf_is_the_compact_form_of_the_same_factorization(shape):
+    a = _matrix(*shape, seed=sum(shape) + 1)
+    with carbon.enabled():
+        compact, tau = torch.geqrf(a)
+        batched = torch.geqrf(torch.stack([a, a.flip(0)]))
+    want, want_tau = factor(a.tolist())
+    assert torch.equal(as_bits(compact), _bits(want)) and torch.equal(as_bits(tau), _bits(want_tau))
+    assert torch.equal(as_bits(batched[0][0]), as_bits(compact)) and torch.equal(as_bits(batched[1][0]), as_bits(tau))
+
+
+def test_householder_product_of_any_reflectors():
+    """Reflectors and scales that are not a QR's (random τ): the documented product; orgqr is the same op."""
+    reflectors = torch.randn(3, 6, 4, generator=torch.Generator().manual_seed(8))
+    tau = torch.rand(3, 3, generator=torch.Generator().manual_seed(9)) * 2
+    with carbon.enabled():
+        q = torch.linalg.householder_product(reflectors, tau)
+        q2 = torch.orgqr(reflectors[1], tau[1])
+    for i in range(3):
+        assert torch.equal(as_bits(q[i]), _bits(product(reflectors[i].tolist(), tau[i].tolist(), 4)))
+    assert torch.equal(as_bits(q2), as_bits(q[1]))
+    with carbon.enabled(), pytest.raises(RuntimeError):  # torch's own error: more reflectors than columns
+        torch.linalg.householder_product(reflectors[0, :, :2], tau[0])
+
+
+@pytest.mark.parametrize("orthogonal_map", ["householder", "cayley"])
+def test_orthogonal_parametrization_trains_the_same_at_one_and_two_threads(orthogonal_map):
+    """nn.utils.parametrizations.orthogonal: geqrf and householder_product (or cayley's linalg.solve) under strict
+    mode, orthogonal weights, one SGD step; same bits at 1 and 2 threads."""
+    prints = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        with carbon.enabled(seed=0, strict=True):
+            shape = (12, 6) if orthogonal_map == "householder" else (8, 8)
+            layer = torch.nn.utils.parametrizations.orthogonal(torch.nn.Linear(*shape), orthogonal_map=orthogonal_map)
+            opt = torch.optim.SGD(layer.parameters(), lr=1e-3)
+            w = layer.weight.detach()
+            layer(torch.randn(5, shape[0])).square().sum().backward()  # Linear(in_features, out_features)
+            opt.step()
+            prints.append((as_bits(w), as_bits(layer.weight.detach())))
+    assert all(torch.equal(one, two) for one, two in zip(*prints))
+    gram = w @ w.mT if w.shape[0] <= w.shape[1] else w.mT @ w
+    assert torch.allclose(gram, torch.eye(gram.shape[0]), atol=1e-5)

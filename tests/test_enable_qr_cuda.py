@@ -31,3 +31,14 @@ def test_orthogonal_init_on_the_gpu_equals_the_cpu():
             torch.nn.init.orthogonal_(layer.weight, gain=0.01)
         weights.append(as_bits(layer.weight))
     assert torch.equal(weights[0], weights[1])
+
+
+def test_geqrf_and_householder_product_on_the_gpu_equal_the_cpu():
+    a = torch.randn(3, 50, 20, generator=torch.Generator().manual_seed(1))
+    with carbon.enabled():
+        want = torch.geqrf(a)
+        want_q = torch.linalg.householder_product(*want)
+        got = torch.geqrf(a.cuda())
+        got_q = torch.linalg.householder_product(*got)
+    for g, w in zip(list(got) + [got_q], list(want) + [want_q]):
+        assert g.device.type == "cuda" and torch.equal(as_bits(g.cpu()), as_bits(w))
