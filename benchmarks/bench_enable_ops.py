@@ -1,0 +1,90 @@
+"""Ops routed for carbon.enable's coverage (linear algebra, samplers' gradients, scans, antialiased resizing) against
+torch's own, side by side.
+
+    python benchmarks/bench_enable_ops.py [--device cpu|cuda|all] [--budget S]
+
+Each case is the same call with and without carbon.enable, forward only; times are medians of interleaved rounds
+(benchmarks/_timing.py). These routes are Python loops over carbon's exact kernels (docs/enable.md says which
+sizes they are meant for), so the ratios show the price of pinning every step down, not a tuned kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from typing import Callable, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import carbon
+except ImportError:  # run from a checkout without an install
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import carbon
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import machine_load, print_report, time_interleaved  # noqa: E402
+
+
+def _cases(device: str) -> List[Tuple[str, Callable[[], object]]]:
+    g = torch.Generator().manual_seed(0)
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(device)
+
+    square = randn(32, 32, 32) + 6 * torch.eye(32, device=device)
+    rhs = randn(32, 32, 4)
+    big = randn(128, 128) + 12 * torch.eye(128, device=device)
+    skew = randn(8, 64, 64, scale=0.125)
+    scan = randn(64, 512)
+    image = torch.rand(4, 3, 224, 224, generator=g).to(device)
+    alpha = (torch.rand(65536, generator=g) * 10 + 0.05).to(device)
+    sample = (torch.rand(65536, generator=g) * 10 + 1e-3).to(device)
+    return [
+        ("linalg.solve 32 x (32x32), 4 rhs", lambda: torch.linalg.solve(square, rhs)),
+        ("linalg.slogdet 32 x (32x32)", lambda: torch.linalg.slogdet(square)),
+        ("linalg.inv 128x128", lambda: torch.linalg.inv(big)),
+        ("linalg.matrix_exp 8 x (64x64)", lambda: torch.linalg.matrix_exp(skew)),
+        ("logcumsumexp 64x512, dim 1", lambda: torch.logcumsumexp(scan, 1)),
+        ("interpolate antialias 4x3x224x224 -> 112", lambda: F.interpolate(image, size=(112, 112), mode="bilinear",
+                                                                           antialias=True)),
+        ("_standard_gamma_grad 65536", lambda: torch._standard_gamma_grad(alpha, sample)),
+    ]
+
+
+def bench(device: str, budget_s: float) -> List[dict]:
+    rows = []
+    for name, fn in _cases(device):
+        def routed(fn=fn):
+            with carbon.enabled():
+                fn()
+        times = time_interleaved([fn, routed], device, budget_s, 20)
+        ms = [statistics.median(t) for t in times]
+        rows.append({"case": name, "torch": ms[0], "carbon": ms[1]})
+    return rows
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
+    parser.add_argument("--budget", type=float, default=1.0, help="seconds of timing per case")
+    args = parser.parse_args(argv)
+    devices = ["cpu"] if args.device == "cpu" else (["cuda"] if args.device == "cuda" else ["cpu", "cuda"])
+    devices = [d for d in devices if d == "cpu" or torch.cuda.is_available()]
+    print(f"torch {torch.__version__}, carbon {carbon.__version__}, {torch.get_num_threads()} CPU threads, "
+          f"load {machine_load()}")
+    lines = ["| device | case (forward) | torch ms | carbon.enable ms | carbon/torch |", "|---|---|---|---|---|"]
+    ratios = []
+    for device in devices:
+        for r in bench(device, args.budget):
+            ratio = r["carbon"] / r["torch"]
+            lines.append(f"| {device} | {r['case']} | {r['torch']:.3f} | {r['carbon']:.3f} | {ratio:.2f}x |")
+            ratios.append(f"RATIO {device} enable-ops {r['case']} carbon/torch = {ratio:.2f}")
+    return print_report(lines, ratios)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
