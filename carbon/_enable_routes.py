@@ -3530,6 +3530,7 @@ ROUTES: Dict[str, Callable] = {
 
 # routes kept in their own modules (they use the helpers above)
 from carbon import _enable_logcumsumexp  # noqa: E402
+from carbon import _enable_eigh  # noqa: E402
 from carbon import _enable_lu  # noqa: E402
 from carbon import _enable_matrix_exp  # noqa: E402
 from carbon import _enable_qr  # noqa: E402
@@ -3545,6 +3546,7 @@ from carbon._enable_samplers import standard_gamma as _standard_gamma  # noqa: E
 
 ROUTES["linalg_qr"] = _linalg_qr
 ROUTES["geqrf"] = _enable_qr.geqrf
+ROUTES["_linalg_eigh"] = _enable_eigh.linalg_eigh
 ROUTES["linalg_matrix_exp"] = _enable_matrix_exp.linalg_matrix_exp
 ROUTES["linalg_householder_product"] = _enable_qr.linalg_householder_product
 ROUTES["linalg_solve_triangular"] = _linalg_solve_triangular
