@@ -3,9 +3,10 @@ the same interleaved rounds, so drifts in machine load hit all alike."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
-from typing import Callable, List
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
@@ -69,3 +70,14 @@ def cpu_times(fn: Callable[[], object], reps: int) -> List[float]:
         fn()
         times.append(time.process_time() - t)
     return times
+
+
+def parse_device_args(description: str, budget: float, argv: Optional[List[str]] = None) -> Tuple[argparse.Namespace, List[str]]:
+    """The common command line (--device cpu|cuda|all, --budget S): the arguments and the devices to run on (CUDA
+    only where present)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
+    parser.add_argument("--budget", type=float, default=budget, help="seconds of timing per case")
+    args = parser.parse_args(argv)
+    devices = ["cpu"] if args.device == "cpu" else (["cuda"] if args.device == "cuda" else ["cpu", "cuda"])
+    return args, [d for d in devices if d == "cpu" or torch.cuda.is_available()]

@@ -10,7 +10,6 @@ sizes they are meant for), so the ratios show the price of pinning every step do
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -26,7 +25,7 @@ except ImportError:  # run from a checkout without an install
     import carbon
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import machine_load, print_report, time_interleaved  # noqa: E402
+from _timing import machine_load, parse_device_args, print_report, time_interleaved  # noqa: E402
 
 
 def _cases(device: str) -> List[Tuple[str, Callable[[], object]]]:
@@ -68,12 +67,7 @@ def bench(device: str, budget_s: float) -> List[dict]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
-    parser.add_argument("--budget", type=float, default=1.0, help="seconds of timing per case")
-    args = parser.parse_args(argv)
-    devices = ["cpu"] if args.device == "cpu" else (["cuda"] if args.device == "cuda" else ["cpu", "cuda"])
-    devices = [d for d in devices if d == "cpu" or torch.cuda.is_available()]
+    args, devices = parse_device_args(__doc__.split("\n")[0], 1.0, argv)
     print(f"torch {torch.__version__}, carbon {carbon.__version__}, {torch.get_num_threads()} CPU threads, "
           f"load {machine_load()}")
     lines = ["| device | case (forward) | torch ms | carbon.enable ms | carbon/torch |", "|---|---|---|---|---|"]

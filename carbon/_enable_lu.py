@@ -249,8 +249,10 @@ def linalg_inv_ex(args: dict) -> Any:
 
 
 def _det_factor(a: Tensor) -> tuple:
-    """torch's choice for det and slogdet: the LU of Aᵀ when A is contiguous (det Aᵀ = det A), else of A."""
-    return _lu_batched(a.transpose(-2, -1) if a.is_contiguous() else a, True)
+    """(LU, pivots, U's diagonal) with torch's choice for det and slogdet: the LU of Aᵀ when A is contiguous
+    (det Aᵀ = det A), else of A."""
+    lu, pivots, _ = _lu_batched(a.transpose(-2, -1) if a.is_contiguous() else a, True)
+    return lu, pivots, aten.diagonal(lu, 0, -2, -1)
 
 
 def _odd_interchanges(pivots: Tensor) -> Tensor:
@@ -263,11 +265,9 @@ def linalg_det(args: dict) -> Any:
     a = args["A"]
     if not _matrix_input("linalg_det", a):
         return routes.PASS
-    lu, pivots, _ = _det_factor(a)
-    diagonal = aten.diagonal(lu, 0, -2, -1)
-    if diagonal.shape[-1] == 0:
-        det = aten.ones(a.shape[:-2], dtype=a.dtype, device=a.device)
-    else:
+    lu, pivots, diagonal = _det_factor(a)
+    det = aten.ones(a.shape[:-2], dtype=a.dtype, device=a.device)
+    if diagonal.shape[-1]:
         det = diagonal[..., 0].clone()
         for i in range(1, diagonal.shape[-1]):
             det = aten.mul(det, diagonal[..., i])
@@ -279,14 +279,12 @@ def linalg_slogdet(args: dict) -> Any:
     a = args["A"]
     if not _matrix_input("linalg_slogdet", a):
         return routes.PASS
-    lu, pivots, _ = _det_factor(a)
-    diagonal = aten.diagonal(lu, 0, -2, -1)
+    lu, pivots, diagonal = _det_factor(a)
     negative = aten.sum(aten.lt(diagonal, 0).to(torch.int64), [-1])
     flips = aten.logical_xor(aten.remainder(negative, 2).to(torch.bool), _odd_interchanges(pivots))
     sign = aten.where(aten.any(aten.eq(diagonal, 0), -1), 0.0, aten.where(flips, -1.0, 1.0)).to(a.dtype)
-    if diagonal.shape[-1] == 0:
-        logabsdet = aten.zeros(a.shape[:-2], dtype=a.dtype, device=a.device)
-    else:
+    logabsdet = aten.zeros(a.shape[:-2], dtype=a.dtype, device=a.device)
+    if diagonal.shape[-1]:
         logabsdet = carbon_ops.sum(carbon_ops.log(aten.abs(diagonal).contiguous()), [-1], False, None)
     return _outs(args, ("sign", "logabsdet", "LU", "pivots"), (sign, logabsdet, lu, pivots))
 
