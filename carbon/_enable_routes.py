@@ -3534,6 +3534,7 @@ from carbon import _enable_eigh  # noqa: E402
 from carbon import _enable_lu  # noqa: E402
 from carbon import _enable_matrix_exp  # noqa: E402
 from carbon import _enable_qr  # noqa: E402
+from carbon import _enable_svd  # noqa: E402
 from carbon import _enable_sampler_grads  # noqa: E402
 from carbon._enable_qr import linalg_qr as _linalg_qr  # noqa: E402
 from carbon._enable_triangular import linalg_cholesky_ex as _linalg_cholesky_ex  # noqa: E402
@@ -3547,6 +3548,8 @@ from carbon._enable_samplers import standard_gamma as _standard_gamma  # noqa: E
 ROUTES["linalg_qr"] = _linalg_qr
 ROUTES["geqrf"] = _enable_qr.geqrf
 ROUTES["_linalg_eigh"] = _enable_eigh.linalg_eigh
+ROUTES["_linalg_svd"] = _enable_svd.linalg_svd
+ROUTES["linalg_pinv"] = _enable_svd.linalg_pinv
 ROUTES["linalg_matrix_exp"] = _enable_matrix_exp.linalg_matrix_exp
 ROUTES["linalg_householder_product"] = _enable_qr.linalg_householder_product
 ROUTES["linalg_solve_triangular"] = _linalg_solve_triangular
