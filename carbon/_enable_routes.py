@@ -3550,6 +3550,7 @@ ROUTES["geqrf"] = _enable_qr.geqrf
 ROUTES["_linalg_eigh"] = _enable_eigh.linalg_eigh
 ROUTES["_linalg_svd"] = _enable_svd.linalg_svd
 ROUTES["linalg_pinv"] = _enable_svd.linalg_pinv
+ROUTES["linalg_lstsq"] = _enable_svd.linalg_lstsq
 ROUTES["linalg_matrix_exp"] = _enable_matrix_exp.linalg_matrix_exp
 ROUTES["linalg_householder_product"] = _enable_qr.linalg_householder_product
 ROUTES["linalg_solve_triangular"] = _linalg_solve_triangular

@@ -1,4 +1,4 @@
-"""carbon.enable's route for torch.linalg.svd / svdvals (docs/enable.md): the one-sided Jacobi method (Hestenes)
+"""carbon.enable's routes for torch.linalg.svd / svdvals, pinv and lstsq (docs/enable.md): the one-sided Jacobi method (Hestenes)
 with a fixed schedule and a fixed number of sweeps, in binary64, every step an IEEE operation, a correctly rounded
 square root or a sum in a fixed pairwise order, so U, S and Vh have the same bits on every device and batch size.
 LAPACK's gesdd and cuSOLVER's gesvdj give different bits (and different signs).
@@ -35,7 +35,7 @@ from carbon import _enable_routes as routes
 from carbon._enable_eigh import _rotate_columns, _rounds, _sqrt, linalg_eigh
 from carbon._enable_qr import _qr_one
 
-__all__ = ["linalg_svd", "linalg_pinv"]
+__all__ = ["linalg_svd", "linalg_pinv", "linalg_lstsq"]
 
 aten = torch.ops.aten
 carbon_ops = torch.ops.carbon
@@ -187,3 +187,65 @@ def linalg_pinv(args: dict) -> Any:
         out.resize_(result.shape).copy_(result)
         return out
     return result
+
+
+_LSTSQ_DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
+
+
+def linalg_lstsq(args: dict) -> Any:
+    """torch.linalg.lstsq with one definition on every device: the minimum-norm least-squares solution from the
+    SVD above, X = RN(exact V·RN(s⁺·RN(exact UᵀB))) with s⁺ = RN(1/σ) where σ > RN(rcond·σ_max), else 0 (rcond
+    defaults to 2⁻²³·max(m, n)). The other outputs follow the driver's rules (None is the CPU's default, gelsy):
+    rank = the number of σ above the tolerance (gelsy, gelsd, gelss), the singular values (gelsd, gelss), and for
+    gels / gelsd / gelss with m > n and every matrix of full rank, the residuals RN(exact Σᵢ RN(exact AX − B)ᵢ²)
+    per column (that check reads the ranks on the host, as torch does)."""
+    a, b, driver = args["self"], args["b"], args.get("driver") or "gelsy"
+    if a.dim() < 2 or not a.is_floating_point() or a.is_complex() or b.dtype != a.dtype or b.device != a.device \
+            or driver not in _LSTSQ_DRIVERS:
+        return routes.PASS  # torch's own error
+    if a.dtype != torch.float32:
+        raise routes.NotCovered(f"linalg_lstsq in {a.dtype}: carbon covers float32")
+    vector = b.dim() == a.dim() - 1
+    rhs = b.unsqueeze(-1) if vector else b
+    m, n = a.shape[-2:]
+    if rhs.dim() < 2 or rhs.shape[-2] != m:
+        return routes.PASS
+    try:
+        lead = list(torch.broadcast_shapes(a.shape[:-2], rhs.shape[:-2]))
+    except RuntimeError:
+        return routes.PASS
+    k, count, r = min(m, n), math.prod(lead), rhs.shape[-1]
+    rcond = args.get("rcond")
+    rcond = 2.0 ** -23 * max(m, n) if rcond is None else rcond
+    a_flat = a.expand(lead + [m, n]).reshape([count, m, n])
+    b_flat = rhs.expand(lead + [m, r]).reshape([count, m, r])
+    if count * k == 0:
+        sv = aten.zeros([count, k], dtype=a.dtype, device=a.device)
+        x = aten.zeros([count, n, r], dtype=a.dtype, device=a.device)
+    else:
+        u, sv, vh = linalg_svd({"A": a_flat, "full_matrices": False})
+        tol = aten.mul(sv[:, :1], float(rcond))
+        inverse = aten.where(aten.gt(sv, tol), routes.true_divide(1.0, sv), 0.0)  # (count, k)
+        c = carbon_ops.bmm(u.transpose(1, 2).contiguous(), b_flat.contiguous(), None)  # (count, k, r)
+        d = aten.mul(c, inverse.unsqueeze(-1))
+        x = carbon_ops.bmm(vh.transpose(1, 2).contiguous(), d, None)  # (count, n, r)
+    rank = aten.sum(aten.gt(sv, aten.mul(sv[:, :1], float(rcond))).to(torch.int64), [-1]) if k else \
+        aten.zeros([count], dtype=torch.int64, device=a.device)
+    empty = aten.empty([0], dtype=a.dtype, device=a.device)
+    residuals = empty
+    if driver != "gelsy" and m > n and count and bool(aten.all(aten.eq(rank, n)).cpu()):  # the host read
+        diff = carbon_ops.baddbmm(aten.neg(b_flat).contiguous(), a_flat.contiguous(), x, None)  # RN(AX − B)
+        squares = carbon_ops.bmm(diff.transpose(1, 2).contiguous(), diff, None)  # (count, r, r)
+        residuals = aten.diagonal(squares, 0, 1, 2).reshape(lead + [r])
+        residuals = residuals.squeeze(-1) if vector else residuals
+    solution = x.reshape(lead + [n, r])
+    solution = solution.squeeze(-1) if vector else solution
+    rank_out = rank.reshape(lead) if driver != "gels" else aten.empty([0], dtype=torch.int64, device=a.device)
+    values = sv.reshape(lead + [k]) if driver in ("gelsd", "gelss") else empty
+    results = (solution, residuals, rank_out, values)
+    outs = [args.get(name) for name in ("solution", "residuals", "rank", "singular_values")]
+    if all(isinstance(t, Tensor) for t in outs):
+        for out, t in zip(outs, results):
+            out.resize_(t.shape).copy_(t)
+        return tuple(outs)
+    return results

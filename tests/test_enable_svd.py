@@ -170,3 +170,56 @@ def test_empty_and_errors():
         assert torch.linalg.pinv(torch.empty(0, 4)).shape == (4, 0)
         with pytest.raises(carbon.NotExactError, match="linalg_svd in torch.float64"):
             torch.linalg.svd(torch.eye(3, dtype=torch.float64))
+
+
+def test_lstsq_is_the_minimum_norm_solution_from_carbons_svd():
+    from fractions import Fraction
+    from tests.oracle import round_value
+    a, b = rand(6, 3, seed=6), rand(6, 2, seed=7)
+    deficient = a.clone()
+    deficient[:, 2] = deficient[:, 0] * 2  # rank 2
+    with carbon.enabled():
+        default = torch.linalg.lstsq(a, b)
+        gelsd = torch.linalg.lstsq(a, b, driver="gelsd")
+        gels = torch.linalg.lstsq(a, b, driver="gels")
+        low_rank = torch.linalg.lstsq(deficient, b, driver="gelsd")
+        vector = torch.linalg.lstsq(a, b[:, 0])
+        u, s, vh = torch.linalg.svd(a, full_matrices=False)
+    rn = lambda x: round_value(x, torch.float32)  # noqa: E731
+    c = [[rn(sum(Fraction(u[i, t].item()) * Fraction(b[i, j].item()) for i in range(6))) for j in range(2)]
+         for t in range(3)]
+    tol = np.float32(s[0].item()) * np.float32(2.0 ** -23 * 6)
+    inv = [rn(1 / Fraction(x)) if x > tol else Fraction(0) for x in s.tolist()]
+    d = [[rn(inv[t] * c[t][j]) for j in range(2)] for t in range(3)]
+    want = [[float(rn(sum(Fraction(vh[t, i].item()) * d[t][j] for t in range(3)))) for j in range(2)] for i in range(3)]
+    assert default.solution.tolist() == want
+    assert torch.equal(as_bits(gelsd.solution), as_bits(default.solution))
+    assert torch.allclose(default.solution.double(), torch.linalg.lstsq(a.double(), b.double()).solution, atol=1e-5)
+    # the outputs each driver returns, as torch: rank for gelsy / gelsd, singular values for gelsd, residuals for
+    # gels / gelsd (m > n, full rank)
+    assert default.rank.item() == 3 and default.residuals.numel() == 0 and default.singular_values.numel() == 0
+    assert gels.rank.numel() == 0 and torch.equal(as_bits(gelsd.singular_values), as_bits(s))
+    r = [[Fraction(rn(sum(Fraction(a[i, t].item()) * Fraction(default.solution[t, j].item()) for t in range(3))
+                      - Fraction(b[i, j].item()))) for j in range(2)] for i in range(6)]
+    assert gelsd.residuals.tolist() == [float(rn(sum(r[i][j] ** 2 for i in range(6)))) for j in range(2)]
+    assert torch.equal(as_bits(gels.residuals), as_bits(gelsd.residuals))
+    assert low_rank.rank.item() == 2 and low_rank.residuals.numel() == 0  # not full rank: no residuals
+    assert torch.allclose(low_rank.solution.double(), torch.linalg.pinv(deficient.double()) @ b.double(), atol=1e-5)
+    assert torch.equal(as_bits(vector.solution), as_bits(default.solution[:, 0]))
+
+
+def test_lstsq_gradients_train_the_same_at_one_and_two_threads(restore_num_threads):
+    """A closed-form ridge-style head: lstsq inside the loss, AdamW on the features."""
+    prints = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        with carbon.enabled(seed=0, strict=True):
+            net = torch.nn.Linear(5, 4)
+            opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+            feats = net(torch.randn(12, 5))
+            targets = torch.randn(12, 2)
+            w = torch.linalg.lstsq(feats, targets).solution
+            (feats @ w - targets).square().mean().backward()
+            opt.step()
+            prints.append(str(carbon.fingerprint(net, opt)))
+    assert prints[0] == prints[1]

@@ -1,4 +1,4 @@
-"""torch.linalg.svd and pinv under carbon.enable on a GPU: the CPU's bits, forward and backward (cuSOLVER's
+"""torch.linalg.svd, pinv and lstsq under carbon.enable on a GPU: the CPU's bits, forward and backward (cuSOLVER's
 gesvdj would differ, signs included). Skipped without a GPU."""
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ def test_svd_and_pinv_on_the_gpu_equal_the_cpu(shape):
         with carbon.enabled(strict=True):
             u, s, vh = torch.linalg.svd(x, full_matrices=True)
             p = torch.linalg.pinv(x)
-            (s.square().sum() + p.square().sum()).backward()
-        results.append([as_bits(t.detach().cpu()) for t in (u, s, vh, p, x.grad)])
+            solution = torch.linalg.lstsq(x, torch.ones(3, shape[0], 2, device=device), driver="gelsd")
+            (s.square().sum() + p.square().sum() + solution.solution.square().sum()).backward()
+        results.append([as_bits(t.detach().cpu()) for t in (u, s, vh, p, solution.solution, x.grad)])
     for got, want in zip(results[1], results[0]):
         assert torch.equal(got, want)
