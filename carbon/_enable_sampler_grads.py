@@ -97,9 +97,9 @@ def _sqrt(x: Tensor) -> Tensor:
     return carbon_ops.pow_tensor_scalar(x, 0.5)  # correctly rounded, as the IEEE square root
 
 
-def _pow(x: Tensor, y: Tensor) -> Tensor:
-    """x^y = EXP(RN(y·LOG x)), 1 where y = 0."""
-    return aten.where(aten.eq(y, 0.0), 1.0, _exp(_mul(y, _log(x))))
+def _pow(x: Tensor, y: Tensor, log_x: Any = None) -> Tensor:
+    """x^y = EXP(RN(y·LOG x)), 1 where y = 0 (log_x: LOG x when the caller has it already; same value)."""
+    return aten.where(aten.eq(y, 0.0), 1.0, _exp(_mul(y, _log(x) if log_x is None else log_x)))
 
 
 def _digamma(x32: Tensor) -> Tensor:
@@ -123,10 +123,11 @@ def _gamma_series(x: Tensor, alpha: Tensor, psi_alpha: Tensor) -> Tensor:
         denom = _add(denom, 1.0)
         series1 = _add(series1, _div(numer, denom))
         series2 = _add(series2, _div(numer, _mul(denom, denom)))
-    pow_x_alpha = _pow(x, alpha)
-    pdf = _mul(_pow(x, _sub(alpha, 1.0)), _exp(aten.neg(x)))
+    log_x = _log(x)
+    pow_x_alpha = _pow(x, alpha, log_x)
+    pdf = _mul(_pow(x, _sub(alpha, 1.0), log_x), _exp(aten.neg(x)))
     cdf = _mul(pow_x_alpha, series1)
-    cdf_alpha = _sub(_mul(_sub(_log(x), psi_alpha), cdf), _mul(pow_x_alpha, series2))
+    cdf_alpha = _sub(_mul(_sub(log_x, psi_alpha), cdf), _mul(pow_x_alpha, series2))
     return _nan_to_zero(_div(aten.neg(cdf_alpha), pdf))
 
 
