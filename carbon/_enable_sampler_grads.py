@@ -175,9 +175,10 @@ def _gamma_grad64(alpha32: Tensor, x32: Tensor) -> Tensor:
 
 # ---- Dirichlet (Beta) ------------------------------------------------------------------------------------------
 
-def _beta_alpha_small(x: Tensor, alpha: Tensor, beta: Tensor, psi_alpha: Tensor, psi_total: Tensor) -> Tensor:
+def _beta_alpha_small(x: Tensor, alpha: Tensor, beta: Tensor, psi_alpha: Tensor, psi_total: Tensor,
+                      log_x: Tensor) -> Tensor:
     """x near 0: the series in x (eleven terms); NaN becomes 0."""
-    factor = _sub(_sub(psi_alpha, psi_total), _log(x))
+    factor = _sub(_sub(psi_alpha, psi_total), log_x)
     numer = 1.0
     series = _mul(_div(numer, alpha), _add(factor, _div(1.0, alpha)))
     for i in range(1, 11):
@@ -241,10 +242,10 @@ def _beta_alpha_mid(x: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
 
 
 def _dirichlet_rational(x: Tensor, alpha: Tensor, total: Tensor, beta: Tensor, psi_alpha: Tensor,
-                        psi_total: Tensor) -> Tensor:
+                        psi_total: Tensor, log_x: Tensor) -> Tensor:
     """Elsewhere: a rational correction p/q (polynomials in u = log x, a = log α − u, b = log total − a) of
     x·(ψ(total) − ψ(α))/β."""
-    u = _log(x)
+    u = log_x
     a = _sub(_log(alpha), u)
     b = _sub(_log(total), a)
     pow_u, pow_a = (1.0, u, _mul(u, u)), (1.0, a, _mul(a, a))
@@ -265,10 +266,11 @@ def _dirichlet_grad64(x32: Tensor, alpha32: Tensor, total32: Tensor) -> Tensor:
     psi_alpha, psi_total = _digamma(alpha32), _digamma(total32)
     beta = _sub(total, alpha)
     boundary = _mul(_mul(total, x), _sub(1.0, x))
-    small_x = _beta_alpha_small(x, alpha, beta, psi_alpha, psi_total)
+    log_x = _log(x)  # shared by two branches (the same value either way)
+    small_x = _beta_alpha_small(x, alpha, beta, psi_alpha, psi_total, log_x)
     large_x = aten.neg(_beta_beta_small(_sub(1.0, x), beta, alpha, psi_alpha, psi_total))
     mid = _beta_alpha_mid(x, alpha, beta)
-    rational = _dirichlet_rational(x, alpha, total, beta, psi_alpha, psi_total)
+    rational = _dirichlet_rational(x, alpha, total, beta, psi_alpha, psi_total, log_x)
     result = aten.where(aten.logical_and(aten.gt(alpha, 6.0), aten.gt(beta, 6.0)), mid, rational)
     result = aten.where(aten.logical_and(aten.ge(x, 0.5), aten.lt(boundary, 0.75)), large_x, result)
     return aten.where(aten.logical_and(aten.le(x, 0.5), aten.lt(boundary, 2.5)), small_x, result)
