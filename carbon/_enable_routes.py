@@ -3532,6 +3532,7 @@ ROUTES: Dict[str, Callable] = {
 from carbon import _enable_logcumsumexp  # noqa: E402
 from carbon import _enable_eigh  # noqa: E402
 from carbon import _enable_lu  # noqa: E402
+from carbon import _enable_margin  # noqa: E402
 from carbon import _enable_matrix_exp  # noqa: E402
 from carbon import _enable_qr  # noqa: E402
 from carbon import _enable_svd  # noqa: E402
@@ -3568,6 +3569,8 @@ ROUTES["_sample_dirichlet"] = _sample_dirichlet
 ROUTES["poisson"] = _poisson
 ROUTES["binomial"] = _binomial
 ROUTES["logcumsumexp"] = _enable_logcumsumexp.logcumsumexp
+ROUTES["multi_margin_loss"] = _enable_margin.multi_margin_loss
+ROUTES["multi_margin_loss_backward"] = _enable_margin.multi_margin_loss_backward
 ROUTES["_logcumsumexp"] = _enable_logcumsumexp.logcumsumexp
 ROUTES["_standard_gamma_grad"] = _enable_sampler_grads.standard_gamma_grad
 ROUTES["_dirichlet_grad"] = _enable_sampler_grads.dirichlet_grad

@@ -57,6 +57,12 @@ def _logcumsumexp(d):
     return torch.logcumsumexp(d["img"] * 4, -1)
 
 
+def _multi_margin(d):
+    scores = d["a"] / 1e3
+    targets = torch.arange(40, device=scores.device) % 6
+    return F.multi_margin_loss(scores, targets, p=2, reduction="none")
+
+
 def _rope(d):
     cis = torch.polar(torch.ones_like(d["freqs"]), d["freqs"])
     return torch.view_as_real(torch.view_as_complex(d["q"].reshape(4, 8, 2)) * cis).flatten(-2)
@@ -74,7 +80,7 @@ def _cpu_indices(d):
 
 CASES = {"fold": _fold, "grid_sample": _grid_sample, "affine_grid": _affine, "cdist": _cdist,
          "embedding_bag": _bag, "avg_pool3d": _pool3d, "bicubic": _bicubic, "antialias": _antialias,
-         "logcumsumexp": _logcumsumexp, "complex rope": _rope, "ctc": _ctc,
+         "logcumsumexp": _logcumsumexp, "multi_margin": _multi_margin, "complex rope": _rope, "ctc": _ctc,
          "cpu indices": _cpu_indices}
 
 
