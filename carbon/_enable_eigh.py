@@ -69,25 +69,33 @@ def _rotate_columns(x: Tensor, p: Tensor, q: Tensor, c: Tensor, s: Tensor) -> Te
     return aten.index_copy(x, 2, q, new_q)
 
 
+def _schedule(n: int, device: torch.device) -> List[Tuple[Tensor, Tensor]]:
+    """_rounds(n) as index tensors on the device (rounds without a pair dropped)."""
+    return [(torch.tensor(ps, dtype=torch.int64).to(device), torch.tensor(qs, dtype=torch.int64).to(device))
+            for ps, qs in _rounds(n) if ps]
+
+
+def _rotation(a_pp: Tensor, a_qq: Tensor, a_pq: Tensor) -> Tuple[Tensor, Tensor]:
+    """(c, s) of the rotation that zeros a_pq (the module's formulas; c = 1, s = 0 where a_pq = 0), each (N, pairs),
+    returned as (N, 1, pairs) for _rotate_columns. The one-sided SVD passes (‖g_p‖², ‖g_q‖², g_p·g_q)."""
+    theta = aten.div(aten.sub(a_qq, a_pp), aten.mul(a_pq, 2.0))
+    sigma = aten.where(aten.ge(theta, 0.0), 1.0, -1.0)
+    t = aten.div(sigma, aten.add(aten.abs(theta), _sqrt(aten.add(aten.mul(theta, theta), 1.0))))
+    c = aten.div(1.0, _sqrt(aten.add(aten.mul(t, t), 1.0)))
+    s = aten.mul(t, c)
+    rotate = aten.ne(a_pq, 0.0)
+    return aten.where(rotate, c, 1.0).unsqueeze(1), aten.where(rotate, s, 0.0).unsqueeze(1)
+
+
 def _jacobi(a: Tensor) -> Tuple[Tensor, Tensor]:
     """(diagonal, V) after the fixed sweeps, for symmetric A (N, n, n) float64."""
     batch, n, _ = a.shape
     v = aten.eye(n, dtype=a.dtype, device=a.device).expand(batch, n, n).contiguous()
-    schedule = [(torch.tensor(ps, dtype=torch.int64).to(a.device), torch.tensor(qs, dtype=torch.int64).to(a.device))
-                for ps, qs in _rounds(n) if ps]
+    schedule = _schedule(n, a.device)
     for _ in range(SWEEPS):
         for p, q in schedule:
             diag = aten.diagonal(a, 0, 1, 2)
-            app, aqq = aten.index_select(diag, 1, p), aten.index_select(diag, 1, q)
-            apq = a[:, p, q]  # (N, pairs)
-            theta = aten.div(aten.sub(aqq, app), aten.mul(apq, 2.0))
-            sigma = aten.where(aten.ge(theta, 0.0), 1.0, -1.0)
-            t = aten.div(sigma, aten.add(aten.abs(theta), _sqrt(aten.add(aten.mul(theta, theta), 1.0))))
-            c = aten.div(1.0, _sqrt(aten.add(aten.mul(t, t), 1.0)))
-            s = aten.mul(t, c)
-            rotate = aten.ne(apq, 0.0)
-            c = aten.where(rotate, c, 1.0).unsqueeze(1)  # (N, 1, pairs)
-            s = aten.where(rotate, s, 0.0).unsqueeze(1)
+            c, s = _rotation(aten.index_select(diag, 1, p), aten.index_select(diag, 1, q), a[:, p, q])
             a = _rotate_columns(a, p, q, c, s)
             v = _rotate_columns(v, p, q, c, s)
             a = _rotate_columns(a.transpose(1, 2), p, q, c, s).transpose(1, 2)

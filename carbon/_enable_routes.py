@@ -3546,31 +3546,24 @@ from carbon._enable_samplers import binomial as _binomial  # noqa: E402
 from carbon._enable_samplers import poisson as _poisson  # noqa: E402
 from carbon._enable_samplers import standard_gamma as _standard_gamma  # noqa: E402
 
-ROUTES["linalg_qr"] = _linalg_qr
-ROUTES["geqrf"] = _enable_qr.geqrf
-ROUTES["_linalg_eigh"] = _enable_eigh.linalg_eigh
-ROUTES["_linalg_svd"] = _enable_svd.linalg_svd
-ROUTES["linalg_pinv"] = _enable_svd.linalg_pinv
-ROUTES["linalg_lstsq"] = _enable_svd.linalg_lstsq
-ROUTES["linalg_matrix_exp"] = _enable_matrix_exp.linalg_matrix_exp
-ROUTES["linalg_householder_product"] = _enable_qr.linalg_householder_product
-ROUTES["linalg_solve_triangular"] = _linalg_solve_triangular
-ROUTES["linalg_cholesky_ex"] = _linalg_cholesky_ex
 ROUTES.update({
+    # linear algebra, every step pinned down
+    "linalg_qr": _linalg_qr, "geqrf": _enable_qr.geqrf,
+    "linalg_householder_product": _enable_qr.linalg_householder_product,
+    "linalg_solve_triangular": _linalg_solve_triangular, "linalg_cholesky_ex": _linalg_cholesky_ex,
     "linalg_lu_factor_ex": _enable_lu.linalg_lu_factor_ex, "linalg_lu": _enable_lu.linalg_lu,
     "linalg_lu_solve": _enable_lu.linalg_lu_solve, "_linalg_solve_ex": _enable_lu.linalg_solve_ex,
     "linalg_inv_ex": _enable_lu.linalg_inv_ex, "_linalg_det": _enable_lu.linalg_det,
     "_linalg_slogdet": _enable_lu.linalg_slogdet, "cholesky_solve": _enable_lu.cholesky_solve,
-    "cholesky_inverse": _enable_lu.cholesky_inverse,
+    "cholesky_inverse": _enable_lu.cholesky_inverse, "linalg_matrix_exp": _enable_matrix_exp.linalg_matrix_exp,
+    "_linalg_eigh": _enable_eigh.linalg_eigh, "_linalg_svd": _enable_svd.linalg_svd,
+    "linalg_pinv": _enable_svd.linalg_pinv, "linalg_lstsq": _enable_svd.linalg_lstsq,
+    # samplers and their reparameterized gradients
+    "_standard_gamma": _standard_gamma, "_sample_dirichlet": _sample_dirichlet, "poisson": _poisson,
+    "binomial": _binomial, "_standard_gamma_grad": _enable_sampler_grads.standard_gamma_grad,
+    "_dirichlet_grad": _enable_sampler_grads.dirichlet_grad,
+    # others
+    "_trilinear": _trilinear, "logcumsumexp": _enable_logcumsumexp.logcumsumexp,
+    "_logcumsumexp": _enable_logcumsumexp.logcumsumexp, "multi_margin_loss": _enable_margin.multi_margin_loss,
+    "multi_margin_loss_backward": _enable_margin.multi_margin_loss_backward,
 })
-ROUTES["_trilinear"] = _trilinear
-ROUTES["_standard_gamma"] = _standard_gamma
-ROUTES["_sample_dirichlet"] = _sample_dirichlet
-ROUTES["poisson"] = _poisson
-ROUTES["binomial"] = _binomial
-ROUTES["logcumsumexp"] = _enable_logcumsumexp.logcumsumexp
-ROUTES["multi_margin_loss"] = _enable_margin.multi_margin_loss
-ROUTES["multi_margin_loss_backward"] = _enable_margin.multi_margin_loss_backward
-ROUTES["_logcumsumexp"] = _enable_logcumsumexp.logcumsumexp
-ROUTES["_standard_gamma_grad"] = _enable_sampler_grads.standard_gamma_grad
-ROUTES["_dirichlet_grad"] = _enable_sampler_grads.dirichlet_grad

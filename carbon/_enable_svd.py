@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from carbon import _enable_routes as routes
-from carbon._enable_eigh import _rotate_columns, _rounds, _sqrt, linalg_eigh
+from carbon._enable_eigh import _rotate_columns, _rotation, _schedule, _sqrt, linalg_eigh
 from carbon._enable_qr import _qr_one
 
 __all__ = ["linalg_svd", "linalg_pinv", "linalg_lstsq"]
@@ -56,22 +56,12 @@ def _one_sided_jacobi(g: Tensor) -> Tuple[Tensor, Tensor]:
     """(G, V) after the fixed sweeps, for G (N, m, n) float64 with m ≥ n."""
     batch, _, n = g.shape
     v = aten.eye(n, dtype=g.dtype, device=g.device).expand(batch, n, n).contiguous()
-    schedule = [(torch.tensor(ps, dtype=torch.int64).to(g.device), torch.tensor(qs, dtype=torch.int64).to(g.device))
-                for ps, qs in _rounds(n) if ps]
+    schedule = _schedule(n, g.device)
     for _ in range(SWEEPS):
         for p, q in schedule:
             gp, gq = aten.index_select(g, 2, p), aten.index_select(g, 2, q)
-            alpha = _pairwise_sum(aten.mul(gp, gp))  # (N, pairs)
-            beta = _pairwise_sum(aten.mul(gq, gq))
-            gamma = _pairwise_sum(aten.mul(gp, gq))
-            zeta = aten.div(aten.sub(beta, alpha), aten.mul(gamma, 2.0))
-            sigma = aten.where(aten.ge(zeta, 0.0), 1.0, -1.0)
-            t = aten.div(sigma, aten.add(aten.abs(zeta), _sqrt(aten.add(aten.mul(zeta, zeta), 1.0))))
-            c = aten.div(1.0, _sqrt(aten.add(aten.mul(t, t), 1.0)))
-            s = aten.mul(t, c)
-            rotate = aten.ne(gamma, 0.0)
-            c = aten.where(rotate, c, 1.0).unsqueeze(1)
-            s = aten.where(rotate, s, 0.0).unsqueeze(1)
+            c, s = _rotation(_pairwise_sum(aten.mul(gp, gp)), _pairwise_sum(aten.mul(gq, gq)),
+                             _pairwise_sum(aten.mul(gp, gq)))  # α, β, γ: ζ = (β − α)/(2γ)
             g = _rotate_columns(g, p, q, c, s)
             v = _rotate_columns(v, p, q, c, s)
     return g, v
