@@ -2723,14 +2723,35 @@ class _Sampling:
         self.bad = aten.logical_not(aten.isfinite(g).all(-1))  # a non-finite coordinate: NaN out
         g = aten.where(self.bad.unsqueeze(-1), 0.0, g)
         self.ix, self.iy = self._unnormalize(g[..., 0], w, align), self._unnormalize(g[..., 1], h, align)
-        self.clip_x = self.clip_y = None
-        if padding_mode == 1:  # border
+        self.clip_x = self.clip_y = self.sign_x = self.sign_y = None
+        if padding_mode == 2:  # reflection, then the border's clamp
+            self.ix, self.sign_x = self._reflect(self.ix, w, align)
+            self.iy, self.sign_y = self._reflect(self.iy, h, align)
+        if padding_mode in (1, 2):  # border
             self.clip_x = aten.logical_and(aten.gt(self.ix, 0), aten.lt(self.ix, w - 1))
             self.clip_y = aten.logical_and(aten.gt(self.iy, 0), aten.lt(self.iy, h - 1))
             self.ix, self.iy = aten.clamp(self.ix, 0, w - 1), aten.clamp(self.iy, 0, h - 1)
         self.h, self.w = h, w
         self.mult_x = (w - 1) / 2 if align else w / 2
         self.mult_y = (h - 1) / 2 if align else h / 2
+
+    @staticmethod
+    def _reflect(c: Tensor, size: int, align: bool) -> tuple:
+        """torch's reflect_coordinates in binary64 and the sign it gives the gradient: between min = 0 and
+        size − 1 (align_corners) or −½ and size − ½, d = RN(c − min), e = fmod(|d|, span) (exact),
+        f = ⌊RN(|d| / span)⌋, c′ = e + min for even f, RN(span − e) + min for odd f; sign −1 for d < 0 times −1 for
+        odd f. A single-pixel dimension with align_corners reflects everything to 0 (sign 0)."""
+        low, high = (0.0, 2.0 * (size - 1)) if align else (-1.0, 2.0 * size - 1.0)
+        if low == high:
+            return aten.zeros_like(c), aten.zeros_like(c)
+        lo, span = low / 2, (high - low) / 2
+        d = aten.sub(c, lo)
+        a = aten.abs(d)
+        extra = aten.fmod(a, span)
+        odd = aten.eq(aten.remainder(aten.floor(aten.div(a, span)), 2.0), 1.0)
+        r = aten.where(odd, aten.add(aten.rsub(extra, span), lo), aten.add(extra, lo))
+        sign = aten.mul(aten.where(aten.lt(d, 0), -1.0, 1.0), aten.where(odd, -1.0, 1.0))
+        return r, sign
 
     @staticmethod
     def _unnormalize(c: Tensor, size: int, align: bool) -> Tensor:
@@ -2770,13 +2791,13 @@ def _grid_sample_args(a: dict) -> tuple:
     _need_carbon_dtype("grid_sample", x, grid)
     if x.dim() != 4:
         raise NotCovered("grid_sample of volumes")
-    if mode not in (0, 1) or padding not in (0, 1):
-        raise NotCovered("grid_sample with bicubic interpolation or reflection padding")
+    if mode not in (0, 1) or padding not in (0, 1, 2):
+        raise NotCovered("grid_sample with bicubic interpolation")
     return x, grid, mode, padding, align
 
 
 def _grid_sample(a: dict) -> Tensor:
-    """grid_sample, bilinear or nearest, zeros or border padding (docs/enable.md): in float32, rounded to the
+    """grid_sample, bilinear or nearest, zeros, border or reflection padding (docs/enable.md): in float32, rounded to the
     input's dtype at the end. Bilinear: weights RN32 of the binary64 products of the corner distances, then
     RN(RN(RN(RN(w·v)nw + RN(w·v)ne) + RN(w·v)sw) + RN(w·v)se), corners outside the image +0. Nearest: the
     value at the coordinate rounded half to even (a copy). A non-finite coordinate gives NaN."""
@@ -2841,11 +2862,13 @@ def _grid_sample_backward(a: dict) -> tuple:
             tx = aten.add(aten.mul(wy32[0], aten.sub(v[1], v[0])), aten.mul(wy32[1], aten.sub(v[3], v[2])))
             ty = aten.add(aten.mul(wx32[0], aten.sub(v[2], v[0])), aten.mul(wx32[1], aten.sub(v[3], v[1])))
             parts = []
-            for t, m, clip in ((tx, s.mult_x, s.clip_x), (ty, s.mult_y, s.clip_y)):
+            for t, m, clip, sign in ((tx, s.mult_x, s.clip_x, s.sign_x), (ty, s.mult_y, s.clip_y, s.sign_y)):
                 dot = carbon_ops.sum(aten.stack(exact_product_parts(gp, t), -1), [1, 3], False, torch.float32)  # [N, P]
                 r = aten.mul(dot, float(torch.tensor(m, dtype=torch.float32)))
                 if clip is not None:
                     r = aten.where(clip, r, 0.0)
+                if sign is not None:  # reflection: ±1 (exact), 0 for a reflected-away single-pixel dimension
+                    r = aten.mul(r, sign.to(torch.float32))
                 parts.append(aten.where(s.bad, math.nan, r))
             grad_grid = aten.stack(parts, -1).reshape(grid.shape).to(grid.dtype)
     return grad_input, grad_grid

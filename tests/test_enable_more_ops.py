@@ -740,7 +740,19 @@ def _rn(q) -> float:
     return round_bits_value(Fraction(q))
 
 
-@pytest.mark.parametrize("padding", ["zeros", "border"])
+def _reflect(c: float, size: int, align: bool) -> tuple:
+    """torch's reflect_coordinates as docs/enable.md states it (binary64, math.fmod exact), and the gradient's sign."""
+    low, high = (0.0, 2.0 * (size - 1)) if align else (-1.0, 2.0 * size - 1.0)
+    if low == high:
+        return 0.0, 0.0
+    lo, span = low / 2, (high - low) / 2
+    d = c - lo
+    extra = math.fmod(abs(d), span)
+    odd = math.floor(abs(d) / span) % 2 == 1
+    return ((span - extra) + lo if odd else extra + lo), (-1.0 if d < 0 else 1.0) * (-1.0 if odd else 1.0)
+
+
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("align", [False, True])
 def test_bilinear_grid_sample_and_its_gradients_follow_the_documented_sequence(padding, align):
     n, c, h, w = 1, 3, 4, 5
@@ -748,6 +760,7 @@ def test_bilinear_grid_sample_and_its_gradients_follow_the_documented_sequence(p
     grid = (_randn(n, 3, 2, 2, seed=71) * 0.8).requires_grad_()
     with torch.no_grad():
         grid[0, 0, 0] = torch.tensor([1.3, -1.1])  # outside the image: +0 corners / a clamped coordinate
+        grid[0, 1, 1] = torch.tensor([-2.7, 3.4])  # reflected more than once
     with carbon.enabled():
         y = F.grid_sample(x, grid, mode="bilinear", padding_mode=padding, align_corners=align)
         gy = torch.linspace(-1, 1, y.numel()).reshape(y.shape)
@@ -761,8 +774,12 @@ def test_bilinear_grid_sample_and_its_gradients_follow_the_documented_sequence(p
             gx_, gy_ = gv[i][j]
             ix = ((gx_ + 1) / 2) * (w - 1) if align else ((gx_ + 1) * w - 1) / 2  # binary64, as documented
             iy = ((gy_ + 1) / 2) * (h - 1) if align else ((gy_ + 1) * h - 1) / 2
+            sign = (1.0, 1.0)
+            if padding == "reflection":
+                (ix, sx), (iy, sy) = _reflect(ix, w, align), _reflect(iy, h, align)
+                sign = (sx, sy)
             clip = (0 < ix < w - 1, 0 < iy < h - 1)
-            if padding == "border":
+            if padding != "zeros":
                 ix, iy = min(max(ix, 0.0), w - 1.0), min(max(iy, 0.0), h - 1.0)
             x0, y0 = math.floor(ix), math.floor(iy)
             wx, wy = (x0 + 1 - ix, ix - x0), (y0 + 1 - iy, iy - y0)
@@ -788,9 +805,9 @@ def test_bilinear_grid_sample_and_its_gradients_follow_the_documented_sequence(p
             for t, m, k in ((tx, mx, 0), (ty, my, 1)):
                 dot = _rn(sum((Fraction(gyv[ch][i][j]) * Fraction(t[ch]) for ch in range(c)), Fraction(0)))
                 r = _rn(Fraction(dot) * Fraction(m))
-                if padding == "border" and not clip[k]:
+                if padding != "zeros" and not clip[k]:
                     r = 0.0
-                want_grid.append(round_bits(r, F32))
+                want_grid.append(round_bits(r * sign[k], F32))  # ±1: exact
     by_position = {(ch, i, j): b for ch, i, j, b in want_y}
     want_list = [by_position[(ch, i, j)] for ch in range(c) for i in range(3) for j in range(2)]
     assert_bits_equal(y, bits_tensor(want_list, F32).reshape(y.shape), "grid_sample values")

@@ -63,6 +63,10 @@ def _multi_margin(d):
     return F.multi_margin_loss(scores, targets, p=2, reduction="none")
 
 
+def _grid_sample_reflection(d):
+    return F.grid_sample(d["img"], d["grid"] * 2.5, mode="bilinear", padding_mode="reflection", align_corners=True)
+
+
 def _rope(d):
     cis = torch.polar(torch.ones_like(d["freqs"]), d["freqs"])
     return torch.view_as_real(torch.view_as_complex(d["q"].reshape(4, 8, 2)) * cis).flatten(-2)
@@ -81,6 +85,7 @@ def _cpu_indices(d):
 CASES = {"fold": _fold, "grid_sample": _grid_sample, "affine_grid": _affine, "cdist": _cdist,
          "embedding_bag": _bag, "avg_pool3d": _pool3d, "bicubic": _bicubic, "antialias": _antialias,
          "logcumsumexp": _logcumsumexp, "multi_margin": _multi_margin, "complex rope": _rope, "ctc": _ctc,
+         "grid_sample reflection": _grid_sample_reflection,
          "cpu indices": _cpu_indices}
 
 
