@@ -1,6 +1,6 @@
 """carbon.enable's route for torch.linalg.eigh / eigvalsh (docs/enable.md): the cyclic Jacobi method with a fixed
-schedule and a fixed number of sweeps, in binary64, every step an IEEE operation or a correctly rounded square
-root, so the eigenvalues and eigenvectors have the same bits on every device and batch size. LAPACK's syevd and
+schedule and a fixed number of sweeps, in binary64, every step an IEEE operation or carbon's binary64 square root
+(routes.sqrt64), so the eigenvalues and eigenvectors have the same bits on every device and batch size. LAPACK's syevd and
 cuSOLVER's syevj / syevd give different bits (and different eigenvector signs).
 
 For a float32 matrix (only the UPLO triangle read, mirrored; exact in binary64), with n rounded up to an even m
@@ -36,7 +36,6 @@ from carbon import _enable_routes as routes
 __all__ = ["linalg_eigh"]
 
 aten = torch.ops.aten
-carbon_ops = torch.ops.carbon
 
 SWEEPS = 12
 
@@ -55,10 +54,6 @@ def _rounds(n: int) -> List[Tuple[List[int], List[int]]]:
                 qs.append(max(a, b))
         rounds.append((ps, qs))
     return rounds
-
-
-def _sqrt(x: Tensor) -> Tensor:
-    return carbon_ops.pow_tensor_scalar(x, 0.5)  # binary64, correctly rounded
 
 
 def _rotate_columns(x: Tensor, p: Tensor, q: Tensor, c: Tensor, s: Tensor) -> Tensor:
@@ -80,8 +75,8 @@ def _rotation(a_pp: Tensor, a_qq: Tensor, a_pq: Tensor) -> Tuple[Tensor, Tensor]
     returned as (N, 1, pairs) for _rotate_columns. The one-sided SVD passes (‖g_p‖², ‖g_q‖², g_p·g_q)."""
     theta = aten.div(aten.sub(a_qq, a_pp), aten.mul(a_pq, 2.0))
     sigma = aten.where(aten.ge(theta, 0.0), 1.0, -1.0)
-    t = aten.div(sigma, aten.add(aten.abs(theta), _sqrt(aten.add(aten.mul(theta, theta), 1.0))))
-    c = aten.div(1.0, _sqrt(aten.add(aten.mul(t, t), 1.0)))
+    t = aten.div(sigma, aten.add(aten.abs(theta), routes.sqrt64(aten.add(aten.mul(theta, theta), 1.0))))
+    c = aten.div(1.0, routes.sqrt64(aten.add(aten.mul(t, t), 1.0)))
     s = aten.mul(t, c)
     rotate = aten.ne(a_pq, 0.0)
     return aten.where(rotate, c, 1.0).unsqueeze(1), aten.where(rotate, s, 0.0).unsqueeze(1)
@@ -134,4 +129,4 @@ def linalg_eigh(args: dict) -> Any:
         values, vectors = values.reshape(lead + [n]), vectors.reshape(lead + [n, n])
     if not compute_v:
         vectors = aten.empty([0], dtype=a.dtype, device=a.device)
-    return routes._into_outs(args, values, vectors, ("eigenvalues", "eigenvectors"))
+    return routes._into_outs(args, values, vectors, names=("eigenvalues", "eigenvectors"))

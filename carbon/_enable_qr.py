@@ -152,7 +152,7 @@ def geqrf(a: dict) -> Any:
         pieces = [_geqrf_one(mat) for mat in x.reshape([math.prod(lead), m, n]).unbind(0)]
         result = (aten.stack([p[0] for p in pieces]).reshape(lead + [m, n]),
                   aten.stack([p[1] for p in pieces]).reshape(lead + [min(m, n)]))
-    return routes._into_outs(a, result[0], result[1], ("a", "tau"))
+    return routes._into_outs(a, *result, names=("a", "tau"))
 
 
 def linalg_householder_product(a: dict) -> Any:
@@ -173,13 +173,9 @@ def linalg_householder_product(a: dict) -> Any:
         count = math.prod(lead)
         mats, taus = x.reshape([count, m, n]).unbind(0), tau.reshape([count, tau.shape[-1]]).unbind(0)
         q = aten.stack([_householder_one(mat, t, n) for mat, t in zip(mats, taus)]).reshape(lead + [m, n])
-    out = a.get("out")
-    if isinstance(out, Tensor):
-        out.resize_(q.shape).copy_(q)
-        return out
     return q
 
 
 def _into_qr_outs(a: dict, q: Tensor, r: Tensor) -> Tuple[Tensor, Tensor]:
     """(Q, R), written into linalg_qr.out's Q and R when given."""
-    return routes._into_outs(a, q, r, ("Q", "R"))
+    return routes._into_outs(a, q, r, names=("Q", "R"))

@@ -93,6 +93,14 @@ def sqrt_rn(x: Tensor) -> Tensor:
     return aten.sqrt(x.to(torch.float64)).to(x.dtype)
 
 
+def sqrt64(x: Tensor) -> Tensor:
+    """A binary64 square root for the routes that work in binary64 (Jacobi rotations, the samplers and their
+    gradients): carbon's float64 x^0.5, the same bits on every device. It is correctly rounded except where √x lies
+    within 2⁻³⁶ ulp of a rounding midpoint (contract: float64 pow), where it may be the other neighbour; torch's
+    vectorized CPU sqrt is not correctly rounded either, and not the same as CUDA's. x = −0 gives +0."""
+    return carbon_ops.pow_tensor_scalar(x, 0.5)
+
+
 # ---- index tensors that depend only on shapes -------------------------------------------------------------------
 
 _SHAPE_CONSTANTS: "OrderedDict[tuple, Tensor]" = OrderedDict()
@@ -383,7 +391,7 @@ def _frexp(a: dict) -> Any:
     finite = aten.isfinite(x)
     mantissa = aten.where(finite, mantissa, x)
     exponent = aten.where(finite, exponent, aten.zeros((), dtype=exponent.dtype, device=exponent.device))
-    return _into_outs(a, mantissa, exponent, ("mantissa", "exponent"))
+    return _into_outs(a, mantissa, exponent, names=("mantissa", "exponent"))
 
 
 def _lse(*terms: Tensor) -> Tensor:
@@ -2440,15 +2448,16 @@ def _max_unpool(spatial: int) -> Callable[[dict], Tensor]:
 # Under carbon.enable equal elements keep their index order: a stable sort; a median or k-th value is the first
 # element along the dimension that equals torch's value (NaN matches NaN), its own value and index.
 
-def _into_outs(a: dict, first: Tensor, second: Tensor, names: tuple = ("values", "indices")) -> tuple:
-    """A two-tensor result, written into the out= tensors of the overloads that have them (named `names`:
-    values / indices, Q / R, mantissa / exponent)."""
+def _into_outs(a: dict, *results: Tensor, names: tuple = ("values", "indices")) -> tuple:
+    """A result of several tensors, written into the out= tensors of the overloads that have them (named `names`:
+    values / indices, Q / R, LU / pivots / info, …). (An overload with a single `out` needs nothing here:
+    carbon.enable's dispatch copies into it.)"""
     outs = [a.get(n) for n in names]
     if all(isinstance(t, Tensor) for t in outs):
-        for out, t in zip(outs, (first, second)):
+        for out, t in zip(outs, results):
             out.resize_(t.shape).copy_(t)
         return tuple(outs)
-    return first, second
+    return results
 
 
 def _stable_sort(x: Tensor, dim: int, descending: bool) -> tuple:

@@ -8,10 +8,10 @@ gradient for the Dirichlet — piecewise: Taylor series where x is small, Rice s
 parameters are large, fitted rational functions elsewhere. torch evaluates them with the platform's libm
 (and float arithmetic on a GPU, double on the CPU), so the bits depend on the device. Here every branch is
 the same expression tree in binary64, one IEEE operation at a time in torch's evaluation order, with carbon's
-correctly rounded float64 log, exp and x^c (c a constant), x^y = EXP(RN(y·LOG x)) for a tensor exponent (1 when
-y = 0), and ψ = carbon's correctly rounded float32 digamma of the float32 parameters (exact in binary64). Every
-branch is computed for every element and the branch is selected by the same comparisons as torch's; the
-binary64 result is rounded to float32, then to bfloat16 / float16 (carbon's rounding). The branch constants are
+float64 log, exp and x^c (c a constant; correctly rounded except next to a midpoint, contract §float64),
+x^y = EXP(RN(y·LOG x)) for a tensor exponent (1 when y = 0), and ψ = carbon's float32 digamma of the float32
+parameters (exact in binary64). Every branch is computed for every element and the branch is selected by the
+same comparisons as torch's; the binary64 result is rounded to float32, then to bfloat16 / float16 (carbon's rounding). The branch constants are
 torch's: 0.8f, 0.9f, 1.1f as float32 values, the others exact.
 """
 
@@ -94,7 +94,7 @@ def _pow_const(x: Tensor, c: float) -> Tensor:
 
 
 def _sqrt(x: Tensor) -> Tensor:
-    return carbon_ops.pow_tensor_scalar(x, 0.5)  # correctly rounded, as the IEEE square root
+    return routes.sqrt64(x)
 
 
 def _pow(x: Tensor, y: Tensor, log_x: Any = None) -> Tensor:

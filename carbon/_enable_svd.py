@@ -1,7 +1,7 @@
-"""carbon.enable's routes for torch.linalg.svd / svdvals, pinv and lstsq (docs/enable.md): the one-sided Jacobi method (Hestenes)
-with a fixed schedule and a fixed number of sweeps, in binary64, every step an IEEE operation, a correctly rounded
-square root or a sum in a fixed pairwise order, so U, S and Vh have the same bits on every device and batch size.
-LAPACK's gesdd and cuSOLVER's gesvdj give different bits (and different signs).
+"""carbon.enable's routes for torch.linalg.svd / svdvals, pinv and lstsq (docs/enable.md): the one-sided Jacobi
+method (Hestenes) with a fixed schedule and a fixed number of sweeps, in binary64, every step an IEEE operation,
+carbon's binary64 square root (routes.sqrt64) or a sum in a fixed pairwise order, so U, S and Vh have the same bits
+on every device and batch size. LAPACK's gesdd and cuSOLVER's gesvdj give different bits (and different signs).
 
 For a float32 matrix A (m × n) with m ≥ n (otherwise the SVD of Aᵀ, transposed back), G = A in binary64 and
 V = I: SWEEPS = 12 sweeps of the circle method's rounds over the n columns (the pairing of carbon/_enable_eigh.py),
@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from carbon import _enable_routes as routes
-from carbon._enable_eigh import _rotate_columns, _rotation, _schedule, _sqrt, linalg_eigh
+from carbon._enable_eigh import _rotate_columns, _rotation, _schedule, linalg_eigh
 from carbon._enable_qr import _qr_one
 
 __all__ = ["linalg_svd", "linalg_pinv", "linalg_lstsq"]
@@ -71,7 +71,7 @@ def _svd_tall(a32: Tensor, full: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """(U, S, V) in float32 for A (N, m, n), m ≥ n: the module's definition (V, not Vh)."""
     batch, m, n = a32.shape
     g, v = _one_sided_jacobi(a32.to(torch.float64))
-    norms = _sqrt(_pairwise_sum(aten.mul(g, g)))  # (N, n)
+    norms = routes.sqrt64(_pairwise_sum(aten.mul(g, g)))  # (N, n)
     norms, order = aten.sort.stable(norms, stable=True, dim=1, descending=True)
     g = aten.gather(g, 2, order.unsqueeze(1).expand(g.shape))
     v = aten.gather(v, 2, order.unsqueeze(1).expand(v.shape))
@@ -121,12 +121,7 @@ def linalg_svd(args: dict) -> Any:
     if not compute_uv:
         u = aten.empty([0], dtype=a.dtype, device=a.device)
         vh = aten.empty([0], dtype=a.dtype, device=a.device)
-    outs = [args.get(name) for name in ("U", "S", "Vh")]
-    if all(isinstance(t, Tensor) for t in outs):
-        for out, t in zip(outs, (u, s, vh)):
-            out.resize_(t.shape).copy_(t)
-        return tuple(outs)
-    return u, s, vh
+    return routes._into_outs(args, u, s, vh, names=("U", "S", "Vh"))
 
 
 def _tolerances(a: Tensor, args: dict) -> Tuple[Tensor, Tensor]:
@@ -172,11 +167,7 @@ def linalg_pinv(args: dict) -> Any:
         left = aten.mul(vh.transpose(-2, -1), inverse.unsqueeze(-2)).reshape([-1, n, k]).contiguous()
         result = carbon_ops.bmm(left, u.reshape([-1, m, k]).transpose(1, 2).contiguous(), None)
         result = result.reshape(lead + [n, m])
-    out = args.get("out")
-    if isinstance(out, Tensor):
-        out.resize_(result.shape).copy_(result)
-        return out
-    return result
+    return result  # an out= tensor is filled by carbon.enable
 
 
 _LSTSQ_DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
@@ -232,10 +223,5 @@ def linalg_lstsq(args: dict) -> Any:
     solution = solution.squeeze(-1) if vector else solution
     rank_out = rank.reshape(lead) if driver != "gels" else aten.empty([0], dtype=torch.int64, device=a.device)
     values = sv.reshape(lead + [k]) if driver in ("gelsd", "gelss") else empty
-    results = (solution, residuals, rank_out, values)
-    outs = [args.get(name) for name in ("solution", "residuals", "rank", "singular_values")]
-    if all(isinstance(t, Tensor) for t in outs):
-        for out, t in zip(outs, results):
-            out.resize_(t.shape).copy_(t)
-        return tuple(outs)
-    return results
+    return routes._into_outs(args, solution, residuals, rank_out, values,
+                             names=("solution", "residuals", "rank", "singular_values"))

@@ -122,4 +122,4 @@ def linalg_cholesky_ex(args: dict) -> Any:
     factor = lower.transpose(-2, -1).contiguous() if upper else lower
     if args.get("check_errors", False):  # torch's own check (reads info on the host, as torch does)
         aten._linalg_check_errors(info, "torch.linalg.cholesky_ex", is_matrix=a.dim() == 2)
-    return routes._into_outs(args, factor, info, ("L", "info"))
+    return routes._into_outs(args, factor, info, names=("L", "info"))
