@@ -59,6 +59,8 @@ ALLOWED = PER_TENSOR | frozenset({
     "heaviside", "nextafter", "hardshrink", "hardshrink_backward", "softshrink_backward",
     # an xor of every element's (exactly widened) bits: order-free
     "hash_tensor",
+    # a transform's sample frequencies: integers (exact) times the scalar 1/(n·d), one rounding each
+    "fft_fftfreq", "fft_rfftfreq",
     # comparisons and logic
     "isin",
     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "logical_xor", "isnan",
@@ -91,7 +93,8 @@ PASSING_NAMESPACES = frozenset({"carbon", "profiler", "c10d", "_c10d_functional"
 # several rounded operations, which torch fuses differently on each device. With a complex argument only
 # these run as torch's own: copies, views and data movement, and the componentwise operations whose every
 # component is one correctly rounded operation (add / sub with a real alpha, neg, conj). carbon.enable
-# routes complex `mul` and `sum` itself (_enable_routes.COMPLEX_ROUTES); everything else is refused.
+# routes complex `mul`, `sum`, products, modulus, phase, transforms and draws itself
+# (_enable_routes.COMPLEX_ROUTES); everything else is refused.
 COMPLEX_EXACT = frozenset({
     "_to_copy", "to", "clone", "copy", "contiguous", "_unsafe_view", "view", "reshape", "lift_fresh",
     "lift_fresh_copy", "detach", "alias", "_local_scalar_dense", "_copy_from", "_copy_from_and_resize", "resize",
@@ -139,7 +142,8 @@ def why_not_complex(func: Any, base: str, args: tuple, kwargs: dict) -> Optional
         if isinstance(alpha, complex) or (isinstance(alpha, torch.Tensor) and alpha.is_complex()):
             return "a complex alpha (a complex product)"
         return None
-    return "complex arithmetic: carbon covers complex copies, views, add, sub, neg, conj, mul and sum"
+    return ("complex arithmetic: carbon covers complex copies, views, add, sub, neg, conj, mul, sum, mm, bmm, abs, "
+            "angle, sgn, Fourier transforms and random draws")
 
 
 def _is_view(func: Any) -> bool:

@@ -768,6 +768,23 @@ def _pad_backward(mode: str, spatial: int) -> Callable[[dict], Tensor]:
     return handler
 
 
+def _unfold_backward(a: dict) -> Tensor:
+    """Tensor.unfold's gradient (and torch.istft's overlap-add): each input position receives the exact sum of
+    the window entries that read it, rounded once (carbon.index_add into zeros). grad_in has input_sizes' shape
+    with dim replaced by the window count, plus a trailing window axis of length size."""
+    g, sizes, size, step = a["grad_in"], list(a["input_sizes"]), int(a["size"]), int(a["step"])
+    if not g.is_floating_point() or not sizes or g.dim() != len(sizes) + 1 or size < 1 or step < 1:
+        return PASS  # integers are exact; otherwise torch's own checks
+    _need_carbon_dtype("unfold_backward", g)
+    d = a["dim"] % len(sizes)
+    windows = g.shape[d]
+    positions = _shape_constant(("unfold_backward", windows, size, step), g.device, lambda: (
+        torch.arange(windows, dtype=torch.int64).unsqueeze(1) * step + torch.arange(size, dtype=torch.int64)
+    ).reshape(-1))
+    src = aten.movedim(g, -1, d + 1).reshape(sizes[:d] + [windows * size] + sizes[d + 1:]).contiguous()
+    return carbon_ops.index_add(aten.zeros(sizes, dtype=g.dtype, device=g.device), d, positions, src)
+
+
 def _mse_loss(a: dict) -> Tensor:
     x, y, reduction = a["self"], a["target"], a["reduction"]
     _need_carbon_dtype("mse_loss", x, y)
@@ -3562,7 +3579,9 @@ ROUTES: Dict[str, Callable] = {
 
 # routes kept in their own modules (they use the helpers above)
 from carbon import _enable_logcumsumexp  # noqa: E402
+from carbon import _enable_complex  # noqa: E402
 from carbon import _enable_eigh  # noqa: E402
+from carbon import _enable_fft  # noqa: E402
 from carbon import _enable_lu  # noqa: E402
 from carbon import _enable_margin  # noqa: E402
 from carbon import _enable_matrix_exp  # noqa: E402
@@ -3598,4 +3617,9 @@ ROUTES.update({
     "_trilinear": _trilinear, "logcumsumexp": _enable_logcumsumexp.logcumsumexp,
     "_logcumsumexp": _enable_logcumsumexp.logcumsumexp, "multi_margin_loss": _enable_margin.multi_margin_loss,
     "multi_margin_loss_backward": _enable_margin.multi_margin_loss_backward,
+    # Fourier transforms of real signals, their windows, and overlap-add (istft, Tensor.unfold's gradient)
+    "_fft_r2c": _enable_fft.fft_r2c, **_enable_fft.WINDOWS, "unfold_backward": _unfold_backward,
 })
+COMPLEX_ROUTES.update({"_fft_c2c": _enable_fft.fft_c2c, "_fft_c2r": _enable_fft.fft_c2r,
+                       "_fft_r2c": _enable_fft.fft_r2c,  # its complex out= argument brings it here
+                       **_enable_complex.COMPLEX})

@@ -129,14 +129,26 @@ def _increment_step(state: Dict[str, Any]) -> int:
 
 
 def _float32_state(state: Dict[str, Any], key: str, p: Tensor) -> Tensor:
-    """state[key] as a contiguous float32 tensor on p's device (created as zeros)."""
+    """state[key] as a contiguous float32 tensor on p's device (created as zeros). A complex64 parameter keeps
+    complex64 states (torch.optim's format) and gets their float view: torch's step treats the real and
+    imaginary parts as independent parameters, and so does carbon's."""
+    dtype = torch.complex64 if p.is_complex() else torch.float32
     t = state.get(key)
     if t is None:
-        t = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
-    elif t.dtype != torch.float32 or t.device != p.device or not t.is_contiguous():
-        t = t.to(device=p.device, dtype=torch.float32).contiguous()
+        t = torch.zeros(p.shape, dtype=dtype, device=p.device)
+    elif t.dtype != dtype or t.device != p.device or not t.is_contiguous():
+        t = t.to(device=p.device, dtype=dtype).contiguous()
     state[key] = t
-    return t
+    return torch.view_as_real(t) if t.is_complex() else t
+
+
+def _real_view(name: str, t: Tensor) -> Tensor:
+    """A complex64 parameter or gradient as its float32 view [..., 2] (as torch.optim's _view_as_real)."""
+    if not t.is_complex():
+        return t
+    if t.dtype != torch.complex64:
+        raise TypeError(f"carbon.optim.{name}: a {t.dtype} parameter; carbon steps complex64 (float32 parts)")
+    return torch.view_as_real(t)
 
 
 class _KeepFloat32States:
@@ -206,7 +218,7 @@ class Adam(_KeepFloat32States, torch.optim.Adam):
                 v = _float32_state(state, "exp_avg_sq", p)
                 t = _increment_step(state)
                 lists = by_step.setdefault(t, [[], [], [], [], []])
-                for lst, x in zip(lists, (p, g, m, v)):
+                for lst, x in zip(lists, (_real_view(name, p), _real_view(name, g), m, v)):
                     lst.append(x)
                 if amsgrad:  # torch's name; zeros when new, as torch creates it
                     lists[4].append(_float32_state(state, "max_exp_avg_sq", p))
@@ -246,7 +258,8 @@ def _adam_capturable_group(name: str, states: Dict[Tensor, Dict[str, Any]], grou
         elif not isinstance(step, Tensor) or step.dtype != torch.float32 or step.device != p.device:
             step = torch.as_tensor(step).to(device=p.device, dtype=torch.float32)
         state["step"] = step
-        entries = [p, g, _float32_state(state, "exp_avg", p), _float32_state(state, "exp_avg_sq", p)]
+        entries = [_real_view(name, p), _real_view(name, g), _float32_state(state, "exp_avg", p),
+                   _float32_state(state, "exp_avg_sq", p)]
         entries.append(_float32_state(state, "max_exp_avg_sq", p) if amsgrad else None)
         entries.append(step)
         for lst, x in zip(lists, entries):
@@ -310,8 +323,8 @@ class SGD(_KeepFloat32States, torch.optim.SGD):
                 state = self.state[p]
                 first = momentum != 0 and state.get("momentum_buffer") is None
                 lists = calls[first]
-                lists[0].append(p)
-                lists[1].append(g)
+                lists[0].append(_real_view(name, p))
+                lists[1].append(_real_view(name, g))
                 if momentum != 0:
                     lists[2].append(_float32_state(state, "momentum_buffer", p))
             if calls[True][0]:
