@@ -1,5 +1,5 @@
-"""Ops routed for carbon.enable's coverage (linear algebra, samplers' gradients, scans, antialiased resizing) against
-torch's own, side by side.
+"""Ops routed for carbon.enable's coverage (linear algebra, samplers' gradients, scans, antialiased resizing, Fourier
+transforms, complex products) against torch's own, side by side.
 
     python benchmarks/bench_enable_ops.py [--device cpu|cuda|all] [--budget S]
 
@@ -42,6 +42,12 @@ def _cases(device: str) -> List[Tuple[str, Callable[[], object]]]:
     image = torch.rand(4, 3, 224, 224, generator=g).to(device)
     alpha = (torch.rand(65536, generator=g) * 10 + 0.05).to(device)
     sample = (torch.rand(65536, generator=g) * 10 + 1e-3).to(device)
+    field = randn(8, 16, 64, 64)  # an FNO layer's input: batch 8, 16 channels, a 64x64 grid
+    wave = randn(8, 16000)  # one second of 16 kHz audio, batch 8
+    hann = torch.hann_window(400, device=device)
+    modes = torch.complex(randn(8 * 16, 16, 16), randn(8 * 16, 16, 16))
+    weights = torch.complex(randn(8 * 16, 16, 16), randn(8 * 16, 16, 16))
+    signal = torch.complex(randn(64, 4096), randn(64, 4096))
     return [
         ("linalg.solve 32 x (32x32), 4 rhs", lambda: torch.linalg.solve(square, rhs)),
         ("linalg.slogdet 32 x (32x32)", lambda: torch.linalg.slogdet(square)),
@@ -51,6 +57,12 @@ def _cases(device: str) -> List[Tuple[str, Callable[[], object]]]:
         ("interpolate antialias 4x3x224x224 -> 112", lambda: F.interpolate(image, size=(112, 112), mode="bilinear",
                                                                            antialias=True)),
         ("_standard_gamma_grad 65536", lambda: torch._standard_gamma_grad(alpha, sample)),
+        ("rfft2 8x16x64x64 (direct)", lambda: torch.fft.rfft2(field)),
+        ("irfft2 8x16x64x33 -> 64x64", lambda: torch.fft.irfft2(torch.fft.rfft2(field), s=(64, 64))),
+        ("stft 8x16000, n_fft 400 (four-step 16x25)", lambda: torch.stft(wave, 400, hop_length=160, window=hann,
+                                                                       return_complex=True)),
+        ("fft 64x4096 complex (four-step 64x64)", lambda: torch.fft.fft(signal)),
+        ("complex bmm 128 x (16x16 @ 16x16)", lambda: torch.bmm(modes, weights)),
     ]
 
 
