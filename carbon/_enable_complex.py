@@ -1,11 +1,13 @@
-"""carbon.enable's routes for complex64 tensors beyond copies, add and mul (docs/enable.md): the matrix products
-spectral layers multiply their Fourier modes with (FNO's einsum → bmm), a spectrum's magnitude and phase (abs,
-angle, sgn: |STFT| features and their gradients), complex random draws (FNO's `torch.rand(..., dtype=cfloat)`
-weights) and the foreach steps of clip_grad_norm_ over a model with complex parameters.
+"""carbon.enable's routes for complex64 tensors (docs/enable.md, "Complex numbers"): elementwise products, quotients
+and exp (rotary embeddings, S4D's Vandermonde kernels), sums, the matrix products spectral layers multiply their
+Fourier modes with (FNO's einsum → bmm), a spectrum's magnitude and phase (abs, angle, sgn: |STFT| features and
+their gradients), torch.polar, complex random draws (FNO's `torch.rand(..., dtype=cfloat)` weights) and the foreach
+steps of clip_grad_norm_ over a model with complex parameters.
 
-torch computes a complex product or modulus as several roundings it fuses differently per device (CUDA's
-complex kernels are compiled with contraction on); here each part is one exact sum rounded once (products) or
-carbon's correctly rounded float32 hypot / atan2.
+torch computes a complex product, quotient or modulus as several roundings it fuses differently per device (CUDA's
+complex kernels are compiled with contraction on, its division scales like numpy's); here each is a fixed
+sequence: IEEE operations in float32 (mul), an exact sum rounded once (matrix products), a binary64 expression
+rounded once (div, exp), or carbon's correctly rounded float32 hypot / atan2 / cos / sin.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from torch import Tensor
 from carbon import _enable_allow
 from carbon import _enable_routes as routes
 
-__all__ = ["COMPLEX"]
+__all__ = ["COMPLEX", "polar"]
 
 aten = torch.ops.aten
 carbon_ops = torch.ops.carbon
@@ -31,6 +33,30 @@ def _need_complex64(op: str, *tensors: Tensor) -> None:
             raise routes.NotCovered(f"complex {op} in {t.dtype}: carbon computes complex64 (float32 parts)")
 
 
+def _promoted(op: str, x: Any, y: Any) -> Tuple[Any, Any]:
+    """Both operands of a binary op whose result (torch's type promotion) must be complex64: complex operands
+    (tensors, 0-dim wrapped scalars such as the 1j of ``1j * t``, Python complex numbers) as complex64 tensors,
+    as torch converts them; real ones unchanged."""
+    dtype = torch.result_type(x, y)
+    if dtype != torch.complex64:
+        raise routes.NotCovered(f"complex {op} in {dtype}: carbon computes complex64 (float32 parts)")
+
+    def cast(v: Any, other: Any) -> Any:
+        if isinstance(v, complex):
+            device = other.device if isinstance(other, Tensor) else None
+            return torch.full([], v, dtype=torch.complex64, device=device)
+        if isinstance(v, Tensor) and v.is_complex() and v.dtype != torch.complex64:
+            return v.to(torch.complex64)
+        if isinstance(v, Tensor) and v.is_floating_point() and v.dtype not in routes._CARBON_DTYPES:
+            raise routes.NotCovered(f"complex {op} with a {v.dtype} tensor")
+        return v
+    return cast(x, y), cast(y, x)
+
+
+def _is_complex(v: Any) -> bool:
+    return isinstance(v, Tensor) and v.is_complex()
+
+
 def _parts(z: Tensor) -> Tuple[Tensor, Tensor]:
     """The float32 real and imaginary parts of a complex64 tensor (a conjugated view resolved exactly)."""
     z = z.resolve_conj().resolve_neg()
@@ -39,6 +65,89 @@ def _parts(z: Tensor) -> Tuple[Tensor, Tensor]:
 
 def _complex(re: Tensor, im: Tensor) -> Tensor:
     return aten.complex(re.contiguous(), im.contiguous())
+
+
+# ---- elementwise arithmetic -------------------------------------------------------------------------------------
+
+def _mul(a: dict) -> Tensor:
+    """(a + bi)(c + di) = RN(RN(a·c) − RN(b·d)) + RN(RN(a·d) + RN(b·c))·i, each product and the sum rounded
+    (torch fuses them into fmas on some devices, not on others); by a real factor r: RN(a·r) + RN(b·r)·i."""
+    x, y = _promoted("mul", a["self"], a["other"])
+    if not _is_complex(x):
+        x, y = y, x
+    xr, xi = _parts(x)
+    if _is_complex(y):
+        yr, yi = _parts(y)
+        return _complex(aten.sub(aten.mul(xr, yr), aten.mul(xi, yi)), aten.add(aten.mul(xr, yi), aten.mul(xi, yr)))
+    return _complex(aten.mul(xr, y), aten.mul(xi, y))
+
+
+def _wide(t: Any) -> Any:
+    return t.to(torch.float64) if isinstance(t, Tensor) else float(t)
+
+
+def _div(a: dict) -> Any:
+    """x / y. By a real y: RN(a / y) + RN(b / y)·i. By a complex y = c + di, in binary64 (every float32 product
+    exact there, no overflow or underflow of the squares): den = RN64(c² + d²), re = RN32(RN64(RN64(a·c + b·d) /
+    den)), im = RN32(RN64(RN64(b·c − a·d) / den)) (b = 0 for a real x). torch's kernels scale by the larger of
+    |c|, |d| first (numpy's rule) in float32, with device-dependent fusing."""
+    if a.get("rounding_mode") is not None:
+        return routes.PASS  # torch's own error for complex operands
+    x, y = _promoted("div", a["self"], a["other"])
+    if not _is_complex(y):
+        xr, xi = _parts(x)
+        return _complex(routes.true_divide(xr, y), routes.true_divide(xi, y))
+    c, d = (t.to(torch.float64) for t in _parts(y))
+    den = aten.add(aten.mul(c, c), aten.mul(d, d))
+    if _is_complex(x):
+        xr, xi = (t.to(torch.float64) for t in _parts(x))
+        re = aten.add(aten.mul(xr, c), aten.mul(xi, d))
+        im = aten.sub(aten.mul(xi, c), aten.mul(xr, d))
+    else:
+        xr = _wide(x)
+        re, im = aten.mul(c, xr), aten.neg(aten.mul(d, xr))
+    return _complex(aten.div(re, den).to(torch.float32), aten.div(im, den).to(torch.float32))
+
+
+def _reciprocal(a: dict) -> Tensor:
+    """1 / z as _div's 1 / (c + di): RN32(RN64(c / den)) − RN32(RN64(d / den))·i (``1 / z`` in Python)."""
+    z = a["self"]
+    _need_complex64("reciprocal", z)
+    return _div({"self": 1.0, "other": z})
+
+
+def _exp(a: dict) -> Tensor:
+    """e^(a + bi) = RN32(RN64(EXP(a)·COS(b))) + RN32(RN64(EXP(a)·SIN(b)))·i with carbon's float64 exp, cos and sin
+    (correctly rounded in binary64), so each part is within about one binary64 rounding of the exact value
+    before its single float32 rounding."""
+    z = a["self"]
+    _need_complex64("exp", z)
+    re, im = (t.to(torch.float64) for t in _parts(z))
+    scale = carbon_ops.exp(re)
+    return _complex(aten.mul(scale, carbon_ops.cos(im)).to(torch.float32),
+                    aten.mul(scale, carbon_ops.sin(im)).to(torch.float32))
+
+
+def _sum(a: dict) -> Tensor:
+    """Each part summed exactly and rounded once (carbon.sum over the float32 parts)."""
+    x, dim, keepdim = a["self"], a.get("dim"), a.get("keepdim", False)
+    _need_complex64("sum", x)
+    if a.get("dtype") not in (None, x.dtype):
+        raise routes.NotCovered("complex sum with a dtype argument")
+    parts = aten.view_as_real(x.resolve_conj())
+    dims = list(range(x.dim())) if dim is None or len(dim) == 0 else [d % x.dim() for d in dim]
+    total = carbon_ops.sum(parts.contiguous(), dims, keepdim, None) if dims else parts
+    return aten.view_as_complex(total.contiguous())
+
+
+def polar(a: dict) -> Tensor:
+    """abs·e^{i·angle} (real arguments: in ROUTES): RN(abs·COS(angle)) + RN(abs·SIN(angle))·i with carbon's
+    float32 cos and sin."""
+    r, theta = a["abs"], a["angle"]
+    routes._need_carbon_dtype("polar", r, theta)
+    if r.dtype != torch.float32 or theta.dtype != torch.float32:
+        raise routes.NotCovered("polar of non-float32 tensors")
+    return aten.complex(aten.mul(r, carbon_ops.cos(theta)), aten.mul(r, carbon_ops.sin(theta)))
 
 
 # ---- products --------------------------------------------------------------------------------------------------
@@ -188,7 +297,7 @@ def _foreach_mixed(base: str) -> Callable:
 
 
 COMPLEX: Dict[str, Callable] = {
-    "mm": _mm, "bmm": _bmm, "abs": _abs, "angle": _angle, "sgn": _sgn,
+    "mul": _mul, "div": _div, "reciprocal": _reciprocal, "exp": _exp, "sum": _sum, "mm": _mm, "bmm": _bmm, "abs": _abs, "angle": _angle, "sgn": _sgn,
     "rand": _rand, "randn": _randn, "rand_like": _like(False), "randn_like": _like(True), "uniform": _uniform_,
     "normal": _normal_, "_foreach_norm": _foreach_norm, "_foreach_mul": _foreach_mixed("mul"),
 }

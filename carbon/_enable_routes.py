@@ -2910,65 +2910,8 @@ def _cudnn_grid_sampler_backward(a: dict) -> tuple:
                                   "interpolation_mode": 0, "padding_mode": 0, "align_corners": True})
 
 
-# ---- complex numbers (rotary embeddings written with torch.polar) -----------------------------------------------
-
-def _components(t: Any) -> tuple:
-    """(real, imaginary) float tensors of a complex tensor; a real tensor or number has no imaginary part."""
-    if isinstance(t, Tensor) and t.is_complex():
-        t = t.resolve_conj().resolve_neg()  # a conjugated view: its parts, negated exactly
-        return aten.real(t), aten.imag(t)
-    return t, None
-
-
-def _complex_mul(a: dict) -> Tensor:
-    """(a + bi)(c + di) = RN(RN(a·c) − RN(b·d)) + RN(RN(a·d) + RN(b·c))·i, each product and the sum rounded
-    (torch fuses them into fmas on some devices, not on others); by a real factor r: RN(a·r) + RN(b·r)·i."""
-    x, y = a["self"], a["other"]
-    if not (isinstance(x, Tensor) and x.is_complex()):
-        x, y = y, x
-    if isinstance(y, complex) or (isinstance(y, Tensor) and y.is_complex()):
-        if not isinstance(y, Tensor):
-            y = torch.full([], y, dtype=x.dtype, device=x.device)
-        _need_complex64("mul", x, y)
-        (xr, xi), (yr, yi) = _components(x), _components(y)
-        real = aten.sub(aten.mul(xr, yr), aten.mul(xi, yi))
-        imag = aten.add(aten.mul(xr, yi), aten.mul(xi, yr))
-        return aten.complex(real, imag)
-    _need_complex64("mul", x)
-    if isinstance(y, Tensor) and y.is_floating_point() and y.dtype not in _CARBON_DTYPES:
-        raise NotCovered(f"complex mul by a {y.dtype} tensor")
-    xr, xi = _components(x)
-    return aten.complex(aten.mul(xr, y), aten.mul(xi, y)).to(torch.result_type(x, y))
-
-
-def _need_complex64(op: str, *tensors: Tensor) -> None:
-    for t in tensors:
-        if t.is_complex() and t.dtype != torch.complex64:
-            raise NotCovered(f"{op} in {t.dtype}: carbon computes complex64 (float32 parts)")
-
-
-def _complex_sum(a: dict) -> Tensor:
-    """Each part summed exactly and rounded once (carbon.sum over the float32 parts)."""
-    x, dim, keepdim = a["self"], a.get("dim"), a.get("keepdim", False)
-    _need_complex64("sum", x)
-    if a.get("dtype") not in (None, x.dtype):
-        raise NotCovered("complex sum with a dtype argument")
-    parts = aten.view_as_real(x.resolve_conj())
-    dims = list(range(x.dim())) if dim is None or len(dim) == 0 else [d % x.dim() for d in dim]
-    total = carbon_ops.sum(parts.contiguous(), dims, keepdim, None) if dims else parts
-    return aten.view_as_complex(total.contiguous())
-
-
-def _polar(a: dict) -> Tensor:
-    """abs·e^{i·angle}: RN(abs·COS(angle)) + RN(abs·SIN(angle))·i with carbon's cos and sin."""
-    r, theta = a["abs"], a["angle"]
-    _need_carbon_dtype("polar", r, theta)
-    if r.dtype != torch.float32 or theta.dtype != torch.float32:
-        raise NotCovered("polar of non-float32 tensors")
-    return aten.complex(aten.mul(r, carbon_ops.cos(theta)), aten.mul(r, carbon_ops.sin(theta)))
-
-
-COMPLEX_ROUTES: Dict[str, Callable[[dict], Any]] = {"mul": _complex_mul, "sum": _complex_sum, "scatter": _scatter}
+# complex numbers: carbon/_enable_complex.py (registered below); scatter's rule for repeated indices is the same
+COMPLEX_ROUTES: Dict[str, Callable[[dict], Any]] = {"scatter": _scatter}
 
 def _nms(a: dict) -> Tensor:
     """torchvision.ops.nms with torchvision's CPU rule, every step spelled out in float32 so that no device
@@ -3553,7 +3496,6 @@ ROUTES: Dict[str, Callable] = {
     "_use_cudnn_ctc_loss": _no_library_ctc_loss, "_use_miopen_ctc_loss": _no_library_ctc_loss,
     "_pdist_forward": _pdist_forward, "_pdist_backward": _pdist_backward, "linalg_cross": _linalg_cross,
     "soft_margin_loss": _soft_margin_loss, "soft_margin_loss_backward": _soft_margin_loss_backward, "sinc": _sinc,
-    "polar": _polar,
     "affine_grid_generator": _affine_grid, "grid_sampler_2d": _grid_sample,
     "_grid_sampler_2d_cpu_fallback": _grid_sample, "grid_sampler_2d_backward": _grid_sample_backward,
     "_grid_sampler_2d_cpu_fallback_backward": _grid_sample_backward, "cudnn_grid_sampler": _cudnn_grid_sampler,
@@ -3617,6 +3559,7 @@ ROUTES.update({
     "_trilinear": _trilinear, "logcumsumexp": _enable_logcumsumexp.logcumsumexp,
     "_logcumsumexp": _enable_logcumsumexp.logcumsumexp, "multi_margin_loss": _enable_margin.multi_margin_loss,
     "multi_margin_loss_backward": _enable_margin.multi_margin_loss_backward,
+    "polar": _enable_complex.polar,
     # Fourier transforms of real signals, their windows, and overlap-add (istft, Tensor.unfold's gradient)
     "_fft_r2c": _enable_fft.fft_r2c, **_enable_fft.WINDOWS, "unfold_backward": _unfold_backward,
 })

@@ -42,6 +42,57 @@ def _product_bits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return bits_tensor(rows, F32)
 
 
+def _f32(v: float) -> float:
+    return float(np.float32(v))
+
+
+def test_complex_scalars_promote_as_torch_and_products_round_each_operation():
+    """``1j * t`` reaches mul with a 0-dim complex128 wrapped scalar: it is rounded to complex64 as torch does."""
+    t, z = torch.randn(50), _complex(9, 50)
+    with carbon.enabled():
+        imaginary = 1j * t
+        scaled = z * (0.1 + 3j)
+    assert torch.equal(imaginary.real, torch.zeros(50)) and torch.equal(imaginary.imag, t)
+    c, d = np.float32(0.1), np.float32(3.0)
+    want = [[round_bits(_f32(np.float32(a) * c - np.float32(b) * d), F32),
+             round_bits(_f32(np.float32(a) * d + np.float32(b) * c), F32)] for a, b in zip(z.real.tolist(), z.imag.tolist())]
+    assert_bits_equal(torch.view_as_real(scaled), bits_tensor(want, F32))
+
+
+def test_complex_quotients_are_binary64_expressions_rounded_once():
+    x, y = _complex(10, 400, spread=30), _complex(11, 400, spread=30)
+    r = torch.randn(400)
+    with carbon.enabled():
+        q, by_real, real_by_complex, inverse = x / y, x / r, r / y, 1 / y
+    (a, b), (c, d) = (x.real.tolist(), x.imag.tolist()), (y.real.tolist(), y.imag.tolist())
+    den = [ci * ci + di * di for ci, di in zip(c, d)]  # Python floats: binary64, the squares exact
+    checks = [
+        (q, [((ai * ci + bi * di) / n, (bi * ci - ai * di) / n) for ai, bi, ci, di, n in zip(a, b, c, d, den)]),
+        (by_real, [(Fraction(ai) / Fraction(ri), Fraction(bi) / Fraction(ri)) for ai, bi, ri in zip(a, b, r.tolist())]),
+        (real_by_complex, [((ri * ci) / n, -(ri * di) / n) for ri, ci, di, n in zip(r.tolist(), c, d, den)]),
+        (inverse, [(ci / n, -di / n) for ci, di, n in zip(c, d, den)]),
+    ]
+    for got, parts in checks:
+        want = [[round_bits(Fraction(re) if not isinstance(re, Fraction) else re, F32),
+                 round_bits(Fraction(im) if not isinstance(im, Fraction) else im, F32)] for re, im in parts]
+        assert_bits_equal(torch.view_as_real(got), bits_tensor(want, F32))
+
+
+def test_complex_exp_is_binary64_exp_cos_sin_rounded_once():
+    z = _complex(12, 300, spread=3)
+    z[0] = complex(0.0, 0.0)
+    with carbon.enabled():
+        got = torch.exp(z)
+    want = []
+    with mpmath.workprec(200):
+        for a, b in zip(z.real.tolist(), z.imag.tolist()):
+            e, c, s = (float(f(mpmath.mpf(v))) for f, v in ((mpmath.exp, a), (mpmath.cos, b), (mpmath.sin, b)))
+            want.append([round_bits(e * c, F32), round_bits(e * s, F32)])  # e·c: one binary64 rounding
+    assert_bits_equal(torch.view_as_real(got), bits_tensor(want, F32))
+    ref = torch.exp(z.to(torch.complex128))
+    assert ((got.to(torch.complex128) - ref).abs() / ref.abs()).max().item() < 1.2e-7
+
+
 def test_complex_matrix_products_round_each_part_once():
     a, b = _complex(1, 5, 40), _complex(2, 40, 7)
     x, y = _complex(3, 2, 4, 30), _complex(4, 2, 30, 6)
@@ -147,3 +198,70 @@ def test_complex128_is_refused():
         for fn in (lambda: z @ z, lambda: z.abs(), lambda: torch.fft.fft(z), lambda: torch.randn(3, dtype=torch.cdouble)):
             with pytest.raises(carbon.NotExactError, match="complex128|cdouble|ComplexDouble"):
                 fn()
+
+
+class S4DKernel(torch.nn.Module):
+    """S4D's diagonal state-space kernel (Gu et al., the state-spaces repository's minimal S4D): complex exp of
+    dt·A, a complex quotient, a Vandermonde product through a complex einsum."""
+
+    def __init__(self, channels: int, states: int) -> None:
+        super().__init__()
+        log_dt = torch.rand(channels) * (math.log(0.1) - math.log(0.001)) + math.log(0.001)
+        self.C = torch.nn.Parameter(torch.view_as_real(torch.randn(channels, states // 2, dtype=torch.cfloat)))
+        self.log_dt = torch.nn.Parameter(log_dt)
+        self.log_A_real = torch.nn.Parameter(torch.log(0.5 * torch.ones(channels, states // 2)))
+        self.A_imag = torch.nn.Parameter(math.pi * torch.arange(states // 2).repeat(channels, 1).float())
+
+    def forward(self, length: int) -> torch.Tensor:
+        dt = torch.exp(self.log_dt)
+        c = torch.view_as_complex(self.C)
+        a = -torch.exp(self.log_A_real) + 1j * self.A_imag
+        dt_a = a * dt.unsqueeze(-1)
+        k = dt_a.unsqueeze(-1) * torch.arange(length, device=a.device)
+        c = c * (torch.exp(dt_a) - 1.0) / a
+        return 2 * torch.einsum("hn,hnl->hl", c, torch.exp(k)).real
+
+
+class S4D(torch.nn.Module):
+    def __init__(self, channels: int = 8, states: int = 16) -> None:
+        super().__init__()
+        self.D = torch.nn.Parameter(torch.randn(channels))
+        self.kernel = S4DKernel(channels, states)
+        self.output = torch.nn.Sequential(torch.nn.Conv1d(channels, 2 * channels, 1), torch.nn.GLU(dim=-2))
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        n = u.shape[-1]
+        k = self.kernel(n)
+        y = torch.fft.irfft(torch.fft.rfft(u, n=2 * n) * torch.fft.rfft(k, n=2 * n), n=2 * n)[..., :n]
+        return self.output(torch.nn.functional.gelu(y + u * self.D.unsqueeze(-1)))
+
+
+def test_s4d_trains_under_strict_mode_with_the_same_bits_at_any_thread_count(restore_num_threads):
+    prints = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        with carbon.enabled(seed=4):
+            model = S4D()
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            u = torch.randn(2, 8, 50)
+            for _ in range(2):
+                model(u).square().mean().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+        prints.append(carbon.fingerprint(model, optimizer))
+    assert prints[0] == prints[1]
+
+
+def test_s4d_kernel_is_close_to_complex128():
+    torch.manual_seed(5)
+    kernel = S4DKernel(4, 16)
+    with carbon.enabled():
+        got = kernel(64)
+    params = {name: p.detach().double() for name, p in kernel.named_parameters()}
+    dt = torch.exp(params["log_dt"])
+    c = torch.view_as_complex(params["C"])
+    a = -torch.exp(params["log_A_real"]) + 1j * params["A_imag"]
+    dt_a = a * dt.unsqueeze(-1)
+    want = 2 * torch.einsum("hn,hnl->hl", c * (torch.exp(dt_a) - 1.0) / a,
+                            torch.exp(dt_a.unsqueeze(-1) * torch.arange(64, dtype=torch.float64))).real
+    assert (got.double() - want).abs().max().item() <= 2e-5 * want.abs().max().item()

@@ -726,8 +726,8 @@ def test_rotary_embedding_written_with_complex_numbers_runs_under_strict_enable(
 
 def test_other_complex_arithmetic_is_refused_not_silently_run():
     c = _complex(67, 6)
-    for name, fn in [("div", lambda: c / c), ("sqrt", lambda: torch.sqrt(c)), ("reciprocal", lambda: c.reciprocal()),
-                     ("exp", lambda: torch.exp(c)), ("add with a complex alpha", lambda: torch.add(c, c, alpha=1j))]:
+    for name, fn in [("sqrt", lambda: torch.sqrt(c)), ("log", lambda: torch.log(c)), ("tanh", lambda: torch.tanh(c)),
+                     ("pow", lambda: c ** 2.5), ("add with a complex alpha", lambda: torch.add(c, c, alpha=1j))]:
         with carbon.enabled(), pytest.raises(carbon.NotExactError):
             fn()
     with carbon.enabled():
