@@ -5,7 +5,8 @@ stems, depthwise), batch / group / layer norm, pooling, bilinear upsampling,
 weight normalization, grouped and multi-query attention, learned attention
 biases (T5), ALiBi (BLOOM), rotary embeddings, advanced-index gradients and
 binary cross-entropy, a CTC head (wav2vec2), Mamba's selective scan (expm1, softplus, cumulative
-sums) and Mixtral's experts (top-k routing, grouped products). transformers is a test-only dependency."""
+sums), Mixtral's experts (top-k routing, grouped products), FNet's Fourier token mixing (fftn) and Autoformer's
+FFT autocorrelation and series decomposition. transformers is a test-only dependency."""
 
 from __future__ import annotations
 
@@ -91,6 +92,17 @@ MODELS = {
     "mobilenet_v2": (lambda: T.MobileNetV2ForImageClassification(T.MobileNetV2Config(image_size=32, depth_multiplier=0.25,
                                                                                      num_labels=3)),
                      lambda m: m(pixel_values=_pixels(), labels=_labels()).loss),
+    "fnet": (lambda: T.FNetForMaskedLM(T.FNetConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                                    intermediate_size=64, max_position_embeddings=16,
+                                                    use_tpu_fourier_optimizations=False)),
+             lambda m: m(input_ids=_ids(), labels=_ids()).loss),
+    "autoformer": (lambda: T.AutoformerForPrediction(T.AutoformerConfig(
+        prediction_length=8, context_length=16, lags_sequence=[1, 2, 3], d_model=16, encoder_layers=1,
+        decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16,
+        num_time_features=1)),
+        lambda m: m(past_values=torch.randn(2, 19), past_time_features=torch.randn(2, 19, 1),
+                    past_observed_mask=torch.ones(2, 19), future_values=torch.randn(2, 8),
+                    future_time_features=torch.randn(2, 8, 1)).loss),
 }
 
 
