@@ -1101,7 +1101,7 @@ def _vector_norm(a: dict) -> Tensor:
         dims = list(range(x.dim())) if dim is None or len(dim) == 0 else list(dim)
         return aten.sum(aten.ne(x, 0), dims, keepdim).to(x.dtype)
     if ord_ != 2:
-        raise NotCovered(f"linalg_vector_norm with ord={ord_}: carbon computes ord 0, 1, 2 and ±inf exactly")
+        return _p_norm(x, float(ord_), dim, keepdim)
     if dim is not None and len(dim) > 0 and x.dim() > 0:
         return _norm_over_dims(x, list(dim), keepdim)
     if x.numel() == 0:
@@ -1110,6 +1110,33 @@ def _vector_norm(a: dict) -> Tensor:
     if keepdim:
         r = r.reshape([1] * x.dim())
     return r
+
+
+def _p_norm(x: Tensor, p: float, dim: Any, keepdim: bool) -> Tensor:
+    """‖x‖_p for another p > 0 (torch.dist(x, y, 3), p-norm losses): RN(POW(RN(exact Σ POW(|x|, p)), 1/p)) with
+    torch.pow's routes (an integer p as products in a fixed order, others carbon's pow); bfloat16 / float16 in
+    float32, rounded to their dtype at the end."""
+    if not p > 0 or math.isinf(p) or math.isnan(p):
+        raise NotCovered(f"linalg_vector_norm with ord={p}: carbon computes ord > 0 and ±inf")
+    wide = _opmath(x)
+    powers = _pow({"self": aten.abs(x).to(wide), "exponent": p})
+    dims = None if dim is None or len(dim) == 0 else list(dim)
+    total = carbon_ops.sum(powers.contiguous(), dims, keepdim, None) if x.dim() > 0 else powers
+    return _pow({"self": total, "exponent": 1.0 / p}).to(x.dtype)
+
+
+def _addr(a: dict) -> Any:
+    """β·M + α·(u ⊗ v): carbon.addmm of M with the rank-one product (each entry RN(M + u_i·v_j), one rounding)
+    when β = α = 1, else RN(RN(β·M) + RN(α·RN(u_i·v_j))) (torch's CPU and CUDA kernels fuse differently)."""
+    m, u, v = a["self"], a["vec1"], a["vec2"]
+    if not _float_mm("addr", u.unsqueeze(1), v.unsqueeze(0)):
+        return PASS
+    _need_carbon_dtype("addr", m)
+    col, row = u.unsqueeze(1), v.unsqueeze(0)
+    shape = [u.shape[0], v.shape[0]]
+    return _add_product(m, lambda dtype: carbon_ops.mm(col, row, dtype),
+                        lambda: carbon_ops.addmm(m.expand(shape).contiguous(), col, row, None),
+                        a.get("beta", 1), a.get("alpha", 1), torch.result_type(m, u))
 
 
 def exact_product_parts(a: Tensor, b: Tensor) -> tuple:
@@ -1137,7 +1164,7 @@ def _norm_over_dims(x: Tensor, dims: List[int], keepdim: bool) -> Tensor:
 
 
 def _norm(a: dict) -> Tensor:
-    """aten.norm (torch.norm, weight_norm's norm_except_dim): the vector-norm route with p = 2 or inf."""
+    """aten.norm (torch.norm, weight_norm's norm_except_dim): the vector-norm route."""
     p = a.get("p")
     dim = a.get("dim")
     return _vector_norm({"self": a["self"], "ord": 2 if p is None else p, "dim": list(dim) if dim is not None else None,
@@ -2708,7 +2735,7 @@ def _logaddexp2(a: dict) -> Tensor:
 
 
 def _dist(a: dict) -> Tensor:
-    """torch.dist(x, y, p): the vector-norm route (p = 2 or ∞) of RN(x − y) (one rounding per element)."""
+    """torch.dist(x, y, p): the vector-norm route (any p > 0, or ∞) of RN(x − y) (one rounding per element)."""
     p = a.get("p", 2)
     return _vector_norm({"self": aten.sub(a["self"], a["other"]), "ord": 2 if p is None else p, "dim": None,
                          "keepdim": False, "dtype": None})
@@ -3559,7 +3586,7 @@ ROUTES.update({
     "_trilinear": _trilinear, "logcumsumexp": _enable_logcumsumexp.logcumsumexp,
     "_logcumsumexp": _enable_logcumsumexp.logcumsumexp, "multi_margin_loss": _enable_margin.multi_margin_loss,
     "multi_margin_loss_backward": _enable_margin.multi_margin_loss_backward,
-    "polar": _enable_complex.polar,
+    "polar": _enable_complex.polar, "addr": _addr,
     # Fourier transforms of real signals, their windows, and overlap-add (istft, Tensor.unfold's gradient)
     "_fft_r2c": _enable_fft.fft_r2c, **_enable_fft.WINDOWS, "unfold_backward": _unfold_backward,
 })

@@ -1169,6 +1169,49 @@ def test_vector_norms_of_order_one_zero_and_minus_infinity_and_addbmm_are_exact(
     assert_bits_equal(acc, bits_tensor(want, F32).reshape(2, 4), "addbmm")
 
 
+def _pow32(v: Fraction, p: float) -> Fraction:
+    """RN32(v^p) for a binary64 exponent p (carbon's pow: correctly rounded outside ~2⁻¹⁹ ulp of a midpoint)."""
+    import mpmath
+    with mpmath.workprec(200):
+        r = mpmath.power(mpmath.mpf(v.numerator) / v.denominator, mpmath.mpf(p))
+        sign, man, exp, _ = r._mpf_
+        return round_value((-1) ** sign * Fraction(int(man)) * Fraction(2) ** int(exp))
+
+
+def round_value(v) -> Fraction:
+    return Fraction(bits_to_float(round_bits(v, F32), F32))
+
+
+def test_p_norms_dist_and_addr_follow_their_definitions():
+    """‖x‖₃ = RN(POW(RN(exact Σ RN(|x|·RN(x·x))), 1/3)) (torch.pow's integer route: binary exponentiation), ‖x‖_0.5
+    with carbon's pow both ways; torch.dist the same norm of RN(x − y); addr one rounding of M + u_i·v_j."""
+    x, y = _randn(5, 7, seed=118, scale=10.0), _randn(5, 7, seed=119, scale=10.0)
+    u, v, m = _randn(5, seed=120), _randn(7, seed=121), _randn(5, 7, seed=122)
+    with carbon.enabled():
+        n3 = torch.linalg.vector_norm(x, 3, dim=1)
+        nhalf = torch.linalg.vector_norm(x, 0.5)
+        d3 = torch.dist(x, y, 3)
+        outer = torch.addr(m, u, v)
+        scaled = torch.addr(m, u, v, beta=0.5, alpha=2.0)
+    rows = x.double().tolist()
+    cube = lambda a: round_value(abs(Fraction(a)) * round_value(Fraction(a) * Fraction(a)))  # noqa: E731
+    want3 = [_pow32(round_value(sum((cube(a) for a in row), Fraction(0))), 1 / 3) for row in rows]
+    assert_bits_equal(n3, bits_tensor([round_bits(w, F32) for w in want3], F32), "ord 3")
+    total = round_value(sum((_pow32(abs(Fraction(a)), 0.5) for row in rows for a in row), Fraction(0)))
+    assert_bits_equal(nhalf, bits_tensor(round_bits(_pow32(total, 2.0), F32), F32), "ord 0.5")
+    diffs = [round_value(Fraction(a) - Fraction(b)) for ra, rb in zip(rows, y.double().tolist()) for a, b in zip(ra, rb)]
+    want_d = _pow32(round_value(sum((round_value(abs(d) * round_value(d * d)) for d in diffs), Fraction(0))), 1 / 3)
+    assert_bits_equal(d3, bits_tensor(round_bits(want_d, F32), F32), "dist")
+    uv, vv, mv = u.double().tolist(), v.double().tolist(), m.double().tolist()
+    want = [[round_bits(Fraction(mv[i][j]) + Fraction(uv[i]) * Fraction(vv[j]), F32) for j in range(7)] for i in range(5)]
+    assert_bits_equal(outer, bits_tensor(want, F32), "addr")
+    want = [[round_bits(round_value(Fraction(mv[i][j]) / 2) + round_value(2 * round_value(Fraction(uv[i]) * Fraction(vv[j]))),
+                        F32) for j in range(7)] for i in range(5)]
+    assert_bits_equal(scaled, bits_tensor(want, F32), "addr, beta and alpha")
+    assert torch.allclose(n3, torch.linalg.vector_norm(x, 3, dim=1), rtol=1e-6)
+    assert torch.allclose(d3, torch.dist(x, y, 3), rtol=1e-6)
+
+
 @pytest.mark.parametrize("d", [2, 3])
 def test_adaptive_max_pooling_gradient_sums_exactly_at_each_maximum(d):
     shape = (1, 2) + (7,) * d

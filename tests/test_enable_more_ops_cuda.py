@@ -77,6 +77,15 @@ def _ctc(d):
                       reduction="sum")
 
 
+def _p_norms(d):
+    return torch.stack([torch.linalg.vector_norm(d["a"], 3), torch.dist(d["a"][:7], d["b"], 2.5)])
+
+
+def _addr(d):
+    return torch.addr(d["img"][0, 0], d["a"][:7, 0], d["b"][0, :9].repeat(2)[:9]) + \
+        torch.addr(d["img"][0, 1], d["a"][:7, 1], d["b"][1, :9].repeat(2)[:9], beta=0.5, alpha=3.0)
+
+
 def _cpu_indices(d):
     # a device tensor indexed by CPU index tensors (torch allows it): the backward's index_put gets CPU indices
     return d["table"][torch.tensor([3, 1, 3, 0])][:, [0, 2, 2, 5]]
@@ -85,7 +94,7 @@ def _cpu_indices(d):
 CASES = {"fold": _fold, "grid_sample": _grid_sample, "affine_grid": _affine, "cdist": _cdist,
          "embedding_bag": _bag, "avg_pool3d": _pool3d, "bicubic": _bicubic, "antialias": _antialias,
          "logcumsumexp": _logcumsumexp, "multi_margin": _multi_margin, "complex rope": _rope, "ctc": _ctc,
-         "grid_sample reflection": _grid_sample_reflection,
+         "grid_sample reflection": _grid_sample_reflection, "p-norms": _p_norms, "addr": _addr,
          "cpu indices": _cpu_indices}
 
 
