@@ -42,7 +42,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import carbon
-from carbon import _enable_allow, _enable_norms
+from carbon import _enable_allow, _enable_norms, _enable_rnn
 from carbon._enable_routes import COMPLEX_ROUTES, FOREIGN_ROUTES, PASS, ROUTES, NotCovered, WithArguments
 
 __all__ = ["enable", "disable", "enabled", "is_enabled", "NotExactError"]
@@ -289,21 +289,49 @@ def _dropout(input, p=0.5, training=True, inplace=False):
     return carbon.dropout(input, p, training, inplace)
 
 
+def _native_recurrence(x: torch.Tensor) -> bool:
+    """Whether torch's own RNN code runs (on the CPU, with oneDNN off while enabled: routed ops); elsewhere the CPU's
+    recurrence written out in carbon/_enable_rnn.py runs. (tests/test_enable_rnn.py switches it off on the CPU to
+    compare the two.)"""
+    return x.device.type == "cpu"
+
+
 def _recurrent(func: Callable) -> Callable:
-    """torch.lstm / gru / rnn_tanh / rnn_relu on a padded (not packed) input: the input made time-major and
-    contiguous first. torch projects every step's input with at::linear, which takes addmm (bias inside the
-    one rounding) for a contiguous time-major input but matmul + add for the transposed batch-first one of
-    more than one sequence, so a sequence alone and in a batch got different bits."""
+    """torch.lstm / gru / rnn_tanh / rnn_relu. On the CPU, a padded (not packed) input is made time-major and
+    contiguous first: torch projects every step's input with at::linear, which takes addmm (bias inside the one
+    rounding) for a contiguous time-major input but matmul + add for the transposed batch-first one of more than
+    one sequence, so a sequence alone and in a batch got different bits. On other devices (cuDNN, or CUDA's
+    fused cells, which add biases and products in their own order) the CPU's recurrence runs instead, op for op
+    (carbon/_enable_rnn.py), padded or packed: the CPU's bits on every device."""
+    kind = func.__name__
+
     def route(*args, **kwargs):
-        if len(args) < 9 or kwargs or type(args[2]) is not list or not isinstance(args[0], torch.Tensor):
-            return None  # a packed sequence (2-d data: already one addmm), or an unexpected call
+        if kwargs or len(args) != 9 or not isinstance(args[0], torch.Tensor):
+            return None  # an unexpected call: torch's own (and its own error)
+        packed = isinstance(args[1], torch.Tensor) and args[1].dim() == 1 and not args[1].is_floating_point()
+        on_cpu = _native_recurrence(args[0])
+        if packed:
+            return None if on_cpu else _enable_rnn.recurrent(kind, args)  # 2-d data: already one addmm
         x, batch_first = args[0], args[8]
         if x.dim() != 3:
             return None
         time_major = (x.transpose(0, 1) if batch_first else x).contiguous()
-        out = func(time_major, *args[1:8], False)
+        step_args = (time_major, *args[1:8], False)
+        out = func(*step_args) if on_cpu else _enable_rnn.recurrent(kind, step_args)
         first = out[0].transpose(0, 1) if batch_first else out[0]
         return (first,) + tuple(out[1:])
+    return route
+
+
+def _recurrent_cell(func: Callable) -> Callable:
+    """torch.lstm_cell / gru_cell / rnn_tanh_cell / rnn_relu_cell on another device than the CPU: the CPU's cell,
+    op for op (carbon/_enable_rnn.py), instead of CUDA's fused cell kernels."""
+    kind = func.__name__[:-len("_cell")]
+
+    def route(*args, **kwargs):
+        if kwargs or not 4 <= len(args) <= 6 or not isinstance(args[0], torch.Tensor) or _native_recurrence(args[0]):
+            return None
+        return _enable_rnn.cell(kind, args)
     return route
 
 
@@ -317,6 +345,7 @@ _FUNCTIONS: Dict[Callable, Callable] = {
     F.dropout: _dropout,
     F.rms_norm: _rms_norm,
     **{f: _recurrent(f) for f in (torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu)},
+    **{f: _recurrent_cell(f) for f in (torch.lstm_cell, torch.gru_cell, torch.rnn_tanh_cell, torch.rnn_relu_cell)},
 }
 
 

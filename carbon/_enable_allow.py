@@ -53,6 +53,9 @@ ALLOWED = PER_TENSOR | frozenset({
     "_upsample_nearest_exact3d",
     # an LU factorization's triangles and its permutation matrix (copies; the factorization itself is routed)
     "lu_unpack",
+    # packing and padding variable-length sequences (copies; each position moves to at most one place) and
+    # cuDNN's flat RNN weight buffer (a copy made when an RNN moves to a GPU)
+    "_pack_padded_sequence", "_pack_padded_sequence_backward", "_pad_packed_sequence", "_cudnn_rnn_flatten_weight",
     # exact by construction: a selection or a bit-level operation per element (nextafter a neighbour); the
     # shrinks' gradients select g or +0 (softshrink itself is routed:
     # torch's CPU kernel gives −0 or +0 in the band depending on where an element sits)
