@@ -43,7 +43,9 @@ CARBON_HD void exact_sum_clear(int64_t* limb, uint32_t& flags) {
 
 // Add one finite or non-finite double term. A finite nonzero term must be a
 // multiple of 2^kLowestBit and below 2^287 (true for products of two values of
-// the supported formats and for values of those formats themselves).
+// the supported formats and for values of those formats themselves). A term of
+// 2^276 or more starts in limb 18, where its third digit is 0: limb 20 does not
+// exist, so that digit is not added.
 CARBON_HD void exact_sum_add(int64_t* limb, uint32_t& flags, double term) {
   const uint64_t u = double_to_bits(term);
   const uint64_t biased = (u & kExpMask) >> 52;
@@ -63,14 +65,15 @@ CARBON_HD void exact_sum_add(int64_t* limb, uint32_t& flags, double term) {
   const uint64_t rest = sh ? (mant >> (32 - sh)) : (mant >> 32);
   const int64_t d1 = static_cast<int64_t>(rest & 0xFFFFFFFFull);
   const int64_t d2 = static_cast<int64_t>(rest >> 32);
+  const bool third = idx + 2 < kLimbs;
   if (u & kSignBit) {
     limb[idx] -= d0;
     limb[idx + 1] -= d1;
-    limb[idx + 2] -= d2;
+    if (third) limb[idx + 2] -= d2;
   } else {
     limb[idx] += d0;
     limb[idx + 1] += d1;
-    limb[idx + 2] += d2;
+    if (third) limb[idx + 2] += d2;
   }
 }
 

@@ -12,7 +12,10 @@
 // dy (two passes). No host synchronization; launches on the current stream.
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
+#include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "../cuda_launch.cuh"
 #include "../dtypes.h"
@@ -195,6 +198,23 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The dynamic shared memory a kernel may opt into is an attribute of the kernel on a device, not of a launch.
+// Setting it to each call's own size would race with another host thread doing the same for another size
+// between its set and its launch; so it is raised once per device to the largest size any call there uses.
+template <typename T>
+void allow_largest_cache(size_t optin) {
+  static std::mutex mutex;
+  static std::vector<bool> raised;  // by device index
+  const int device = c10::cuda::current_device();
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (static_cast<int>(raised.size()) <= device) raised.resize(static_cast<size_t>(device) + 1, false);
+  if (raised[static_cast<size_t>(device)]) return;
+  const size_t largest = std::min(kMaxCacheBytes, optin - kStaticBytes - 1024);
+  C10_CUDA_CHECK(cudaFuncSetAttribute(norm_forward_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(largest)));
+  raised[static_cast<size_t>(device)] = true;
+}
+
 template <typename T>
 const T* param_ptr(const at::Tensor& p) {
   return p.defined() ? p.const_data_ptr<T>() : nullptr;
@@ -219,9 +239,7 @@ void norm_forward_cuda(const NormArgs& a, at::Tensor& y) {
     const bool cached = cache_bytes <= kDefaultCacheBytes ||
                         (cache_bytes <= kMaxCacheBytes && cache_bytes + kStaticBytes + 1024 <= optin);
     if (cached) {
-      if (cache_bytes > kDefaultCacheBytes)
-        C10_CUDA_CHECK(cudaFuncSetAttribute(norm_forward_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(cache_bytes)));
+      if (cache_bytes > kDefaultCacheBytes) allow_largest_cache<T>(optin);
       std::apply([&](auto... p) { norm_forward_kernel<T, true><<<blocks, kThreads, cache_bytes, stream>>>(p...); },
                  args);
     } else {
