@@ -384,6 +384,22 @@ def test_backward_long_rows_with_cancellation():
         assert_bits_equal(raw(g, yy, 1, F32), BACKWARD[op](g, yy, 1, F32), f"{op}_backward cancellation")
 
 
+def test_backward_rows_without_gradient():
+    """Rows whose terms are all ±0 (a padded position's gradient): D is an exact zero, −0 iff every term is −0,
+    decided without the exact tiers (the GPU's block-wide flag, the CPU's one pass); against the reference."""
+    g0 = generator(13)
+    y = random_values((4, 300), F32, g0, spread=10).abs()
+    g = torch.zeros(4, 300)
+    g[1] = -0.0  # every term −0·y = −0... y > 0: g·y = −0
+    g[2, ::2] = -0.0  # mixed zeros: +0
+    g[3] = -0.0
+    y[3, 7] = 0.0  # (−0)·(+0) = −0 still
+    for op, raw in (("softmax", torch.ops.carbon.softmax_backward), ("log_softmax", torch.ops.carbon.log_softmax_backward)):
+        yy = -y if op == "log_softmax" else y
+        for out in DTYPES:
+            assert_bits_equal(raw(g, yy, 1, out), BACKWARD[op](g, yy, 1, out), f"{op}_backward, zero rows", dtype=out)
+
+
 # ---------------------------------------------------------------- custom-op machinery
 
 

@@ -133,6 +133,21 @@ def test_sums_on_ties(op, dtype):
 
 
 @pytest.mark.parametrize("op", OPS)
+def test_backward_rows_without_gradient(op):
+    """Rows of ±0 gradient (padded positions) take the block-wide zero test: the CPU's bits, signs of zero too."""
+    g0 = generator(5)
+    x = values((6, 3000), F32, g0)
+    grad = values((6, 3000), F32, g0)
+    grad[1:5] = 0.0
+    grad[2] = -0.0
+    grad[3, ::3] = -0.0
+    grad[4] = -grad[4]  # −(+0) = −0
+    y, dx = forward_backward(op, x.cuda(), 1, None, grad.cuda())
+    y_cpu, dx_cpu = forward_backward(op, x, 1, None, grad)
+    same_bits(dx, dx_cpu, f"{op} backward, zero rows")
+
+
+@pytest.mark.parametrize("op", OPS)
 def test_batch_invariance(op):
     g = generator(2)
     x = values((1000, 50257 // 8), F32, g).cuda()

@@ -51,6 +51,14 @@ __device__ double warp_finish_row(const T* row, int64_t n, const Tier1& t1, bool
   double value = 0.0;
   if (n == 0) return empty_reduction(mean);
   if (reduce_round_fast(t1.sum, t1.abs_sum, n, t1.depth, mean, f, &value)) return value;
+  if (t1.abs_sum == 0.0) {
+    // Every element is ±0 (a nonzero |x| keeps the fp64 sum of magnitudes positive): the sum and the mean are an
+    // exact zero, -0 iff every element is -0 (exact_zero's rule, as the CPU's tiers give), in one pass of the
+    // whole warp instead of tiers 2 and 3 on it.
+    bool not_negative_zero = false;
+    for (int64_t k = lane; k < n; k += kWarpSize) not_negative_zero |= double_to_bits(element_value(row[k])) != kSignBit;
+    return exact_zero(kSawTerm | (__any_sync(0xffffffffu, not_negative_zero) ? kSawNonNegZero : 0u));
+  }
   CompensatedSum acc;
   for (int64_t k = lane; k < n; k += kWarpSize) compensated_add(acc, element_value(row[k]));
   acc = warp_merge(acc);

@@ -79,6 +79,19 @@ template <typename ValueAt>
 CARBON_HD double reduce_exact_values(int64_t n, ValueAt value_at, double abs_sum, bool mean, const FloatFormat& f,
                                      int64_t divisor = -1) {
   if (divisor < 0) divisor = n;
+  if (abs_sum == 0.0 && n > 0) {
+    // Usually every term is ±0 (a row of zeros: an unused position's gradient): then the sum and the mean are
+    // an exact zero, -0 iff every term is -0 (exact_zero's rule), decided in one pass without the accumulator.
+    // Any other term (a caller's bound of 0 would be wrong, but costs nothing to check) takes the tiers below.
+    uint32_t flags = kSawTerm;
+    bool zeros = true;
+    for (int64_t k = 0; k < n && zeros; ++k) {
+      const double t = value_at(k);
+      zeros = t == 0.0;
+      if (double_to_bits(t) != kSignBit) flags |= kSawNonNegZero;
+    }
+    if (zeros) return exact_zero(flags);
+  }
   double out;
   CompensatedSum acc;
   for (int64_t k = 0; k < n; ++k) compensated_add(acc, value_at(k));

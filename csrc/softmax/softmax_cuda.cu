@@ -126,15 +126,24 @@ __global__ void softmax_backward_rows_kernel(const T* g, const T* y, int64_t row
       return kLog ? element_value(gr[k]) : element_value(gr[k]) * element_value(yr[k]);  // exact in fp64
     };
     double s = 0.0, a = 0.0;
+    bool not_negative_zero = false;
     for (int64_t j = tid; j < n; j += kThreads) {
       const double t = term(j);
       s = s + t;
       a = a + abs_value(t);
+      not_negative_zero |= double_to_bits(t) != kSignBit;
     }
     block_sum2(sh, s, a);
+    // a == 0: every term is ±0 (a row with no incoming gradient, e.g. a padded position), so D is an exact zero,
+    // -0 iff every term is -0 (exact_zero's rule, as the exact tiers would give), without thread 0's two serial
+    // passes. __syncthreads_or is reached by the whole block (the row loop is block-uniform).
+    const bool some_not_negative_zero = __syncthreads_or(not_negative_zero) != 0;
     if (tid == 0) {
       double D;
-      if (!grad_sum_if_decided(s, a, block_depth(n), &D)) D = reduce_exact_values(n, term, a, false, float32_format());
+      if (a == 0.0)
+        D = exact_zero(kSawTerm | (some_not_negative_zero ? kSawNonNegZero : 0u));
+      else if (!grad_sum_if_decided(s, a, block_depth(n), &D))
+        D = reduce_exact_values(n, term, a, false, float32_format());
       shared_sum = D;
     }
     __syncthreads();
