@@ -3548,6 +3548,7 @@ ROUTES: Dict[str, Callable] = {
 
 # routes kept in their own modules (they use the helpers above)
 from carbon import _enable_logcumsumexp  # noqa: E402
+from carbon import _enable_bessel  # noqa: E402
 from carbon import _enable_complex  # noqa: E402
 from carbon import _enable_eigh  # noqa: E402
 from carbon import _enable_fft  # noqa: E402
@@ -3586,7 +3587,7 @@ ROUTES.update({
     "_trilinear": _trilinear, "logcumsumexp": _enable_logcumsumexp.logcumsumexp,
     "_logcumsumexp": _enable_logcumsumexp.logcumsumexp, "multi_margin_loss": _enable_margin.multi_margin_loss,
     "multi_margin_loss_backward": _enable_margin.multi_margin_loss_backward,
-    "polar": _enable_complex.polar, "addr": _addr,
+    "polar": _enable_complex.polar, "addr": _addr, **_enable_bessel.BESSEL,
     # Fourier transforms of real signals, their windows, and overlap-add (istft, Tensor.unfold's gradient)
     "_fft_r2c": _enable_fft.fft_r2c, **_enable_fft.WINDOWS, "unfold_backward": _unfold_backward,
 })

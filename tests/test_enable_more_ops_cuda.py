@@ -86,6 +86,12 @@ def _addr(d):
         torch.addr(d["img"][0, 1], d["a"][:7, 1], d["b"][1, :9].repeat(2)[:9], beta=0.5, alpha=3.0)
 
 
+def _bessel(d):
+    x = d["img"] * 12
+    return torch.special.i0(x) + torch.special.i0e(x) + torch.special.i1(x) + torch.special.i1e(x) + \
+        torch.kaiser_window(x.shape[-1], True, 9.0, device=x.device)
+
+
 def _cpu_indices(d):
     # a device tensor indexed by CPU index tensors (torch allows it): the backward's index_put gets CPU indices
     return d["table"][torch.tensor([3, 1, 3, 0])][:, [0, 2, 2, 5]]
@@ -95,6 +101,7 @@ CASES = {"fold": _fold, "grid_sample": _grid_sample, "affine_grid": _affine, "cd
          "embedding_bag": _bag, "avg_pool3d": _pool3d, "bicubic": _bicubic, "antialias": _antialias,
          "logcumsumexp": _logcumsumexp, "multi_margin": _multi_margin, "complex rope": _rope, "ctc": _ctc,
          "grid_sample reflection": _grid_sample_reflection, "p-norms": _p_norms, "addr": _addr,
+         "bessel": _bessel,
          "cpu indices": _cpu_indices}
 
 
