@@ -21,7 +21,7 @@ from torch import Tensor
 from carbon import _enable_allow
 from carbon import _enable_routes as routes
 
-__all__ = ["COMPLEX", "polar"]
+__all__ = ["COMPLEX", "from_parts", "parts", "polar"]
 
 aten = torch.ops.aten
 carbon_ops = torch.ops.carbon
@@ -57,13 +57,14 @@ def _is_complex(v: Any) -> bool:
     return isinstance(v, Tensor) and v.is_complex()
 
 
-def _parts(z: Tensor) -> Tuple[Tensor, Tensor]:
-    """The float32 real and imaginary parts of a complex64 tensor (a conjugated view resolved exactly)."""
+def parts(z: Tensor) -> Tuple[Tensor, Tensor]:
+    """The float32 real and imaginary parts of a complex64 tensor (a conjugated view resolved exactly), contiguous."""
     z = z.resolve_conj().resolve_neg()
     return aten.real(z).contiguous(), aten.imag(z).contiguous()
 
 
-def _complex(re: Tensor, im: Tensor) -> Tensor:
+def from_parts(re: Tensor, im: Tensor) -> Tensor:
+    """The complex64 tensor of two float32 parts."""
     return aten.complex(re.contiguous(), im.contiguous())
 
 
@@ -75,11 +76,11 @@ def _mul(a: dict) -> Tensor:
     x, y = _promoted("mul", a["self"], a["other"])
     if not _is_complex(x):
         x, y = y, x
-    xr, xi = _parts(x)
+    xr, xi = parts(x)
     if _is_complex(y):
-        yr, yi = _parts(y)
-        return _complex(aten.sub(aten.mul(xr, yr), aten.mul(xi, yi)), aten.add(aten.mul(xr, yi), aten.mul(xi, yr)))
-    return _complex(aten.mul(xr, y), aten.mul(xi, y))
+        yr, yi = parts(y)
+        return from_parts(aten.sub(aten.mul(xr, yr), aten.mul(xi, yi)), aten.add(aten.mul(xr, yi), aten.mul(xi, yr)))
+    return from_parts(aten.mul(xr, y), aten.mul(xi, y))
 
 
 def _wide(t: Any) -> Any:
@@ -95,18 +96,18 @@ def _div(a: dict) -> Any:
         return routes.PASS  # torch's own error for complex operands
     x, y = _promoted("div", a["self"], a["other"])
     if not _is_complex(y):
-        xr, xi = _parts(x)
-        return _complex(routes.true_divide(xr, y), routes.true_divide(xi, y))
-    c, d = (t.to(torch.float64) for t in _parts(y))
+        xr, xi = parts(x)
+        return from_parts(routes.true_divide(xr, y), routes.true_divide(xi, y))
+    c, d = (t.to(torch.float64) for t in parts(y))
     den = aten.add(aten.mul(c, c), aten.mul(d, d))
     if _is_complex(x):
-        xr, xi = (t.to(torch.float64) for t in _parts(x))
+        xr, xi = (t.to(torch.float64) for t in parts(x))
         re = aten.add(aten.mul(xr, c), aten.mul(xi, d))
         im = aten.sub(aten.mul(xi, c), aten.mul(xr, d))
     else:
         xr = _wide(x)
         re, im = aten.mul(c, xr), aten.neg(aten.mul(d, xr))
-    return _complex(aten.div(re, den).to(torch.float32), aten.div(im, den).to(torch.float32))
+    return from_parts(aten.div(re, den).to(torch.float32), aten.div(im, den).to(torch.float32))
 
 
 def _reciprocal(a: dict) -> Tensor:
@@ -122,9 +123,9 @@ def _exp(a: dict) -> Tensor:
     before its single float32 rounding."""
     z = a["self"]
     _need_complex64("exp", z)
-    re, im = (t.to(torch.float64) for t in _parts(z))
+    re, im = (t.to(torch.float64) for t in parts(z))
     scale = carbon_ops.exp(re)
-    return _complex(aten.mul(scale, carbon_ops.cos(im)).to(torch.float32),
+    return from_parts(aten.mul(scale, carbon_ops.cos(im)).to(torch.float32),
                     aten.mul(scale, carbon_ops.sin(im)).to(torch.float32))
 
 
@@ -155,8 +156,8 @@ def polar(a: dict) -> Tensor:
 def _block_operands(x: Tensor, y: Tensor) -> Tuple[Tensor, Tensor]:
     """[x_re, x_im] (..., M, 2K) and [[y_re, y_im], [−y_im, y_re]] (..., 2K, 2N): their real product holds the
     complex product's real parts in its first N columns and its imaginary parts in the last N."""
-    xr, xi = _parts(x)
-    yr, yi = _parts(y)
+    xr, xi = parts(x)
+    yr, yi = parts(y)
     left = aten.cat([xr, xi], -1).contiguous()
     right = aten.cat([aten.cat([yr, yi], -1), aten.cat([aten.neg(yi), yr], -1)], -2).contiguous()
     return left, right
@@ -164,7 +165,7 @@ def _block_operands(x: Tensor, y: Tensor) -> Tuple[Tensor, Tensor]:
 
 def _split_columns(p: Tensor) -> Tensor:
     n = p.shape[-1] // 2
-    return _complex(p[..., :n], p[..., n:])
+    return from_parts(p[..., :n], p[..., n:])
 
 
 def _mm(a: dict) -> Any:
@@ -192,14 +193,14 @@ def _abs(a: dict) -> Any:
     """|z| = HYPOT(re, im): carbon's correctly rounded float32 hypot (torch's CPU std::abs and CUDA's differ)."""
     z = a["self"]
     _need_complex64("abs", z)
-    return carbon_ops.hypot(*_parts(z))
+    return carbon_ops.hypot(*parts(z))
 
 
 def _angle(a: dict) -> Any:
     """arg z = ATAN2(im, re): carbon's correctly rounded float32 atan2."""
     z = a["self"]
     _need_complex64("angle", z)
-    re, im = _parts(z)
+    re, im = parts(z)
     return carbon_ops.atan2(im, re)
 
 
@@ -207,10 +208,10 @@ def _sgn(a: dict) -> Any:
     """z / |z| as (RN(re / HYPOT(re, im)), RN(im / HYPOT(re, im))), 0 where z = 0 (torch's rule; abs's gradient)."""
     z = a["self"]
     _need_complex64("sgn", z)
-    re, im = _parts(z)
+    re, im = parts(z)
     r = carbon_ops.hypot(re, im)
     zero = aten.eq(r, 0)
-    return _complex(aten.where(zero, 0.0, aten.div(re, r)), aten.where(zero, 0.0, aten.div(im, r)))
+    return from_parts(aten.where(zero, 0.0, aten.div(re, r)), aten.where(zero, 0.0, aten.div(im, r)))
 
 
 # ---- random draws: torch fills a complex tensor's float view --------------------------------------------------

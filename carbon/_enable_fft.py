@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from carbon import _enable_routes as routes
+from carbon._enable_complex import from_parts, parts
 
 __all__ = ["fft_c2c", "fft_c2r", "fft_r2c", "direct_length", "split_length", "WINDOWS"]
 
@@ -219,25 +220,16 @@ def _arguments_ok(x: Tensor, dim: List[int], normalization: Any, complex_in: boo
     return True
 
 
-def _complex_parts(z: Tensor) -> Tuple[Tensor, Tensor]:
-    z = z.resolve_conj().resolve_neg()
-    return aten.real(z).contiguous(), aten.imag(z).contiguous()
-
-
-def _as_complex(re: Tensor, im: Tensor) -> Tensor:
-    return aten.complex(re.contiguous(), im.contiguous())
-
-
 def fft_c2c(a: dict) -> Any:
     """_fft_c2c(self, dim, normalization, forward): the complex transform along each listed dimension in order."""
     x, dim, norm, forward = a["self"], list(a["dim"]), a["normalization"], bool(a["forward"])
     if not _arguments_ok(x, dim, norm, complex_in=True):
         return routes.PASS
-    re, im = _complex_parts(x)
+    re, im = parts(x)
     for d in _dims(x, dim):
         re, im = _c2c_dim(re, im, d, forward)
     re, im = _normalized(re, im, norm, math.prod(x.shape[d] for d in _dims(x, dim)))
-    return _as_complex(re, im)
+    return from_parts(re, im)
 
 
 def fft_r2c(a: dict) -> Any:
@@ -255,7 +247,7 @@ def fft_r2c(a: dict) -> Any:
     for d in dims[:-1]:
         re, im = _c2c_dim(re, im, d, True)
     re, im = _normalized(re, im, norm, math.prod(x.shape[d] for d in dims))
-    return _as_complex(re, im)
+    return from_parts(re, im)
 
 
 def _hermitian_full(re: Tensor, im: Tensor, n: int) -> Tuple[Tensor, Tensor]:
@@ -285,7 +277,7 @@ def fft_c2r(a: dict) -> Any:
     if x.shape[last] != n // 2 + 1:
         raise routes.NotCovered(f"_fft_c2r with {x.shape[last]} entries for an output of length {n}")
     _check_length(n)
-    re, im = _complex_parts(x)
+    re, im = parts(x)
     for d in dims[:-1]:
         re, im = _c2c_dim(re, im, d, False)
     r, shape = _along(re, last)
