@@ -266,6 +266,24 @@ def _normal_(a: dict) -> Tensor:
 
 # ---- foreach (clip_grad_norm_ over real and complex parameters) -----------------------------------------------
 
+def _vector_norm(a: dict) -> Tensor:
+    """linalg_vector_norm of a complex64 tensor (spectral losses, torch.linalg.norm of a spectrum): ord 2 is the
+    float view's exact 2-norm, √RN(exact Σ re² + im²) over the dims (their parts' axis added); another ord is the
+    real route's norm of the moduli HYPOT(re, im) (ord 1: RN(exact Σ |z|), ∞: max |z|, …)."""
+    z, ord_, dim, keepdim = a["self"], a["ord"], a["dim"], a["keepdim"]
+    _need_complex64("linalg_vector_norm", z)
+    if a.get("dtype") not in (None, torch.float32):
+        raise routes.NotCovered("complex linalg_vector_norm with a dtype argument")
+    dims = list(range(z.dim())) if dim is None or len(dim) == 0 else [d % z.dim() for d in dim]
+    if ord_ == 2:
+        view = aten.view_as_real(z.resolve_conj())
+        norm = routes._vector_norm({"self": view, "ord": 2, "dim": dims + [z.dim()], "keepdim": True, "dtype": None})
+        norm = norm.squeeze(-1)
+        return norm if keepdim else (norm.squeeze(dims) if dims else norm)
+    moduli = carbon_ops.hypot(*parts(z))
+    return routes._vector_norm({"self": moduli, "ord": ord_, "dim": dim, "keepdim": keepdim, "dtype": None})
+
+
 def _foreach_norm(a: dict) -> List[Tensor]:
     """A complex tensor's 2-norm is its float view's: √(Σ re² + im²), one exact sum (the real route's)."""
     out = []
@@ -300,5 +318,5 @@ def _foreach_mixed(base: str) -> Callable:
 COMPLEX: Dict[str, Callable] = {
     "mul": _mul, "div": _div, "reciprocal": _reciprocal, "exp": _exp, "sum": _sum, "mm": _mm, "bmm": _bmm, "abs": _abs, "angle": _angle, "sgn": _sgn,
     "rand": _rand, "randn": _randn, "rand_like": _like(False), "randn_like": _like(True), "uniform": _uniform_,
-    "normal": _normal_, "_foreach_norm": _foreach_norm, "_foreach_mul": _foreach_mixed("mul"),
+    "normal": _normal_, "linalg_vector_norm": _vector_norm, "_foreach_norm": _foreach_norm, "_foreach_mul": _foreach_mixed("mul"),
 }

@@ -138,6 +138,22 @@ def test_abs_angle_and_sgn_are_their_documented_roundings():
     assert_bits_equal(torch.view_as_real(got_sgn), bits_tensor(sgn, F32), "sgn")
 
 
+def test_complex_vector_norms():
+    """ord 2: RN(√RN(exact Σ re² + im²)) (the float view's norm); ord 1: RN(exact Σ |z|) with |z| abs's rounding."""
+    from tests.oracle import sqrt_bits
+    z = _complex(13, 5, 9, spread=12)
+    with carbon.enabled():
+        whole, rows, ones = torch.linalg.vector_norm(z), torch.linalg.vector_norm(z, dim=1), torch.linalg.vector_norm(z, 1, dim=1)
+        fro = torch.linalg.norm(z)
+    parts_ = [[(Fraction(a), Fraction(b)) for a, b in zip(ra, rb)] for ra, rb in zip(z.real.tolist(), z.imag.tolist())]
+    squares = [sum((a * a + b * b for a, b in row), Fraction(0)) for row in parts_]
+    assert_bits_equal(whole, bits_tensor(sqrt_bits(round_value(sum(squares, Fraction(0)), F32), F32), F32), "ord 2")
+    assert torch.equal(as_bits(fro), as_bits(whole))
+    assert_bits_equal(rows, bits_tensor([sqrt_bits(round_value(q, F32), F32) for q in squares], F32), "ord 2, rows")
+    moduli = [[round_value(math.sqrt(float(a) ** 2 + float(b) ** 2), F32) for a, b in row] for row in parts_]
+    assert_bits_equal(ones, bits_tensor([round_bits(sum(row, Fraction(0)), F32) for row in moduli], F32), "ord 1")
+
+
 def test_complex_draws_are_draws_of_the_float_view():
     with carbon.enabled(seed=11):
         u = torch.rand(3, 5, dtype=torch.cfloat)

@@ -21,7 +21,8 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 def _ops(z: torch.Tensor, w: torch.Tensor, r: torch.Tensor) -> list:
     return [z * w, z * r, 1j * r, z / w, z / r, r / w, 1 / w, torch.exp(z), z.abs(), z.angle(), z.sgn(), z.sum(0),
-            z @ w.mT, torch.bmm(z.unsqueeze(0), w.mT.unsqueeze(0)), torch.polar(r.abs(), r)]
+            z @ w.mT, torch.bmm(z.unsqueeze(0), w.mT.unsqueeze(0)), torch.polar(r.abs(), r),
+            torch.linalg.vector_norm(z, dim=1), torch.linalg.vector_norm(z, 1)]
 
 
 def test_complex_ops_on_the_gpu_equal_the_cpu():
