@@ -2741,200 +2741,7 @@ def _dist(a: dict) -> Tensor:
                          "keepdim": False, "dtype": None})
 
 
-# ---- spatial transformers: affine_grid and grid_sample ----------------------------------------------------------
-
-def _base_line(n: int, align_corners: bool, like: Tensor) -> Tensor:
-    """torch's linspace_from_neg_one, with the routed operations its backward decomposes into."""
-    if n <= 1:
-        return aten.zeros([1], dtype=like.dtype, device=like.device)
-    r = _linspace({"start": -1.0, "end": 1.0, "steps": n, "dtype": like.dtype, "device": like.device})
-    return r if align_corners else true_divide(aten.mul(r, n - 1), float(n))
-
-
-def _affine_grid(a: dict) -> Tensor:
-    """affine_grid: torch's base grid [x, y, 1] (linspace as routed) times θᵀ, each grid entry RN(exact Σ)
-    (one carbon.bmm)."""
-    theta, size, align = a["theta"], list(a["size"]), a["align_corners"]
-    _need_carbon_dtype("affine_grid", theta)
-    if len(size) != 4:
-        raise NotCovered("affine_grid for volumes (5-d sizes)")
-    n, _, h, w = size
-    base = aten.empty([n, h, w, 3], dtype=theta.dtype, device=theta.device)
-    base.select(-1, 0).copy_(_base_line(w, align, theta))
-    base.select(-1, 1).copy_(_base_line(h, align, theta).unsqueeze(-1))
-    base.select(-1, 2).fill_(1)
-    grid = carbon_ops.bmm(base.reshape([n, h * w, 3]), aten.transpose(theta, 1, 2).contiguous(), None)
-    return grid.reshape([n, h, w, 2])
-
-
-class _Sampling:
-    """Where grid_sample reads: per output point the source coordinate in binary64 (torch's unnormalization,
-    each binary64 operation rounded; border padding clamps it to [0, size − 1]), its corners and weights."""
-
-    def __init__(self, grid: Tensor, h: int, w: int, padding_mode: int, align: bool) -> None:
-        g = grid.double()
-        self.bad = aten.logical_not(aten.isfinite(g).all(-1))  # a non-finite coordinate: NaN out
-        g = aten.where(self.bad.unsqueeze(-1), 0.0, g)
-        self.ix, self.iy = self._unnormalize(g[..., 0], w, align), self._unnormalize(g[..., 1], h, align)
-        self.clip_x = self.clip_y = self.sign_x = self.sign_y = None
-        if padding_mode == 2:  # reflection, then the border's clamp
-            self.ix, self.sign_x = self._reflect(self.ix, w, align)
-            self.iy, self.sign_y = self._reflect(self.iy, h, align)
-        if padding_mode in (1, 2):  # border
-            self.clip_x = aten.logical_and(aten.gt(self.ix, 0), aten.lt(self.ix, w - 1))
-            self.clip_y = aten.logical_and(aten.gt(self.iy, 0), aten.lt(self.iy, h - 1))
-            self.ix, self.iy = aten.clamp(self.ix, 0, w - 1), aten.clamp(self.iy, 0, h - 1)
-        self.h, self.w = h, w
-        self.mult_x = (w - 1) / 2 if align else w / 2
-        self.mult_y = (h - 1) / 2 if align else h / 2
-
-    @staticmethod
-    def _reflect(c: Tensor, size: int, align: bool) -> tuple:
-        """torch's reflect_coordinates in binary64 and the sign it gives the gradient: between min = 0 and
-        size − 1 (align_corners) or −½ and size − ½, d = RN(c − min), e = fmod(|d|, span) (exact),
-        f = ⌊RN(|d| / span)⌋, c′ = e + min for even f, RN(span − e) + min for odd f; sign −1 for d < 0 times −1 for
-        odd f. A single-pixel dimension with align_corners reflects everything to 0 (sign 0)."""
-        low, high = (0.0, 2.0 * (size - 1)) if align else (-1.0, 2.0 * size - 1.0)
-        if low == high:
-            return aten.zeros_like(c), aten.zeros_like(c)
-        lo, span = low / 2, (high - low) / 2
-        d = aten.sub(c, lo)
-        a = aten.abs(d)
-        extra = aten.fmod(a, span)
-        odd = aten.eq(aten.remainder(aten.floor(aten.div(a, span)), 2.0), 1.0)
-        r = aten.where(odd, aten.add(aten.rsub(extra, span), lo), aten.add(extra, lo))
-        sign = aten.mul(aten.where(aten.lt(d, 0), -1.0, 1.0), aten.where(odd, -1.0, 1.0))
-        return r, sign
-
-    @staticmethod
-    def _unnormalize(c: Tensor, size: int, align: bool) -> Tensor:
-        if align:
-            return aten.mul(aten.div(aten.add(c, 1.0), 2.0), float(size - 1))
-        return aten.div(aten.sub(aten.mul(aten.add(c, 1.0), float(size)), 1.0), 2.0)
-
-    def corner(self, y: Tensor, x: Tensor) -> tuple:
-        """(flat index y·W + x clamped into the image, inside mask) of integer-valued binary64 coordinates."""
-        inside = aten.logical_and(aten.logical_and(aten.ge(x, 0), aten.le(x, self.w - 1)),
-                                  aten.logical_and(aten.ge(y, 0), aten.le(y, self.h - 1)))
-        xi = aten.clamp(x, 0, self.w - 1).to(torch.int64)
-        yi = aten.clamp(y, 0, self.h - 1).to(torch.int64)
-        return aten.add(aten.mul(yi, self.w), xi), inside
-
-
-def _gather_corner(planes: Tensor, flat: Tensor, inside: Tensor) -> Tensor:
-    """planes [N, C, H·W] (float32), flat / inside [N, P] → [N, C, P], +0 outside the image."""
-    n, c, _ = planes.shape
-    v = aten.gather(planes, 2, flat.unsqueeze(1).expand([n, c, flat.shape[1]]))
-    return aten.where(inside.unsqueeze(1), v, 0.0)
-
-
-def _bilinear_parts(s: _Sampling) -> tuple:
-    x0, y0 = aten.floor(s.ix), aten.floor(s.iy)
-    x1, y1 = aten.add(x0, 1.0), aten.add(y0, 1.0)
-    wx = (aten.sub(x1, s.ix), aten.sub(s.ix, x0))  # exact in binary64
-    wy = (aten.sub(y1, s.iy), aten.sub(s.iy, y0))
-    corners = [s.corner(y0, x0), s.corner(y0, x1), s.corner(y1, x0), s.corner(y1, x1)]  # nw, ne, sw, se
-    weights = [aten.mul(wx[0], wy[0]), aten.mul(wx[1], wy[0]), aten.mul(wx[0], wy[1]), aten.mul(wx[1], wy[1])]
-    return corners, [w.to(torch.float32) for w in weights], wx, wy
-
-
-def _grid_sample_args(a: dict) -> tuple:
-    x, grid = a["input"], a["grid"]
-    mode, padding, align = a.get("interpolation_mode", 0), a.get("padding_mode", 0), a.get("align_corners", True)
-    _need_carbon_dtype("grid_sample", x, grid)
-    if x.dim() != 4:
-        raise NotCovered("grid_sample of volumes")
-    if mode not in (0, 1) or padding not in (0, 1, 2):
-        raise NotCovered("grid_sample with bicubic interpolation")
-    return x, grid, mode, padding, align
-
-
-def _grid_sample(a: dict) -> Tensor:
-    """grid_sample, bilinear or nearest, zeros, border or reflection padding (docs/enable.md): in float32, rounded to the
-    input's dtype at the end. Bilinear: weights RN32 of the binary64 products of the corner distances, then
-    RN(RN(RN(RN(w·v)nw + RN(w·v)ne) + RN(w·v)sw) + RN(w·v)se), corners outside the image +0. Nearest: the
-    value at the coordinate rounded half to even (a copy). A non-finite coordinate gives NaN."""
-    x, grid, mode, padding, align = _grid_sample_args(a)
-    n, c, h, w = x.shape
-    ho, wo = grid.shape[1:3]
-    s = _Sampling(grid.reshape([n, ho * wo, 2]), h, w, padding, align)
-    planes = x.reshape([n, c, h * w]).to(torch.float32)
-    if mode == 1:
-        flat, inside = s.corner(aten.round(s.iy), aten.round(s.ix))
-        out = _gather_corner(planes, flat, inside)
-    else:
-        corners, weights, _, _ = _bilinear_parts(s)
-        out = None
-        for (flat, inside), wt in zip(corners, weights):
-            term = aten.mul(_gather_corner(planes, flat, inside), wt.unsqueeze(1))
-            out = term if out is None else aten.add(out, term)
-    out = aten.where(s.bad.unsqueeze(1), math.nan, out)
-    return out.reshape([n, c, ho, wo]).to(x.dtype)
-
-
-def _grid_sample_backward(a: dict) -> tuple:
-    """Input gradient: every position RN(exact Σ of RN(g·w) over the samples reading it) (carbon.index_add).
-    Grid gradient (bilinear): per channel t = RN(RN(wy₀·RN(v_ne − v_nw)) + RN(wy₁·RN(v_se − v_sw))) for x
-    (RN(RN(wx₀·RN(v_sw − v_nw)) + RN(wx₁·RN(v_se − v_ne))) for y), weights RN32 of the binary64 distances, then
-    RN(RN(exact Σ_c g·t)·m) with m = RN32((size − 1)/2) or RN32(size/2), times 0 where border padding clamped
-    the coordinate; nearest: 0. Non-finite coordinates: NaN grid gradient, no input gradient."""
-    g = a["grad_output"]
-    x, grid, mode, padding, align = _grid_sample_args(a)
-    mask = a.get("output_mask", [True, True])
-    n, c, h, w = x.shape
-    ho, wo = grid.shape[1:3]
-    s = _Sampling(grid.reshape([n, ho * wo, 2]), h, w, padding, align)
-    gp = g.reshape([n, c, ho * wo]).to(torch.float32)
-    ok = aten.logical_not(s.bad).unsqueeze(1)
-    if mode == 1:
-        flat, inside = s.corner(aten.round(s.iy), aten.round(s.ix))
-        corners, weights = [(flat, inside)], [None]
-    else:
-        corners, weights, wx, wy = _bilinear_parts(s)
-    grad_input = None
-    if mask[0]:
-        dest, contrib = [], []
-        base = aten.mul(aten.arange(n, device=x.device), h * w).unsqueeze(1)
-        for (flat, inside), wt in zip(corners, weights):
-            share = gp if wt is None else aten.mul(gp, wt.unsqueeze(1))
-            share = aten.where(aten.logical_and(inside.unsqueeze(1), ok), share, 0.0)
-            dest.append(aten.add(flat, base).reshape([-1]))
-            contrib.append(aten.movedim(share, 1, 2).reshape([-1, c]))
-        total = carbon_ops.index_add(aten.zeros([n * h * w, c], dtype=torch.float32, device=x.device), 0,
-                                     aten.cat(dest), aten.cat(contrib))
-        grad_input = aten.movedim(total.reshape([n, h * w, c]), 2, 1).reshape(x.shape).to(x.dtype)
-    grad_grid = None
-    if mask[1]:
-        if mode == 1:
-            grad_grid = aten.zeros_like(grid)
-        else:
-            planes = x.reshape([n, c, h * w]).to(torch.float32)
-            v = [_gather_corner(planes, flat, inside) for flat, inside in corners]
-            wx32 = [t.to(torch.float32).unsqueeze(1) for t in wx]
-            wy32 = [t.to(torch.float32).unsqueeze(1) for t in wy]
-            tx = aten.add(aten.mul(wy32[0], aten.sub(v[1], v[0])), aten.mul(wy32[1], aten.sub(v[3], v[2])))
-            ty = aten.add(aten.mul(wx32[0], aten.sub(v[2], v[0])), aten.mul(wx32[1], aten.sub(v[3], v[1])))
-            parts = []
-            for t, m, clip, sign in ((tx, s.mult_x, s.clip_x, s.sign_x), (ty, s.mult_y, s.clip_y, s.sign_y)):
-                dot = carbon_ops.sum(aten.stack(exact_product_parts(gp, t), -1), [1, 3], False, torch.float32)  # [N, P]
-                r = aten.mul(dot, float(torch.tensor(m, dtype=torch.float32)))
-                if clip is not None:
-                    r = aten.where(clip, r, 0.0)
-                if sign is not None:  # reflection: ±1 (exact), 0 for a reflected-away single-pixel dimension
-                    r = aten.mul(r, sign.to(torch.float32))
-                parts.append(aten.where(s.bad, math.nan, r))
-            grad_grid = aten.stack(parts, -1).reshape(grid.shape).to(grid.dtype)
-    return grad_input, grad_grid
-
-
-def _cudnn_grid_sampler(a: dict) -> Tensor:
-    return _grid_sample({"input": a["self"], "grid": a["grid"], "interpolation_mode": 0, "padding_mode": 0,
-                         "align_corners": True})
-
-
-def _cudnn_grid_sampler_backward(a: dict) -> tuple:
-    return _grid_sample_backward({"grad_output": a["grad_output"], "input": a["self"], "grid": a["grid"],
-                                  "interpolation_mode": 0, "padding_mode": 0, "align_corners": True})
+# spatial transformers (affine_grid, grid_sample): carbon/_enable_grid_sample.py, registered below
 
 
 # complex numbers: carbon/_enable_complex.py (registered below); scatter's rule for repeated indices is the same
@@ -3523,10 +3330,7 @@ ROUTES: Dict[str, Callable] = {
     "_use_cudnn_ctc_loss": _no_library_ctc_loss, "_use_miopen_ctc_loss": _no_library_ctc_loss,
     "_pdist_forward": _pdist_forward, "_pdist_backward": _pdist_backward, "linalg_cross": _linalg_cross,
     "soft_margin_loss": _soft_margin_loss, "soft_margin_loss_backward": _soft_margin_loss_backward, "sinc": _sinc,
-    "affine_grid_generator": _affine_grid, "grid_sampler_2d": _grid_sample,
-    "_grid_sampler_2d_cpu_fallback": _grid_sample, "grid_sampler_2d_backward": _grid_sample_backward,
-    "_grid_sampler_2d_cpu_fallback_backward": _grid_sample_backward, "cudnn_grid_sampler": _cudnn_grid_sampler,
-    "cudnn_grid_sampler_backward": _cudnn_grid_sampler_backward,
+
     "col2im": _col2im, "remainder": _remainder, "logaddexp": _logaddexp, "logaddexp2": _logaddexp2, "dist": _dist,
     # piecewise activations
     "hardsigmoid": _hardsigmoid, "hardsigmoid_backward": _hardsigmoid_backward, "hardswish": _hardswish,
@@ -3552,6 +3356,7 @@ from carbon import _enable_bessel  # noqa: E402
 from carbon import _enable_complex  # noqa: E402
 from carbon import _enable_eigh  # noqa: E402
 from carbon import _enable_fft  # noqa: E402
+from carbon import _enable_grid_sample  # noqa: E402
 from carbon import _enable_lu  # noqa: E402
 from carbon import _enable_margin  # noqa: E402
 from carbon import _enable_matrix_exp  # noqa: E402
@@ -3588,6 +3393,15 @@ ROUTES.update({
     "_logcumsumexp": _enable_logcumsumexp.logcumsumexp, "multi_margin_loss": _enable_margin.multi_margin_loss,
     "multi_margin_loss_backward": _enable_margin.multi_margin_loss_backward,
     "polar": _enable_complex.polar, "addr": _addr, **_enable_bessel.BESSEL,
+    # spatial transformers, images and volumes
+    "affine_grid_generator": _enable_grid_sample.affine_grid,
+    **{name: _enable_grid_sample.grid_sample for name in ("grid_sampler_2d", "_grid_sampler_2d_cpu_fallback",
+                                                          "grid_sampler_3d")},
+    **{name: _enable_grid_sample.grid_sample_backward for name in ("grid_sampler_2d_backward",
+                                                                   "_grid_sampler_2d_cpu_fallback_backward",
+                                                                   "grid_sampler_3d_backward")},
+    "cudnn_grid_sampler": _enable_grid_sample.cudnn_grid_sampler,
+    "cudnn_grid_sampler_backward": _enable_grid_sample.cudnn_grid_sampler_backward,
     # Fourier transforms of real signals, their windows, and overlap-add (istft, Tensor.unfold's gradient)
     "_fft_r2c": _enable_fft.fft_r2c, **_enable_fft.WINDOWS, "unfold_backward": _unfold_backward,
 })

@@ -92,6 +92,11 @@ def _bessel(d):
         torch.kaiser_window(x.shape[-1], True, 9.0, device=x.device)
 
 
+def _volumes(d):
+    warped = F.grid_sample(d["vol"], d["grid3"], mode="bilinear", padding_mode="reflection", align_corners=False)
+    return warped + F.affine_grid(d["theta3"], (1, 2, 3, 4, 5), align_corners=False).sum()
+
+
 def _cpu_indices(d):
     # a device tensor indexed by CPU index tensors (torch allows it): the backward's index_put gets CPU indices
     return d["table"][torch.tensor([3, 1, 3, 0])][:, [0, 2, 2, 5]]
@@ -101,7 +106,7 @@ CASES = {"fold": _fold, "grid_sample": _grid_sample, "affine_grid": _affine, "cd
          "embedding_bag": _bag, "avg_pool3d": _pool3d, "bicubic": _bicubic, "antialias": _antialias,
          "logcumsumexp": _logcumsumexp, "multi_margin": _multi_margin, "complex rope": _rope, "ctc": _ctc,
          "grid_sample reflection": _grid_sample_reflection, "p-norms": _p_norms, "addr": _addr,
-         "bessel": _bessel,
+         "bessel": _bessel, "grid_sample volumes": _volumes,
          "cpu indices": _cpu_indices}
 
 
@@ -112,6 +117,7 @@ def _inputs():
         "idx": torch.tensor([3, 1, 2, 3, 5, 0, 7]), "table": _data(12, 6, seed=7), "offsets": torch.tensor([0, 3, 3]),
         "vol": _data(1, 2, 5, 6, 7, seed=8), "q": _data(4, 16, seed=9), "freqs": _data(4, 8, seed=10),
         "lp": _data(6, 2, 5, seed=11).log_softmax(2), "targets": torch.tensor([[1, 2, 0], [3, 3, 4]]),
+        "grid3": _data(1, 3, 4, 5, 3, seed=12) * 1.3, "theta3": _data(1, 3, 4, seed=13),
     }
 
 
