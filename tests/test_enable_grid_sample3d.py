@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 import carbon
-from tests.oracle import as_bits, assert_bits_equal, bits_tensor, bits_to_float, round_bits, row_sum_bits
+from tests.oracle import assert_bits_equal, bits_tensor, bits_to_float, round_bits, row_sum_bits
+from tests.test_enable_more_ops import _reflect  # torch's reflect_coordinates as docs/enable.md states it
 
 pytestmark = pytest.mark.usefixtures("carbon_disabled_after")
 F32 = torch.float32
@@ -27,17 +28,6 @@ def _rn(q) -> float:
 
 def _randn(*shape, seed: int, scale: float = 1.0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
-
-
-def _reflect(c: float, size: int, align: bool) -> tuple:
-    low, high = (0.0, 2.0 * (size - 1)) if align else (-1.0, 2.0 * size - 1.0)
-    if low == high:
-        return 0.0, 0.0
-    lo, span = low / 2, (high - low) / 2
-    d = c - lo
-    extra = math.fmod(abs(d), span)
-    odd = math.floor(abs(d) / span) % 2 == 1
-    return ((span - extra) + lo if odd else extra + lo), (-1.0 if d < 0 else 1.0) * (-1.0 if odd else 1.0)
 
 
 def _corners() -> list:
