@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import carbon
 from tests.oracle import assert_bits_equal, bits_tensor, bits_to_float, round_bits, row_sum_bits
-from tests.test_enable_more_ops import _reflect  # torch's reflect_coordinates as docs/enable.md states it
+from tests.grid_reference import reflect as _reflect
 
 pytestmark = pytest.mark.usefixtures("carbon_disabled_after")
 F32 = torch.float32

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import carbon
 from tests.norm_reference import sqrt_rn32
+from tests.grid_reference import reflect as _reflect
 from tests.oracle import as_bits, assert_bits_equal, bits_tensor, bits_to_float, round_bits, row_quotient_bits, row_sum_bits
 
 F32 = torch.float32
@@ -738,18 +739,6 @@ def test_other_complex_arithmetic_is_refused_not_silently_run():
 
 def _rn(q) -> float:
     return round_bits_value(Fraction(q))
-
-
-def _reflect(c: float, size: int, align: bool) -> tuple:
-    """torch's reflect_coordinates as docs/enable.md states it (binary64, math.fmod exact), and the gradient's sign."""
-    low, high = (0.0, 2.0 * (size - 1)) if align else (-1.0, 2.0 * size - 1.0)
-    if low == high:
-        return 0.0, 0.0
-    lo, span = low / 2, (high - low) / 2
-    d = c - lo
-    extra = math.fmod(abs(d), span)
-    odd = math.floor(abs(d) / span) % 2 == 1
-    return ((span - extra) + lo if odd else extra + lo), (-1.0 if d < 0 else 1.0) * (-1.0 if odd else 1.0)
 
 
 @pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
