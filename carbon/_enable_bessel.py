@@ -86,18 +86,12 @@ def _bessel(x: Tensor, nu: int, scaled: bool) -> Tensor:
     return value
 
 
-def _need_format(name: str, x: Tensor) -> None:
-    if x.is_floating_point() and x.dtype not in routes._CARBON_DTYPES:
-        raise routes.NotCovered(f"{name} in {x.dtype}: carbon rounds a binary64 evaluation into float32, bfloat16 "
-                                "and float16")
-
-
 def _route(name: str, nu: int, scaled: bool) -> Callable[[dict], Any]:
     def handler(a: dict) -> Any:
         x = a["self"]
         if not x.is_floating_point():
             x = x.to(torch.get_default_dtype())  # torch's promotion of integer inputs
-        _need_format(name, x)
+        routes._need_carbon_dtype(name, x)  # float64: a binary64 evaluation is not enough for its result
         value = _bessel(x, nu, scaled).to(torch.float32)
         return value if x.dtype == torch.float32 else carbon_ops.round_to(value, x.dtype, 1)
     return handler
