@@ -627,6 +627,44 @@ def test_bmm_layouts_and_many_batches(dtype, out_dtype):
              out_dtype, context="ties + zero bias")
 
 
+def matmul_launches(B, M, N, K, budget_doubles):
+    """Kernels the device matmul launches with CARBON_CUDA_MATMUL_SCRATCH_BYTES = 8 * budget_doubles, derived
+    from the slicing rule of matmul_into (csrc/matmul/matmul.cpp): whole batches while batch's fp64 scratch
+    (M N + M K + N K doubles) fits, else one batch's rows, enough for (N + K) doubles each beside N K; per chunk
+    one row-statistics launch for b, per slice one for a and one rounding launch."""
+    per_batch = M * N + M * K + N * K
+    batches = min(max(budget_doubles // per_batch, 1), B)
+    rows = M if batches > 1 or per_batch <= budget_doubles else min(max((budget_doubles - N * K) // (N + K), 1), M)
+    chunks, slices = -(-B // batches), -(-M // rows)
+    return chunks * (1 + 2 * slices)
+
+
+@pytest.mark.parametrize("budget", ["2 batches", "5 rows", "1 row", "unsliced"])
+@pytest.mark.parametrize("bias_shape", [None, (19,), (37, 1), (5, 1, 19), (5, 37, 19)], ids=str)
+def test_bmm_in_bounded_device_scratch(monkeypatch, budget, bias_shape):
+    """The device path holds at most CARBON_CUDA_MATMUL_SCRATCH_BYTES of fp64 scratch (2 GiB by default): whole
+    batches at a time, or one batch's rows in slices. Tiny budgets slice these small products the way a large
+    one is sliced on a GPU: same bits as the CPU (which slices by its own rule), and the launches the rule
+    predicts (so the slicing really happened). Ties in some rows send outputs of several slices to the exact
+    tier."""
+    B, M, N, K = 5, 37, 19, 23
+    per_batch = M * N + M * K + N * K
+    doubles = {"2 batches": 2 * per_batch + 5, "5 rows": N * K + 5 * (N + K), "1 row": 1,
+               "unsliced": B * per_batch}[budget]
+    monkeypatch.setenv("CARBON_CUDA_MATMUL_SCRATCH_BYTES", str(8 * doubles))
+    g = generator(seed_of("bmm scratch", budget, bias_shape))
+    a, b = random_values((B, M, K), F32, g), random_values((B, K, N), F32, g)
+    a[2, 10:20, 12:] = -a[2, 10:20, 1:12]  # cancelling rows: their outputs are the bias through the exact tier
+    b[2, 12:] = b[2, 1:12]
+    before = launches()
+    if bias_shape is None:
+        check_op("bmm", a, b, None, context=budget)
+    else:
+        check_op("baddbmm", random_values(bias_shape, F32, g), a, b, BF16, context=budget)
+    assert launches() - before == matmul_launches(B, M, N, K, doubles), "the slicing the budget implies"
+    check_op("mm", a[3], b[3], F16, context=f"mm, {budget}")
+
+
 # ====================================================================== layer_norm / rms_norm / norm_backward
 
 # dx alone (norm_backward_kernel), the parameter gradients alone (on the device: carbon's bmm with a batch of n

@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "../dtypes.h"
 #include "../exact/fp_env.h"
@@ -197,6 +198,14 @@ void matmul_into_cpu(const at::Tensor& a3, const at::Tensor& b3, const at::Tenso
   }
 }
 
+// fp64 scratch (doubles) the device path may hold per chunk of a product: 2 GiB, or
+// CARBON_CUDA_MATMUL_SCRATCH_BYTES (tests use a few KiB to exercise the slicing on small products).
+int64_t device_scratch_doubles() {
+  const char* bytes = std::getenv("CARBON_CUDA_MATMUL_SCRATCH_BYTES");
+  const int64_t b = bytes != nullptr ? std::atoll(bytes) : (int64_t{2} << 30);
+  return std::max<int64_t>(b / static_cast<int64_t>(sizeof(double)), 1);
+}
+
 // a3: [B, M, K], b3: [B, K, N], bias: broadcastable to [B, M, N] or undefined;
 // out: [B, M, N], contiguous, of the output dtype. The bias is converted
 // before it is expanded, so a broadcast bias costs no memory. lower_only
@@ -206,30 +215,47 @@ void matmul_into(const at::Tensor& a3, const at::Tensor& b3, const at::Tensor& b
   const int64_t B = a3.size(0), M = a3.size(1), K = a3.size(2), N = b3.size(2);
   if (out.numel() == 0) return;
   if (a3.is_cpu()) return matmul_into_cpu(a3, b3, bias, out, lower_only);
-
-  // Exact copies in double and the statistics of the rows of a and the
-  // columns of b (see matmul_into_cpu), then the GEMM and the rounding.
-  const auto stat_options = a3.options().dtype(at::kDouble);
-  at::Tensor a_norm = at::empty({B * M}, stat_options);
-  at::Tensor b_norm = at::empty({B * N}, stat_options);
-  at::Tensor a_signs = at::empty({B * M}, stat_options.dtype(at::kByte));
-  at::Tensor b_signs = at::empty({B * N}, stat_options.dtype(at::kByte));
-  const at::Tensor b3t = b3.transpose(1, 2);
-  at::Tensor a64 = contiguous_double(a3);
-  at::Tensor bt64 = contiguous_double(b3t);
-#ifdef CARBON_WITH_CUDA
-  row_stats_cuda(a64.view({B * M, K}), a_norm, a_signs);
-  row_stats_cuda(bt64.view({B * N, K}), b_norm, b_signs);
-#endif
-  at::Tensor approx =
-      (B == 1 ? at::mm(a64[0], bt64[0].t()).unsqueeze(0) : at::bmm(a64, bt64.transpose(1, 2))).contiguous();
-
   at::Tensor bias64;
   if (bias.defined()) bias64 = bias.to(at::kDouble).expand({B, M, N});
-  const MatmulView v = make_view(B, M, N, K, bias64, 0, approx, a64, bt64, a_norm, b_norm, a_signs, b_signs);
+  const at::Tensor b3t = b3.transpose(1, 2);
+  // The device's scratch -- fp64 copies of both operands and the fp64 GEMM's result -- is bounded: whole
+  // batches at a time while they fit, else one batch's rows in slices (a language model's output layer,
+  // 16384 x 768 x 50257, would otherwise hold 6.6 GB of fp64 products). Each output is computed from its own
+  // row and column alone, so the slicing cannot change a bit.
+  const int64_t budget = device_scratch_doubles();
+  const int64_t per_batch = M * N + M * K + N * K;
+  const int64_t batches = std::clamp<int64_t>(budget / std::max<int64_t>(per_batch, 1), 1, B);
+  const int64_t rows = batches > 1 || per_batch <= budget
+                           ? M
+                           : std::clamp<int64_t>((budget - N * K) / std::max<int64_t>(N + K, 1), 1, M);
+  for (int64_t b0 = 0; b0 < B; b0 += batches) {
+    const int64_t cb = std::min(batches, B - b0);
+    const at::Tensor bt64 = contiguous_double(b3t.narrow(0, b0, cb));
+    at::Tensor b_norm = at::empty({cb * N}, bt64.options());
+    at::Tensor b_signs = at::empty({cb * N}, bt64.options().dtype(at::kByte));
 #ifdef CARBON_WITH_CUDA
-  matmul_round_cuda(v, format_of(out.scalar_type()), out);
+    row_stats_cuda(bt64.view({cb * N, K}), b_norm, b_signs);
 #endif
+    for (int64_t m0 = 0; m0 < M; m0 += rows) {
+      const int64_t cm = std::min(rows, M - m0);
+      const at::Tensor a64 = contiguous_double(a3.narrow(0, b0, cb).narrow(1, m0, cm));
+      at::Tensor a_norm = at::empty({cb * cm}, a64.options());
+      at::Tensor a_signs = at::empty({cb * cm}, a64.options().dtype(at::kByte));
+#ifdef CARBON_WITH_CUDA
+      row_stats_cuda(a64.view({cb * cm, K}), a_norm, a_signs);
+#endif
+      const at::Tensor approx =
+          (cb == 1 ? at::mm(a64[0], bt64[0].t()).unsqueeze(0) : at::bmm(a64, bt64.transpose(1, 2))).contiguous();
+      const at::Tensor bias_part = bias64.defined() ? bias64.narrow(0, b0, cb).narrow(1, m0, cm) : bias64;
+      at::Tensor out_part = out.narrow(0, b0, cb).narrow(1, m0, cm);  // contiguous: whole batches, or one's rows
+      TORCH_INTERNAL_ASSERT(out_part.is_contiguous());
+      const MatmulView v =
+          make_view(cb, cm, N, K, bias_part, 0, approx, a64, bt64, a_norm, b_norm, a_signs, b_signs);
+#ifdef CARBON_WITH_CUDA
+      matmul_round_cuda(v, format_of(out.scalar_type()), out_part);
+#endif
+    }
+  }
 }
 
 at::Tensor matmul_correctly_rounded(const at::Tensor& a3, const at::Tensor& b3,
