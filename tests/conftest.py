@@ -15,6 +15,13 @@ if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# CARBON_TEST_EMULATED_KERNELS=1: every carbon op runs carbon's CUDA kernels on the CPU emulator
+# (tests/cuda_emulator/swap_in.py), so the CPU tests check the GPU's kernels against their references.
+if os.environ.get("CARBON_TEST_EMULATED_KERNELS") == "1":
+    from cuda_emulator.swap_in import use_emulated_kernels
+
+    _emulated_kernels = use_emulated_kernels()
+
 
 @pytest.fixture
 def restore_num_threads():
