@@ -244,3 +244,20 @@ def midpoint_mean_rows(in_dtype, out_dtype, count, n, eps_rel_exp, rng, toward, 
         rows.append(terms)
         expected.append(sign * math.ldexp(target, lsb))
     return rows, expected
+
+
+def softmax_tie_rows(dtype):
+    """Rows whose e_j sum exactly to a float32 tie: [0, -k_1 2^-24, ..., -k_(n-1) 2^-24, (-100 nudges)],
+    padded with -inf: tier 1 cannot decide S (on a GPU thread 0 runs the exact tiers)."""
+    rows = []
+    for n in (2, 3, 5, 17, 100, 1000):
+        a = math.floor(math.log2(n - 2.0**-10))
+        for odd in (1, 3, 5):
+            K = 2**a * odd
+            if K > 255 * (n - 1):
+                continue
+            ks = [K // (n - 1) + (1 if i < K % (n - 1) else 0) for i in range(n - 1)]
+            for tiny in (0, 1, 5):
+                rows.append([0.0] + [-k * 2.0**-24 for k in ks] + [-100.0] * tiny)
+    width = max(map(len, rows))
+    return exact_tensor([r + [-math.inf] * (width - len(r)) for r in rows], dtype)

@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from data import F16, generator, random_values
+from data import F16, F32, generator, random_values
 from norm_reference import layer_norm_backward_ref, layer_norm_ref, rms_norm_backward_ref, rms_norm_ref
 from oracle import assert_bits_equal
 
@@ -107,3 +107,28 @@ def is_nan_all(t: torch.Tensor) -> bool:
     return bool(torch.isnan(t.float()).all())
 
 
+def adversarial_norm_rows(dtype, n):
+    """Rows of n >= 8 (a power of two, so that the ties below stay ties) on which tier 1 cannot decide the
+    statistics: a variance tie and a mean-of-squares tie (float32 inputs), a mean tie, centred rows (mean
+    exactly 0), NaN, +-inf, inf - inf, a row of -inf with one finite value, constant rows, signed zeros, huge cancelling terms, subnormals."""
+    a = tie_square() if dtype == F32 else 1.0  # float32: a * a is a float32 midpoint
+    big = 1e30 if dtype != F16 else 1e4
+    tiny = 2.0**-24 if dtype == F16 else 2.0**-133
+    fill = lambda head, v: head + [v] * (n - len(head))  # noqa: E731
+    rows = [
+        fill([3.0 - a, 3.0 + a], 3.0),     # mean 3, variance 2 a^2 / n
+        fill([a], 0.0),                    # mean of squares a^2 / n
+        ([2.0, 2.0**-23] * n)[:n],         # mean 1 + 2^-24
+        fill([1.0, 2.0**-23], 1.0),        # mean 1 + 2^-23 / n: a hair above 1
+        ([1.0, -1.0] * n)[:n - n % 2] + [0.0] * (n % 2),
+        fill([1.0, math.nan], 2.0),
+        fill([1.0, math.inf], 2.0),
+        fill([math.inf, -math.inf], 2.0),
+        fill([-math.inf, 1.0], -math.inf),
+        [5.0] * n,
+        ([0.0, -0.0] * n)[:n],
+        [-0.0] * n,
+        fill([big, -big, 1.0, 3.0], 0.0),
+        fill([tiny, -tiny, tiny], tiny),
+    ]
+    return torch.tensor(rows, dtype=torch.float64).to(dtype)

@@ -38,7 +38,7 @@ import pytest
 import torch
 
 import carbon  # noqa: F401  (registers torch.ops.carbon)
-from data import BF16, DTYPE_PAIRS, DTYPES, F16, F32, exact_tensor, generator, random_values, seed_of
+from data import BF16, DTYPE_PAIRS, DTYPES, F16, F32, exact_tensor, generator, random_values, seed_of, softmax_tie_rows
 from emulated import assert_same, check_op, emulated_ops
 from optim_util import wide_values
 from philox_reference import words as philox_words
@@ -156,28 +156,11 @@ def test_softmax_masked_and_special_rows(op, dtype):
             softmax_both(op, t, dim, out_dtype, grad, "specials")
 
 
-def tie_batch(dtype):
-    """Rows whose e_j sum exactly to a float32 tie: [0, -k_1 2^-24, ..., -k_(n-1) 2^-24, (-100 nudges)],
-    padded with -inf (test_softmax_cuda.py's rows): tier 1 cannot decide S, thread 0 runs the exact tiers."""
-    rows = []
-    for n in (2, 3, 5, 17, 100, 1000):
-        a = math.floor(math.log2(n - 2.0**-10))
-        for odd in (1, 3, 5):
-            K = 2**a * odd
-            if K > 255 * (n - 1):
-                continue
-            ks = [K // (n - 1) + (1 if i < K % (n - 1) else 0) for i in range(n - 1)]
-            for tiny in (0, 1, 5):
-                rows.append([0.0] + [-k * 2.0**-24 for k in ks] + [-100.0] * tiny)
-    width = max(map(len, rows))
-    return exact_tensor([r + [-INF] * (width - len(r)) for r in rows], dtype)
-
-
 @pytest.mark.parametrize("op", SOFTMAX_OPS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_softmax_sums_on_float32_ties(op, dtype):
     """Rows whose sum S is exactly a float32 tie (thread 0's exact tiers), more of them than blocks."""
-    x = torch.cat([tie_batch(dtype), tie_batch(dtype).flip(0)])
+    x = torch.cat([softmax_tie_rows(dtype), softmax_tie_rows(dtype).flip(0)])
     assert x.shape[0] > 64  # several rows per block
     check_op(op, x, 1, None, context=f"ties {name_of(dtype)}")
     half = x[::5]

@@ -40,7 +40,7 @@ from data import (
     midpoint_mean_rows, random_values, reduction_values, seed_of, tie_rows,
 )
 from emulated import check_op, launches
-from norm_util import norm_data, params, tie_square
+from norm_util import adversarial_norm_rows, norm_data, params
 
 INF, NAN = math.inf, math.nan
 WIDE = {F32: 30, BF16: 30, F16: 3}  # exponent spread of random data that keeps float16 sums finite
@@ -440,25 +440,6 @@ def test_cumsum_rows_ties_specials_and_layouts(in_dtype, out_dtype):
 # ====================================================================== var_mean_rows
 
 
-def adversarial_rows(dtype):
-    a = tie_square() if dtype == F32 else 1.0
-    big = 1e30 if dtype != F16 else 1e4
-    rows = [
-        [3.0 - a, 3.0 + a] + [3.0] * 62,   # variance tie (float32): exact tier
-        [2.0, 2.0**-23] * 32,              # mean tie (float32)
-        [1.0, NAN] + [2.0] * 62,
-        [1.0, INF] + [2.0] * 62,
-        [INF, -INF] + [2.0] * 62,
-        [-INF, 1.0] + [-INF] * 62,
-        [5.0] * 64,                        # constant row: variance 0
-        [0.0, -0.0] * 32,
-        [-0.0] * 64,
-        [big, -big] * 31 + [1.0, 3.0],     # huge cancelling terms
-        [2.0**-24 if dtype == F16 else 2.0**-149] * 63 + [0.0],  # subnormals
-    ]
-    return torch.tensor(rows, dtype=torch.float64).to(dtype)
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=name_of)
 def test_var_mean_rows(dtype):
     """A warp per row: lengths around the warp size and longer, every kind of correction (divisor 0 and
@@ -470,7 +451,7 @@ def test_var_mean_rows(dtype):
             x[::2, n // 2 : 2 * (n // 2)] = -x[::2, : n // 2]  # mean exactly 0 (or the odd last element / n)
         for correction in (0, 1, n, n + 1):
             check_op("var_mean_rows", x, correction, context=f"rows={rows} n={n} correction={correction}")
-    x = adversarial_rows(dtype)
+    x = adversarial_norm_rows(dtype, 64)
     for correction in (0, 1, 64):
         check_op("var_mean_rows", x, correction, context=f"adversarial correction={correction}")
     check_op("var_mean_rows", torch.empty((3, 0), dtype=dtype), 1, context="empty rows")
@@ -720,32 +701,6 @@ def test_norm_affine_and_many_rows(dtype, affine):
         dy = random_values((rows, n), dtype, generator(seed_of("affine dy", n)), spread=2)
         check_norm_case(x, (n,), w, b, dy, eps_list=(1e-5,), masks=ALL_MASKS[:3] if n <= 768 else DX_ONLY,
                         context=f"{affine} n={n}")
-
-
-def adversarial_norm_rows(dtype, n):
-    """Rows of n >= 8 (a power of two, so that the ties below stay ties) on which tier 1 cannot decide the
-    statistics: a variance tie and a mean-of-squares tie (float32 inputs), a mean tie, centred rows (mean
-    exactly 0), NaN, +-inf, inf - inf, constant rows, signed zeros, huge cancelling terms, subnormals."""
-    a = tie_square() if dtype == F32 else 1.0  # float32: a * a is a float32 midpoint
-    big = 1e30 if dtype != F16 else 1e4
-    tiny = 2.0**-24 if dtype == F16 else 2.0**-133
-    fill = lambda head, v: head + [v] * (n - len(head))  # noqa: E731
-    rows = [
-        fill([3.0 - a, 3.0 + a], 3.0),     # mean 3, variance 2 a^2 / n
-        fill([a], 0.0),                    # mean of squares a^2 / n
-        ([2.0, 2.0**-23] * n)[:n],         # mean 1 + 2^-24
-        fill([1.0, 2.0**-23], 1.0),        # mean 1 + 2^-23 / n: a hair above 1
-        ([1.0, -1.0] * n)[:n - n % 2] + [0.0] * (n % 2),
-        fill([1.0, NAN], 2.0),
-        fill([1.0, INF], 2.0),
-        fill([INF, -INF], 2.0),
-        [5.0] * n,
-        ([0.0, -0.0] * n)[:n],
-        [-0.0] * n,
-        fill([big, -big, 1.0, 3.0], 0.0),
-        fill([tiny, -tiny, tiny], tiny),
-    ]
-    return torch.tensor(rows, dtype=torch.float64).to(dtype)
 
 
 @pytest.mark.parametrize("n", (8, 64, 2048, 8192))

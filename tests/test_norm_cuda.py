@@ -3,21 +3,17 @@ on the CPU (both implement docs/contract.md §7 exactly): forward outputs,
 statistics and gradients, random and adversarial rows, every dtype, batch
 invariance. Skipped without a GPU."""
 
-import math
-
 import pytest
 import torch
 
 import carbon
-from data import BF16, DTYPES, F16, F32, generator, random_values
-from norm_util import assert_same_bits, norm_data, params, tie_square
+from data import BF16, DTYPES, F32, generator, random_values
+from norm_util import adversarial_norm_rows, assert_same_bits, norm_data, params
 
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
-
-INF, NAN = math.inf, math.nan
 
 
 def same(gpu, cpu, context):
@@ -34,21 +30,6 @@ backward = torch.ops.carbon.norm_backward
 # dx alone, the column sums alone, and all three: on the CPU the first two take
 # separate kernels and the last the fused pass.
 MASKS = ([True, False, False], [False, True, True], [True, True, True])
-
-
-def adversarial_rows(dtype):
-    a = tie_square() if dtype == F32 else 1.0
-    rows = [
-        [3.0 - a, 3.0 + a] + [3.0] * 62,           # variance tie (float32): exact tier
-        [2.0, 2.0**-23] * 32,                      # mean tie (float32)
-        [1.0, NAN] + [2.0] * 62,
-        [1.0, INF] + [2.0] * 62,
-        [INF, -INF] + [2.0] * 62,
-        [5.0] * 64,                                # constant row
-        [0.0, -0.0] * 32,
-        [1e30 if dtype != F16 else 1e4, -(1e30 if dtype != F16 else 1e4)] * 31 + [1.0, 3.0],
-    ]
-    return torch.tensor(rows, dtype=torch.float64).to(dtype)
 
 
 @pytest.mark.parametrize("n", (1, 7, 64, 768, 1000, 4096, 4097))  # cached rows up to 4096
@@ -77,7 +58,7 @@ def test_forward_and_backward_match_cpu(dtype, n):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_adversarial_rows(dtype):
-    x = adversarial_rows(dtype)
+    x = adversarial_norm_rows(dtype, 64)
     w, b = params((64,), dtype, "both", 1)
     dy = random_values(tuple(x.shape), dtype, generator(2), spread=1)
     for weight, bias in ((None, None), (w, b)):
@@ -191,7 +172,7 @@ def test_var_mean_rows_match_cpu(dtype):
         x = norm_data(rows, n, dtype, n)
         for correction in (0, 1, n, n + 1):
             same_outputs(var_mean(x.cuda(), correction), var_mean(x, correction), f"n={n} correction={correction}")
-    x = adversarial_rows(dtype)
+    x = adversarial_norm_rows(dtype, 64)
     for correction in (0, 1):
         same_outputs(var_mean(x.cuda(), correction), var_mean(x, correction), f"adversarial correction={correction}")
     for shape in ((3, 0), (0, 5)):

@@ -13,7 +13,7 @@ import torch
 
 import carbon
 from cuda_graphs import capture
-from data import BF16, DTYPE_PAIRS, DTYPES, F16, F32, exact_tensor, generator, random_values
+from data import BF16, DTYPE_PAIRS, DTYPES, F16, F32, exact_tensor, generator, random_values, softmax_tie_rows
 from oracle import as_bits, assert_bits_equal
 from softmax_reference import cross_entropy_bits, log_softmax_bits, softmax_bits
 
@@ -105,27 +105,10 @@ def test_masked_and_special_rows(op, dtype):
     assert_bits_equal(OPS[op](x.cuda(), 1), REF[op](x, 1), f"{op} specials vs reference")
 
 
-def tie_batch(dtype):
-    """Rows whose e_j sum exactly to a float32 tie (see test_softmax.py):
-    [0, -k_1 2^-24, ..., -k_(n-1) 2^-24, (-100 nudges)], padded with -inf."""
-    rows = []
-    for n in (2, 3, 5, 17, 100, 1000):
-        a = math.floor(math.log2(n - 2.0**-10))
-        for odd in (1, 3, 5):
-            K = 2**a * odd
-            if K > 255 * (n - 1):
-                continue
-            ks = [K // (n - 1) + (1 if i < K % (n - 1) else 0) for i in range(n - 1)]
-            for tiny in (0, 1, 5):
-                rows.append([0.0] + [-k * 2.0**-24 for k in ks] + [-100.0] * tiny)
-    width = max(map(len, rows))
-    return exact_tensor([r + [-INF] * (width - len(r)) for r in rows], dtype)
-
-
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sums_on_ties(op, dtype):
-    x = tie_batch(dtype)
+    x = softmax_tie_rows(dtype)
     for out_dtype in (None, F32):
         y = OPS[op](x.cuda(), 1, dtype=out_dtype)
         same_bits(y, OPS[op](x, 1, dtype=out_dtype), f"{op} ties {dtype}")
