@@ -88,12 +88,22 @@ def rewrite_launches(text: str) -> str:
         pos = args_end
 
 
+_STATIC_SHARED = re.compile(r"^(\s*__shared__\s+[\w:<>]+(?:\s+[\w:<>]+)*?\s+)(\w+(?:\s*\[[^\]]*\])?(?:\s*,\s*\w+(?:\s*\[[^\]]*\])?)*)\s*;",
+                            re.MULTILINE)
 _EXTERN_SHARED = re.compile(r"extern\s+__shared__\s+([\w:<>\s]+?)\s+(\w+)\s*\[\s*\]\s*;")
 _IS_CPU = re.compile(r"\b([A-Za-z_][\w.]*(?:\[\w+\])?(?:\.[A-Za-z_]\w*)*)\.is_cpu\(\)")
 
 
+def _track_static_shared(match: re.Match) -> str:
+    """`__shared__ T a[n], b;` -> the same, then each variable registered with the emulator (same line)."""
+    names = re.findall(r"(\w+)(?:\s*\[[^\]]*\])?\s*(?:,|$)", match.group(2))
+    tracks = " ".join(f"::cuda_emu::track_shared(&{n}, sizeof {n});" for n in names)
+    return f"{match.group(0)} {tracks}"
+
+
 def rewrite_cu(text: str) -> str:
     text = rewrite_launches(text)
+    text = _STATIC_SHARED.sub(_track_static_shared, text)
     text = _EXTERN_SHARED.sub(r"\1* \2 = reinterpret_cast<\1*>(::cuda_emu::dynamic_shared_memory());", text)
     return '#include "cuda_emulator.h"\n' + text
 

@@ -12,6 +12,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
+#include <unordered_map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -68,6 +70,13 @@ thread_local std::unique_ptr<double[]> tl_shared;
 thread_local size_t tl_shared_bytes = 0;
 thread_local uint64_t tl_rng = 0;
 std::atomic<int64_t> g_launches{0};
+std::mutex g_shared_mutex;
+std::unordered_map<void*, size_t> g_shared;  // every static __shared__ variable seen so far, and its size
+
+void poison_static_shared() {
+  const std::lock_guard<std::mutex> lock(g_shared_mutex);
+  for (const auto& [p, bytes] : g_shared) std::memset(p, 0xFF, bytes);
+}
 
 uint64_t next_random() {
   if (tl_rng == 0) {
@@ -236,8 +245,9 @@ void run_block(const LaunchConfig& config, dim3 block_idx, const std::function<v
   b.warps.resize((n + kWarp - 1) / kWarp);
   b.alive = n;
   b.shared = reinterpret_cast<unsigned char*>(tl_shared.get());
-  // Fresh dynamic shared memory holds garbage on a GPU: NaN bytes here, so a read before a write shows.
+  // Fresh shared memory holds garbage on a GPU: NaN bytes here, so a read before a write shows.
   if (config.shared_bytes) std::memset(b.shared, 0xFF, config.shared_bytes);
+  poison_static_shared();
   for (unsigned i = 0; i < n; ++i) {
     Fiber& f = b.fibers[i];
     f.index = i;
@@ -281,6 +291,12 @@ void run_block(const LaunchConfig& config, dim3 block_idx, const std::function<v
 ThreadView& current_thread() { return block().running->view; }
 
 unsigned char* dynamic_shared_memory() { return block().shared; }
+
+void track_shared(void* p, size_t bytes) {
+  const std::lock_guard<std::mutex> lock(g_shared_mutex);
+  // The first thread to declare it in this process: the block already runs, so poison it now.
+  if (g_shared.emplace(p, bytes).second) std::memset(p, 0xFF, bytes);
+}
 
 int64_t launch_count() { return g_launches.load(); }
 

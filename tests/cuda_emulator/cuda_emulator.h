@@ -49,6 +49,9 @@ struct ThreadView {
 
 ThreadView& current_thread();
 unsigned char* dynamic_shared_memory();
+// Static __shared__ variables are host statics here; build.py registers each where it is declared, and every
+// block starts with them filled with NaN bytes (as dynamic shared memory), so a read before a write shows.
+void track_shared(void* p, size_t bytes);
 
 struct LaunchConfig {
   dim3 grid, block;
