@@ -82,5 +82,5 @@ def check_op(name: str, *args, context: str = "", expect_launch: bool = True, **
         assert launches() > before, f"{label}: the emulated op launched no kernel (did it take the CPU path?)"
     assert_same(got, want, label)
     assert_same(emu_args, cpu_args, f"{label} (arguments after the call)")
-    assert_same(emu_kwargs and list(emu_kwargs.values()), cpu_kwargs and list(cpu_kwargs.values()), label)
+    assert_same(list(emu_kwargs.values()), list(cpu_kwargs.values()), f"{label} (keyword arguments after the call)")
     return want

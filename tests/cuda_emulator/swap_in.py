@@ -14,16 +14,9 @@ import torch
 
 import carbon  # noqa: F401  (registers torch.ops.carbon and its autograd)
 
-from .build import LIBRARY, load
+from .build import load
 
 _KEYS = ("CPU", "CompositeExplicitAutograd")
-
-
-def _forward(packet):
-    def call(*args, **kwargs):
-        return packet(*args, **kwargs)
-
-    return call
 
 
 def use_emulated_kernels() -> torch.library.Library:
@@ -39,8 +32,5 @@ def use_emulated_kernels() -> torch.library.Library:
             packet = getattr(getattr(emu, op), overload or "default")
             for key in _KEYS:
                 if torch._C._dispatch_has_kernel_for_dispatch_key(f"carbon::{name}", key):
-                    lib.impl(name, _forward(packet), key)
+                    lib.impl(name, packet, key)
     return lib
-
-
-__all__ = ["use_emulated_kernels", "LIBRARY"]
