@@ -1,7 +1,8 @@
 """Carbon's CUDA kernels give the same bits whatever the grid: the emulated device run with 1, 2 and 5 SMs
 (blocks_for's grids of at most 32, 64 and 160 blocks; reduce_cuda.cu splits long rows only when there are
-fewer than 4 rows per SM) and different fiber schedules, each in a process of its own, returns the CPU
-kernels' bits for a set of ops with ties (exact tiers), long rows and many rows."""
+fewer than 4 rows per SM; column_sums.cuh cuts columns into as many chunks of rows as fill 2048 threads per
+SM) and different fiber schedules, each in a process of its own, returns the CPU kernels' bits for a set of
+ops with ties (exact tiers), long rows, many rows and columns."""
 
 import os
 import subprocess
@@ -43,6 +44,10 @@ def cases():
     target = torch.randint(0, 1000, (90,), generator=g)
     index = torch.randint(0, 5, (4000,), generator=g)
     src = random_values((4000, 7), torch.float32, g)
+    cols = random_values((5000, 40), torch.float32, g)  # column kernels: 32, 64 or 157 chunks of rows
+    cols[2500:, ::3] = -cols[:2500, ::3]
+    nx, ndy = random_values((300, 48), torch.float32, g), random_values((300, 48), torch.float32, g)
+    nmean, nrstd = random_values((300,), torch.float32, g), random_values((300,), torch.float32, g).abs() + 0.5
     return [
         ("sum", (x, [1])), ("sum", (x, [0])), ("mean", (many, [1])), ("sum", (many, None)),
         ("mm", (a, b)), ("addmm", (w[:29], a, b)),
@@ -51,6 +56,8 @@ def cases():
         ("cross_entropy", (logits, target, 1, -100, 0.1)),
         ("index_add", (torch.zeros(5, 7), 0, index, src)),
         ("cumsum_rows", (many, None)),
+        ("mean", (cols, [0])), ("sum", (cols[:, :33].contiguous(), [0])),
+        ("norm_backward", (ndy, nx, [48], nmean, nrstd, None, [False, True, True])),
     ]
 """
 

@@ -648,23 +648,17 @@ def test_bmm_in_bounded_device_scratch(monkeypatch, budget, bias_shape):
 
 # ====================================================================== layer_norm / rms_norm / norm_backward
 
-# dx alone (norm_backward_kernel), the parameter gradients alone (on the device: carbon's bmm with a batch of n
-# dot products over the rows, and carbon's sum over the rows), all three (on the CPU: the fused pass), dw alone.
+# dx alone (norm_backward_kernel), the parameter gradients alone (on the device: the column kernels of
+# column_sums.cuh over dy * xhat and dy; test_cuda_emulated_columns.py has their own cases), all three (on the
+# CPU: the fused pass), dw alone.
 ALL_MASKS = ([True, False, False], [False, True, True], [True, True, True], [False, True, False])
-DX_ONLY = ([True, False, False],)
-
-
-def masks_for(n):
-    """Every mask for rows up to 768; only dx above (the parameter gradients' kernels take a warp per column,
-    costly in the emulator and no different for long rows)."""
-    return ALL_MASKS if n <= 768 else DX_ONLY
 
 
 def check_norm_case(x, ns, w, b, dy, eps_list=(1e-5, 0.0), masks=None, context=""):
     """layer_norm and rms_norm forward, and norm_backward of each, emulated vs CPU."""
     rows = x.numel() // max(1, math.prod(ns))
     launched = rows > 0 and math.prod(ns) > 0  # no rows or empty rows: nothing to launch
-    masks = masks_for(math.prod(ns)) if masks is None else masks
+    masks = ALL_MASKS if masks is None else masks
     for eps in eps_list:
         y, mean, rstd = check_op("layer_norm", x, list(ns), w, b, eps, context=f"{context} eps={eps}",
                                  expect_launch=launched)
@@ -699,7 +693,7 @@ def test_norm_affine_and_many_rows(dtype, affine):
         x = norm_data(rows, n, dtype, seed_of("affine", n))
         w, b = params((n,), dtype, affine, seed_of("affine", n))
         dy = random_values((rows, n), dtype, generator(seed_of("affine dy", n)), spread=2)
-        check_norm_case(x, (n,), w, b, dy, eps_list=(1e-5,), masks=ALL_MASKS[:3] if n <= 768 else DX_ONLY,
+        check_norm_case(x, (n,), w, b, dy, eps_list=(1e-5,), masks=ALL_MASKS[:3],
                         context=f"{affine} n={n}")
 
 
@@ -714,7 +708,7 @@ def test_norm_adversarial_rows(dtype, n):
     dy[::2, n // 2 : 2 * (n // 2)] = -dy[::2, : n // 2]
     for affine in ("none", "both"):
         w, b = params((n,), dtype, affine, seed_of("adv", n))
-        check_norm_case(x, (n,), w, b, dy, masks=ALL_MASKS[:3] if n <= 768 else DX_ONLY,
+        check_norm_case(x, (n,), w, b, dy, masks=ALL_MASKS[:3],
                         context=f"adversarial {affine}")
 
 
@@ -732,7 +726,7 @@ def test_norm_backward_cancelling_gradients(dtype):
         for weight in (None, w):
             _, mean, rstd = torch.ops.carbon.layer_norm(x, [n], weight, None, 1e-5)
             _, rrstd = torch.ops.carbon.rms_norm(x, [n], weight, None)
-            for mask in masks_for(n):
+            for mask in ALL_MASKS:
                 check_op("norm_backward", dy, x, [n], mean, rstd, weight, mask, context=f"ln n={n} {mask}")
                 check_op("norm_backward", dy, x, [n], None, rrstd, weight, mask, context=f"rms n={n} {mask}")
 

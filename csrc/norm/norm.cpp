@@ -9,8 +9,6 @@
 #include <limits>
 
 #include "../dtypes.h"
-#include "../matmul/matmul.h"
-#include "../reduce/reduce.h"
 #include "norm_kernel.h"
 
 namespace carbon {
@@ -158,18 +156,11 @@ void param_grads(const NormArgs& a, const Rows& r, const at::Tensor& dy, at::Ten
   if (r.n == 0) return;
   if (a.x.is_cpu()) {
     norm_param_grads_cpu(a, dy, dw, db);
-    return;
+  } else {
+#ifdef CARBON_WITH_CUDA
+    norm_param_grads_cuda(a, dy, dw, db);
+#endif
   }
-  // Any correct implementation gives the same bits: here carbon's exact
-  // batched dot products (one per column) and column sums.
-  const at::Tensor rows_rstd = a.rstd.view({r.rows, 1}).to(at::kDouble);
-  at::Tensor centered = a.x.to(at::kDouble);
-  if (!a.rms) centered = centered - a.mean.view({r.rows, 1}).to(at::kDouble);
-  if (dw.defined()) {
-    const at::Tensor xhat = (centered * rows_rstd).to(at::kFloat);  // RN32 of the float64 product
-    dw.copy_(carbon::bmm(dy.t().unsqueeze(1), xhat.t().unsqueeze(2), a.x.scalar_type()).view({r.n}));
-  }
-  if (db.defined()) db.copy_(carbon::sum(dy, at::IntArrayRef{0}, false, a.x.scalar_type()));
 }
 
 void check_param_grad_rows(const char* op, const Rows& r) {

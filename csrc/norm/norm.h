@@ -47,6 +47,7 @@ void norm_backward_fused_cpu(const NormArgs& a, const at::Tensor& dy, at::Tensor
 #ifdef CARBON_WITH_CUDA
 void norm_forward_cuda(const NormArgs& a, at::Tensor& y);
 void norm_backward_cuda(const NormArgs& a, const at::Tensor& dy, at::Tensor& dx);
+void norm_param_grads_cuda(const NormArgs& a, const at::Tensor& dy, at::Tensor& dw, at::Tensor& db);
 #endif
 
 }  // namespace carbon

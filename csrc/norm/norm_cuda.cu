@@ -9,7 +9,9 @@
 // shared memory (n <= 4096 on sm_80 / sm_90: each warp keeps its row as
 // float32, exact for every input format), else re-read for each pass (statistics, then
 // outputs; the re-reads are mostly served by L1/L2). Backward re-reads x and
-// dy (two passes). No host synchronization; launches on the current stream.
+// dy (two passes). The weight and bias gradients are exact column sums over
+// the rows (column_sums.cuh: x and dy read once, in place). No host
+// synchronization; launches on the current stream.
 #include <c10/cuda/CUDAGuard.h>
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 #include "../cuda_launch.cuh"
 #include "../dtypes.h"
 #include "../exact/warp_exact.cuh"
+#include "../reduce/column_sums.cuh"
 #include "norm.h"
 #include "norm_kernel.h"
 
@@ -198,6 +201,27 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The column terms of the parameter gradients: dweight's dy (x) xhat (exact:
+// two float32 values) and dbias's dy, for the families wanted.
+template <typename T, bool kW, bool kB>
+struct ParamGradTerms {
+  static constexpr int kQ = static_cast<int>(kW) + static_cast<int>(kB);
+  const T* x;
+  const T* dy;
+  const uint32_t* mean;  // null for rms_norm
+  const uint32_t* rstd;
+  int64_t n;
+  __device__ void operator()(int64_t r, int64_t c, double (&t)[kQ]) const {
+    const double g = element_value(dy[r * n + c]);
+    if constexpr (kW) {
+      const double v = element_value(x[r * n + c]);
+      const double rs = decode(rstd[r], F32::get());
+      t[0] = g * (mean ? ln_xhat(v, decode(mean[r], F32::get()), rs) : rms_xhat(v, rs));
+    }
+    if constexpr (kB) t[kQ - 1] = g;
+  }
+};
+
 // The dynamic shared memory a kernel may opt into is an attribute of the kernel on a device, not of a launch.
 // Setting it to each call's own size would race with another host thread doing the same for another size
 // between its set and its launch; so it is raised once per device to the largest size any call there uses.
@@ -264,6 +288,28 @@ void norm_backward_cuda(const NormArgs& a, const at::Tensor& dy, at::Tensor& dx)
                                                              static_cast<Bits*>(dx.mutable_data_ptr()));
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void norm_param_grads_cuda(const NormArgs& a, const at::Tensor& dy, at::Tensor& dw, at::Tensor& db) {
+  const c10::cuda::CUDAGuard guard(a.x.device());
+  const int64_t rows = a.x.size(0), n = a.x.size(1);
+  const uint32_t* mean = a.rms ? nullptr : static_cast<const uint32_t*>(a.mean.const_data_ptr());
+  const uint32_t* rstd = static_cast<const uint32_t*>(a.rstd.const_data_ptr());
+  with_element_type(a.x.scalar_type(), [&](auto element) {
+    using T = decltype(element);
+    using F = typename FormatOf<T>::type;
+    using Bits = typename F::Bits;
+    const T* x = a.x.const_data_ptr<T>();
+    const T* g = dy.const_data_ptr<T>();
+    auto* w = dw.defined() ? static_cast<Bits*>(dw.mutable_data_ptr()) : nullptr;
+    auto* b = db.defined() ? static_cast<Bits*>(db.mutable_data_ptr()) : nullptr;
+    if (w && b)
+      column_sums_cuda<F>(ParamGradTerms<T, true, true>{x, g, mean, rstd, n}, rows, n, false, {w, b}, a.x.options());
+    else if (w)
+      column_sums_cuda<F>(ParamGradTerms<T, true, false>{x, g, mean, rstd, n}, rows, n, false, {w}, a.x.options());
+    else if (b)
+      column_sums_cuda<F>(ParamGradTerms<T, false, true>{x, g, mean, rstd, n}, rows, n, false, {b}, a.x.options());
+  });
 }
 
 }  // namespace carbon

@@ -60,7 +60,11 @@ at::Tensor reduce(const char* op, const at::Tensor& x, at::OptionalIntArrayRef d
       reduce_rows_cpu(as_rows.reshape({rows, n}).contiguous(), mean, format_of(out_dtype), out);
     } else {
 #ifdef CARBON_WITH_CUDA
-      reduce_rows_cuda(as_rows.reshape({rows, n}).contiguous(), mean, format_of(out_dtype), out);
+      // Leading dimensions: the columns are read in place (no transposing copy).
+      if (n > 0 && !as_rows.is_contiguous() && as_columns.is_contiguous())
+        reduce_columns_cuda(as_columns.reshape({n, rows}), mean, format_of(out_dtype), out);
+      else
+        reduce_rows_cuda(as_rows.reshape({rows, n}).contiguous(), mean, format_of(out_dtype), out);
 #endif
     }
   }

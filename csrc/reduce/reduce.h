@@ -18,6 +18,8 @@ void reduce_rows_cpu(const at::Tensor& x, bool mean, FormatId format, at::Tensor
 void reduce_columns_cpu(const at::Tensor& x, bool mean, FormatId format, at::Tensor& out);
 #ifdef CARBON_WITH_CUDA
 void reduce_rows_cuda(const at::Tensor& x, bool mean, FormatId format, at::Tensor& out);
+// x: contiguous [n, cols]; out[c] = the reduction of column c (column_sums.cuh).
+void reduce_columns_cuda(const at::Tensor& x, bool mean, FormatId format, at::Tensor& out);
 #endif
 
 }  // namespace carbon

@@ -13,8 +13,10 @@
 #include "../cuda_launch.cuh"
 #include "../dtypes.h"
 #include "../exact/warp_exact.cuh"
+#include "column_sums.cuh"
 #include "reduce.h"
 #include "reduce_kernel.h"
+#include "warp_tiers.cuh"
 
 namespace carbon {
 namespace {
@@ -59,18 +61,8 @@ __device__ double warp_finish_row(const T* row, int64_t n, const Tier1& t1, bool
     for (int64_t k = lane; k < n; k += kWarpSize) not_negative_zero |= double_to_bits(element_value(row[k])) != kSignBit;
     return exact_zero(kSawTerm | (__any_sync(0xffffffffu, not_negative_zero) ? kSawNonNegZero : 0u));
   }
-  CompensatedSum acc;
-  for (int64_t k = lane; k < n; k += kWarpSize) compensated_add(acc, element_value(row[k]));
-  acc = warp_merge(acc);
-  if (reduce_round_compensated(acc, t1.abs_sum * kBoundSlack, n, warp_compensated_depth(n), mean, f, &value))
-    return value;
-  int64_t* mine = limbs[lane];
-  uint32_t flags;
-  exact_sum_clear(mine, flags);
-  for (int64_t k = lane; k < n; k += kWarpSize) exact_sum_add(mine, flags, element_value(row[k]));
-  flags = warp_merge_limbs(limbs, flags);
-  if (lane == 0) value = reduce_round_exact_sum(limbs[0], flags, n, mean, f);
-  return warp_broadcast_from_lane0(value);
+  return warp_round_exact_terms(
+      n, [&](int64_t k) { return element_value(row[k]); }, t1.abs_sum, mean, f, limbs);
 }
 
 template <typename T, typename F>
@@ -123,6 +115,15 @@ __global__ void __launch_bounds__(kChunkThreads)
     abs_sums[r * chunks + c] = ta;
   }
 }
+
+// The elements of a contiguous [n, cols] tensor as column terms.
+template <typename T>
+struct ElementTerms {
+  static constexpr int kQ = 1;
+  const T* x;
+  int64_t cols;
+  __device__ void operator()(int64_t r, int64_t c, double (&t)[kQ]) const { t[0] = element_value(x[r * cols + c]); }
+};
 
 constexpr int64_t kChunkDepth = kChunk / kChunkThreads + 5 + kChunkThreads / kWarpSize;
 
@@ -177,6 +178,19 @@ void reduce_rows_cuda(const at::Tensor& x, bool mean, FormatId format, at::Tenso
     });
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void reduce_columns_cuda(const at::Tensor& x, bool mean, FormatId format, at::Tensor& out) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t n = x.size(0), cols = x.size(1);
+  with_element_type(x.scalar_type(), [&](auto element) {
+    using T = decltype(element);
+    with_format(format, [&](auto fmt) {
+      using F = decltype(fmt);
+      column_sums_cuda<F>(ElementTerms<T>{x.const_data_ptr<T>(), cols}, n, cols, mean,
+                          {static_cast<typename F::Bits*>(out.mutable_data_ptr())}, x.options());
+    });
+  });
 }
 
 }  // namespace carbon

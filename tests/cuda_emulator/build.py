@@ -4,6 +4,7 @@ The build is a rewritten copy of csrc/ (nothing in csrc/ changes):
 - every .cu file is compiled as C++ with the emulator's header first; a launch `k<<<grid, block, shared,
   stream>>>(args);` becomes `cuda_emu::launch(cuda_emu::LaunchConfig(grid, block, shared, stream), [&] { k(args); });`
   and `extern __shared__ T name[];` a pointer to the emulated block's dynamic shared memory;
+- .cuh headers (kernels included by several .cu files) get the same rewriting;
 - the op files take their CUDA branch for every tensor: `t.is_cpu()` reads false (except in argument checks), so a
   CPU tensor travels the path a CUDA tensor would, into the emulated kernels;
 - the library is `carbon_emu` (namespace and op library renamed), so it loads beside carbon's own `carbon`.
@@ -149,6 +150,8 @@ def prepare_sources(out_dir: str) -> list[str]:
             target = os.path.join(copy_root, rel[:-3] + "_emulated.cpp")
             _write_if_changed(target, rewrite_cu(text))
             sources.append(target)
+        elif path.endswith(".cuh"):  # CUDA headers may hold kernels and launches too
+            _write_if_changed(os.path.join(copy_root, rel), rewrite_cu(text))
         elif path.endswith("_cpu.cpp"):
             continue  # CPU kernels: the op files' CPU branches are dead code here (see on_device.h)
         elif path.endswith(".cpp"):
