@@ -39,7 +39,7 @@ import torch
 
 import carbon  # noqa: F401  (registers torch.ops.carbon)
 from data import BF16, DTYPE_PAIRS, DTYPES, F16, F32, exact_tensor, generator, random_values, seed_of, softmax_tie_rows
-from emulated import assert_same, check_op, emulated_ops
+from emulated import assert_same, check_op, emulated_ops, launches
 from optim_util import wide_values
 from philox_reference import words as philox_words
 
@@ -1007,6 +1007,78 @@ def test_optimizer_steps_of_empty_tensors_launch_nothing():
              0.0, True, False, context="capturable", expect_launch=False)
     check_op("sgd_step_", e, e, z, 0.1, 0.9, 0.0, 0.0, False, False, True, context="sgd", expect_launch=False)
     check_op("clip_scale_", e, torch.tensor(2.0), 1.0, 1e-6, context="clip", expect_launch=False)
+
+
+# The optimizer kernels take up to 32 tensors of one dtype per launch (csrc/optim/tensor_lists.cuh), in chunks of
+# 4096 elements (16 Ki for the sum of squares). LIST_SIZES: 75 tensors around those chunk sizes, empty ones among
+# them; LIST_DTYPES: runs of one dtype broken where the dtype changes.
+LIST_SIZES = [(4096, 4095, 0, 1, 4097, 8192, 12289, 33, 0, 16385)[i % 10] for i in range(75)]
+LIST_DTYPES = {"float32": [F32] * 75, "runs": [F32] * 40 + [BF16] * 5 + [F32] * 10 + [F16] * 20,
+               "alternating": [(F32, BF16, F16)[i % 3] for i in range(75)]}
+
+
+def list_launches(dtypes, sizes):
+    """Launches of one list kernel: runs of nonempty tensors of one dtype, cut every 32 tensors."""
+    count, run, last = 0, 0, None
+    for dtype, size in zip(dtypes, sizes):
+        if size == 0:
+            continue
+        if run == 0 or dtype != last or run == 32:
+            count, run = count + 1, 0
+        run, last = run + 1, dtype
+    return count
+
+
+def many_tensors(kind, seed):
+    """75 parameters (LIST_SIZES, LIST_DTYPES[kind]) with gradients, float32 states and per-tensor steps."""
+    ps, gs, ms, vs, ws, steps = [], [], [], [], [], []
+    for i, (size, dtype) in enumerate(zip(LIST_SIZES, LIST_DTYPES[kind])):
+        ps.append(wide_values((size,), dtype, seed + 7 * i))
+        gs.append(wide_values((size,), dtype, seed + 7 * i + 1))
+        ms.append(wide_values((size,), F32, seed + 7 * i + 2) * 2.0**-10)
+        vs.append((wide_values((size,), F32, seed + 7 * i + 3) * 2.0**-20) ** 2)
+        ws.append(torch.maximum(vs[-1], (wide_values((size,), F32, seed + 7 * i + 4) * 2.0**-20) ** 2))
+        steps.append(torch.tensor([float(1 + 37 * i)], dtype=F32))  # every tensor its own t
+    return ps, gs, ms, vs, ws, steps
+
+
+@pytest.mark.parametrize("kind", LIST_DTYPES)
+def test_optimizer_kernels_over_many_tensors(kind):
+    """75 tensors of sizes around the chunk sizes, empty ones among them, in runs of one or several dtypes: each
+    list kernel takes the launches the grouping predicts, and every tensor gets its own update (capturable Adam:
+    its own t), as on the CPU."""
+    ps, gs, ms, vs, ws, steps = many_tensors(kind, seed_of("many tensors", kind))
+    dtypes, want = LIST_DTYPES[kind], list_launches(LIST_DTYPES[kind], LIST_SIZES)
+    calls = {
+        "adam_step_": ("adam_step_", ps, gs, ms, vs, ws, 1e-2, 0.9, 0.999, 1e-8, 0.1, 0.3, 0.05, True, False),
+        "adam_step_capturable_": ("adam_step_capturable_", ps, gs, ms, vs, [], steps, 1e-3, None, 0.9, 0.999, 1e-8,
+                                  0.01, False, True),
+        "sgd_step_": ("sgd_step_", ps, gs, ms, 0.05, 0.9, 0.1, 0.01, True, False, False),
+        "clip_scale_": ("clip_scale_", gs, torch.tensor(7.5, dtype=F32), 0.5, 1e-6),
+    }
+    for name, (op, *args) in calls.items():
+        before = launches()
+        check_op(op, *args, context=f"{kind}, {len(ps)} tensors")
+        assert launches() - before == want, f"{name}: {launches() - before} launches, expected {want}"
+    before = launches()
+    check_op("sum_squares", gs, True, context=f"{kind}, {len(gs)} tensors")
+    assert launches() - before == 2 * want + 2, "sum of squares: two list kernels, decide and finish"
+
+
+def test_sum_squares_tie_across_launches():
+    """The float32 tie 1 + 2^-24 spread over 70 tensors in three launches: tier 1 cannot decide, and every launch's
+    blocks add their exact accumulators into the one scratch."""
+    tensors = [torch.zeros(5000) for _ in range(70)]
+    tensors[0][0] = 1.0
+    for i in range(1, 65):
+        tensors[i][i * 17] = 2.0**-15  # 64 squares of 2^-30: 2^-24 in all
+    for nudge in (None, 2.0**-40, -(2.0**-40)):
+        if nudge is not None:
+            tensors[69][4999] = abs(nudge) ** 0.5
+            if nudge < 0:
+                tensors[64][100] = 0.0  # one square of 2^-30 fewer: just below the tie
+        check_op("sum_squares", tensors, False, context=f"tie, nudge={nudge}")
+        check_op("sum_squares", tensors, True, context=f"tie, nudge={nudge}, sqrt")
 
 
 def test_sum_squares():

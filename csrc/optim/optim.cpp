@@ -485,12 +485,7 @@ void adam_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_
       return c;
     });
 #ifdef CARBON_WITH_CUDA
-  const bool amsgrad = !max_exp_avg_sqs.empty();
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (params[i].numel() == 0) continue;
-    adam_step_cuda(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], amsgrad ? &max_exp_avg_sqs[i] : nullptr, c,
-                   AdamStepSource{});
-  }
+  adam_step_cuda(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, {}, c, AdamStepSource{});
 #endif
 }
 
@@ -541,14 +536,7 @@ void adam_step_capturable_(at::TensorList params, at::TensorList grads, at::Tens
                     [&](size_t i) -> const AdamConstants& { return constants[i]; });
   }
 #ifdef CARBON_WITH_CUDA
-  const bool amsgrad = !max_exp_avg_sqs.empty();
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (params[i].numel() == 0) continue;
-    AdamStepSource s = source;
-    s.step = steps[i].const_data_ptr<float>();
-    adam_step_cuda(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], amsgrad ? &max_exp_avg_sqs[i] : nullptr, base,
-                   s);
-  }
+  adam_step_cuda(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, base, source);
 #endif
 }
 
@@ -569,10 +557,7 @@ void sgd_step_(at::TensorList params, at::TensorList grads, at::TensorList momen
   if (params.empty()) return;
   if (params[0].is_cpu()) return sgd_cpu(params, grads, momentum_buffers, c);
 #ifdef CARBON_WITH_CUDA
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (params[i].numel() == 0) continue;
-    sgd_step_cuda(params[i], grads[i], has_momentum ? &momentum_buffers[i] : nullptr, c);
-  }
+  sgd_step_cuda(params, grads, momentum_buffers, c);
 #endif
 }
 

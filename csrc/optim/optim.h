@@ -28,12 +28,13 @@ at::Tensor sum_squares(at::TensorList tensors, bool sqrt);
 void clip_scale_(at::TensorList grads, const at::Tensor& total_norm, double max_norm, double eps);
 
 #ifdef CARBON_WITH_CUDA
-// One tensor per call (contiguous, checked by the caller), on the current stream.
-// w: AMSGrad's max_exp_avg_sq, or null.
-// source.step != null: the kernel sets c's t- and lr-dependent constants from device memory.
-void adam_step_cuda(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
-                    const at::Tensor* w, const AdamConstants& c, const AdamStepSource& source);
-void sgd_step_cuda(const at::Tensor& p, const at::Tensor& g, const at::Tensor* b, const SgdConstants& c);
+// Lists of tensors (contiguous and matching, checked by the caller; empty tensors are skipped), on the current
+// stream, one launch per run of up to 32 parameters of one dtype. w: AMSGrad's max_exp_avg_sqs, or empty.
+// steps: capturable Adam's t per parameter (the kernel sets c's t- and lr-dependent constants from device memory
+// and `source`), or empty. b: SGD's momentum buffers, or empty.
+void adam_step_cuda(at::TensorList p, at::TensorList g, at::TensorList m, at::TensorList v, at::TensorList w,
+                    at::TensorList steps, const AdamConstants& c, const AdamStepSource& source);
+void sgd_step_cuda(at::TensorList p, at::TensorList g, at::TensorList b, const SgdConstants& c);
 at::Tensor sum_squares_cuda(at::TensorList tensors, bool sqrt);
 void clip_scale_cuda(at::TensorList grads, const at::Tensor& total_norm, double max_norm, double eps);
 #endif

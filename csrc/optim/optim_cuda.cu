@@ -1,66 +1,114 @@
 // CUDA kernels of the optimizer family. The per-element updates are
-// optim_kernel.h's, as on the CPU; grid-stride loops on the current stream,
-// no host synchronization. The sum of squares:
-//   pass 1  per tensor, fixed chunks of kChunk elements: fp64 sums of squares;
+// optim_kernel.h's, as on the CPU, on the current stream, with no host
+// synchronization. Each kernel runs over a list of up to 32 tensors of one
+// dtype (tensor_lists.cuh): a model's hundreds of parameters take a few
+// launches, not one each. The sum of squares:
+//   pass 1  fixed chunks of kChunk elements of each tensor: fp64 sums of
+//           squares, one per chunk;
 //   pass 2  one warp adds the chunk partials and decides (tier 1);
 //   pass 3  only if undecided (each kernel exits at once otherwise): exact
 //           accumulators per block, merged with 64-bit integer atomics (exact
 //           and order-independent), then rounded.
-// No result depends on the grid.
+// No result depends on the grid or on how the tensors are grouped.
 #include <c10/cuda/CUDAGuard.h>
 
 #include "../cuda_launch.cuh"
 #include "../dtypes.h"
 #include "../exact/warp_exact.cuh"
 #include "optim.h"
+#include "tensor_lists.cuh"
 
 namespace carbon {
 namespace {
 
 constexpr int kThreads = 256;
+// Elements per chunk of the elementwise steps: 16 per thread of a block.
+constexpr int64_t kStepChunk = 16 * kThreads;
 
 // kAmsgrad: w is AMSGrad's max_exp_avg_sq (else null, never read).
+// The tensors of a launch (tensor_lists.cuh): parameters p, gradients g,
+// float32 states (null where a step keeps none: SGD without momentum, Adam
+// without AMSGrad), and capturable Adam's per-tensor step t (null: use the
+// host's constants).
+template <typename T>
+struct StepLists {
+  T* p[kListTensors];
+  const T* g[kListTensors];
+  float* s1[kListTensors];  // Adam: exp_avg; SGD: momentum buffer
+  float* s2[kListTensors];  // Adam: exp_avg_sq
+  float* s3[kListTensors];  // Adam: AMSGrad's max_exp_avg_sq
+  const float* step[kListTensors];
+};
+
+// The elements [begin, end) of chunk `chunk`'s tensor, and the tensor.
+struct ChunkRange {
+  int t;
+  int64_t begin, end;
+};
+__device__ __forceinline__ ChunkRange chunk_range(const ListChunks& l, int64_t chunk) {
+  const int t = tensor_of_chunk(l, chunk);
+  const int64_t begin = (chunk - l.first_chunk[t]) * l.chunk;
+  return {t, begin, min(begin + l.chunk, l.numel[t])};
+}
+
+// kAmsgrad: s3 holds AMSGrad's max_exp_avg_sq (else never read).
 template <typename T, typename F, bool kAmsgrad>
 __global__ void __launch_bounds__(kThreads)
-    adam_kernel(T* __restrict__ p, const T* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
-                float* __restrict__ w, int64_t n, AdamConstants c, AdamStepSource source) {
+    adam_kernel(StepLists<T> a, ListChunks l, AdamConstants c0, AdamStepSource source) {
   constexpr FloatFormat f = F::get();
-  // A capturable step: every thread derives the same constants from t and
-  // lr in device memory (a few dozen fp64 operations, the host's sequence).
-  if (source.step) c = constants_at(c, source);
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const double w0 = kAmsgrad ? load(w, i) : 0.0;
-    const AdamResult r = adam_update<kAmsgrad>(load(p, i), load(g, i), load(m, i), load(v, i), w0, c, f);
-    store_value(m, i, r.m, state_format());
-    store_value(v, i, r.v, state_format());
-    if constexpr (kAmsgrad) store_value(w, i, r.v_max, state_format());
-    store_value(p, i, r.p, f);
+  for (int64_t chunk = blockIdx.x; chunk < l.first_chunk[l.count]; chunk += gridDim.x) {
+    const ChunkRange r = chunk_range(l, chunk);
+    AdamConstants c = c0;
+    // A capturable step: every thread derives the same constants from the tensor's t and lr in device memory (a
+    // few dozen fp64 operations, the host's sequence).
+    if (a.step[r.t]) {
+      AdamStepSource s = source;
+      s.step = a.step[r.t];
+      c = constants_at(c0, s);
+    }
+    T* p = a.p[r.t];
+    const T* g = a.g[r.t];
+    float *m = a.s1[r.t], *v = a.s2[r.t], *w = a.s3[r.t];
+    for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) {
+      const double w0 = kAmsgrad ? load(w, i) : 0.0;
+      const AdamResult u = adam_update<kAmsgrad>(load(p, i), load(g, i), load(m, i), load(v, i), w0, c, f);
+      store_value(m, i, u.m, state_format());
+      store_value(v, i, u.v, state_format());
+      if constexpr (kAmsgrad) store_value(w, i, u.v_max, state_format());
+      store_value(p, i, u.p, f);
+    }
+  }
+}
+
+template <typename T, typename F>
+__global__ void __launch_bounds__(kThreads) sgd_kernel(StepLists<T> a, ListChunks l, SgdConstants c) {
+  constexpr FloatFormat f = F::get();
+  for (int64_t chunk = blockIdx.x; chunk < l.first_chunk[l.count]; chunk += gridDim.x) {
+    const ChunkRange r = chunk_range(l, chunk);
+    T* p = a.p[r.t];
+    const T* g = a.g[r.t];
+    float* b = a.s1[r.t];
+    for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) {
+      const double b0 = (b && !c.first_step) ? load(b, i) : 0.0;
+      const SgdResult u = sgd_update(load(p, i), load(g, i), b0, c, f);
+      if (b) store_value(b, i, u.b, state_format());
+      store_value(p, i, u.p, f);
+    }
   }
 }
 
 template <typename T, typename F>
 __global__ void __launch_bounds__(kThreads)
-    sgd_kernel(T* __restrict__ p, const T* __restrict__ g, float* __restrict__ b, int64_t n, SgdConstants c) {
-  constexpr FloatFormat f = F::get();
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const double b0 = (b && !c.first_step) ? load(b, i) : 0.0;
-    const SgdResult r = sgd_update(load(p, i), load(g, i), b0, c, f);
-    if (b) store_value(b, i, r.b, state_format());
-    store_value(p, i, r.p, f);
-  }
-}
-
-template <typename T, typename F>
-__global__ void __launch_bounds__(kThreads)
-    clip_kernel(T* __restrict__ g, int64_t n, const float* __restrict__ total, double max_norm, double eps) {
+    clip_kernel(StepLists<T> a, ListChunks l, const float* __restrict__ total, double max_norm, double eps) {
   constexpr FloatFormat f = F::get();
   const double coef = clip_coefficient(load(total, 0), max_norm, eps);
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const double scaled = load(g, i) * coef;
-    store_value(g, i, round_double(scaled, f), f);
+  for (int64_t chunk = blockIdx.x; chunk < l.first_chunk[l.count]; chunk += gridDim.x) {
+    const ChunkRange r = chunk_range(l, chunk);
+    T* g = a.p[r.t];
+    for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) {
+      const double scaled = load(g, i) * coef;
+      store_value(g, i, round_double(scaled, f), f);
+    }
   }
 }
 
@@ -75,22 +123,26 @@ constexpr int64_t kChunkDepth = kChunk / kThreads + 5 + kThreads / kWarpSize;
 // then the chunk partials (doubles).
 constexpr int kFlagsWord = kLimbs, kDecidedWord = kLimbs + 1, kValueWord = kLimbs + 2, kPartials = kLimbs + 3;
 
+// Pass 1 over a launch's tensors: block-chunk c's fp64 sum of squares goes to partials[c] (partials: this
+// launch's slice of the scratch's partials, in tensor order: chunk by chunk, tensor after tensor).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    chunk_squares_kernel(const T* __restrict__ x, int64_t n, double* __restrict__ partials) {
+    chunk_squares_kernel(StepLists<T> a, ListChunks l, double* __restrict__ partials) {
   __shared__ double warp_s[kThreads / kWarpSize];
-  const int64_t c = blockIdx.x;
-  const int64_t len = min(kChunk, n - c * kChunk);
-  const T* chunk = x + c * kChunk;
-  double s = 0.0;
-  for (int64_t k = threadIdx.x; k < len; k += kThreads) s = s + square_of(chunk, k);
-  s = warp_sum(s);
-  if (lane_id() == 0) warp_s[threadIdx.x / kWarpSize] = s;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double t = 0.0;
-    for (int w = 0; w < kThreads / kWarpSize; ++w) t = t + warp_s[w];
-    partials[c] = t;
+  for (int64_t chunk = blockIdx.x; chunk < l.first_chunk[l.count]; chunk += gridDim.x) {
+    const ChunkRange r = chunk_range(l, chunk);
+    const T* x = a.p[r.t];
+    double s = 0.0;
+    for (int64_t k = r.begin + threadIdx.x; k < r.end; k += kThreads) s = s + square_of(x, k);
+    s = warp_sum(s);
+    if (lane_id() == 0) warp_s[threadIdx.x / kWarpSize] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double t = 0.0;
+      for (int w = 0; w < kThreads / kWarpSize; ++w) t = t + warp_s[w];
+      partials[chunk] = t;
+    }
+    __syncthreads();  // warp_s is rewritten by the next chunk
   }
 }
 
@@ -109,9 +161,9 @@ __global__ void decide_kernel(int64_t* scratch, int64_t chunks, int64_t n) {
   }
 }
 
-// Tier 3 for one tensor, only when tier 1 did not decide.
+// Tier 3 for a launch's tensors, only when tier 1 did not decide.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) exact_squares_kernel(const T* __restrict__ x, int64_t n, int64_t* scratch) {
+__global__ void __launch_bounds__(kThreads) exact_squares_kernel(StepLists<T> a, ListChunks l, int64_t* scratch) {
   if (scratch[kDecidedWord]) return;
   __shared__ unsigned long long block_limbs[kLimbs];
   __shared__ unsigned int block_flags;
@@ -121,11 +173,12 @@ __global__ void __launch_bounds__(kThreads) exact_squares_kernel(const T* __rest
   int64_t limb[kLimbs];
   uint32_t flags;
   exact_sum_clear(limb, flags);
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    exact_sum_add(limb, flags, square_of(x, i));
-  for (int l = 0; l < kLimbs; ++l)
-    if (limb[l]) atomicAdd(&block_limbs[l], static_cast<unsigned long long>(limb[l]));
+  for (int64_t chunk = blockIdx.x; chunk < l.first_chunk[l.count]; chunk += gridDim.x) {
+    const ChunkRange r = chunk_range(l, chunk);
+    for (int64_t k = r.begin + threadIdx.x; k < r.end; k += kThreads) exact_sum_add(limb, flags, square_of(a.p[r.t], k));
+  }
+  for (int j = 0; j < kLimbs; ++j)
+    if (limb[j]) atomicAdd(&block_limbs[j], static_cast<unsigned long long>(limb[j]));
   atomicOr(&block_flags, flags);
   __syncthreads();
   if (threadIdx.x < kLimbs && block_limbs[threadIdx.x])
@@ -150,55 +203,70 @@ void with_types(const at::Tensor& t, Fn&& fn) {
   });
 }
 
-}  // namespace
-
-void adam_step_cuda(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
-                    const at::Tensor* w, const AdamConstants& c, const AdamStepSource& source) {
-  const c10::cuda::CUDAGuard guard(p.device());
-  const int64_t n = p.numel();
-  const auto stream = at::cuda::getCurrentCUDAStream();
-  with_types(p, [&](auto element, auto fmt) {
-    using T = decltype(element);
-    using F = decltype(fmt);
-    T* pp = p.mutable_data_ptr<T>();
-    const T* gp = g.const_data_ptr<T>();
-    float* mp = m.mutable_data_ptr<float>();
-    float* vp = v.mutable_data_ptr<float>();
-    const int blocks = blocks_for(n, kThreads);
-    if (w) {
-      adam_kernel<T, F, true><<<blocks, kThreads, 0, stream>>>(pp, gp, mp, vp, w->mutable_data_ptr<float>(), n, c,
-                                                               source);
-    } else {
-      adam_kernel<T, F, false><<<blocks, kThreads, 0, stream>>>(pp, gp, mp, vp, nullptr, n, c, source);
-    }
-  });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+// The pointers of list entry k = tensors[i] of each given list (an empty list: null).
+template <typename T>
+void set_entry(StepLists<T>& a, int k, size_t i, at::TensorList p, at::TensorList g, at::TensorList s1,
+               at::TensorList s2, at::TensorList s3, at::TensorList steps) {
+  a.p[k] = p[i].mutable_data_ptr<T>();
+  a.g[k] = g.empty() ? nullptr : g[i].const_data_ptr<T>();
+  a.s1[k] = s1.empty() ? nullptr : s1[i].mutable_data_ptr<float>();
+  a.s2[k] = s2.empty() ? nullptr : s2[i].mutable_data_ptr<float>();
+  a.s3[k] = s3.empty() ? nullptr : s3[i].mutable_data_ptr<float>();
+  a.step[k] = steps.empty() ? nullptr : steps[i].const_data_ptr<float>();
 }
 
-void sgd_step_cuda(const at::Tensor& p, const at::Tensor& g, const at::Tensor* b, const SgdConstants& c) {
-  const c10::cuda::CUDAGuard guard(p.device());
-  const int64_t n = p.numel();
-  with_types(p, [&](auto element, auto fmt) {
-    using T = decltype(element);
-    sgd_kernel<T, decltype(fmt)><<<blocks_for(n, kThreads), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        p.mutable_data_ptr<T>(), g.const_data_ptr<T>(), b ? b->mutable_data_ptr<float>() : nullptr, n, c);
+// fn(lists, chunks, T{}, F{}) for each list launch over p (chunks of `chunk` elements), the entries filled from
+// the lists given (tensors matching p's, or empty).
+template <typename Fn>
+void for_each_launch(at::TensorList p, at::TensorList g, at::TensorList s1, at::TensorList s2, at::TensorList s3,
+                     at::TensorList steps, int64_t chunk, Fn&& fn) {
+  for_each_tensor_list(p, chunk, [&](const std::vector<size_t>& run, const ListChunks& l) {
+    with_types(p[run[0]], [&](auto element, auto fmt) {
+      using T = decltype(element);
+      StepLists<T> a{};
+      for (int k = 0; k < l.count; ++k) set_entry(a, k, run[k], p, g, s1, s2, s3, steps);
+      fn(a, l, element, fmt);
+    });
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void adam_step_cuda(at::TensorList p, at::TensorList g, at::TensorList m, at::TensorList v, at::TensorList w,
+                    at::TensorList steps, const AdamConstants& c, const AdamStepSource& source) {
+  if (p.empty()) return;
+  const c10::cuda::CUDAGuard guard(p[0].device());
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  for_each_launch(p, g, m, v, w, steps, kStepChunk, [&](const auto& a, const ListChunks& l, auto element, auto fmt) {
+    using T = decltype(element);
+    using F = decltype(fmt);
+    if (!w.empty())
+      adam_kernel<T, F, true><<<list_blocks(l), kThreads, 0, stream>>>(a, l, c, source);
+    else
+      adam_kernel<T, F, false><<<list_blocks(l), kThreads, 0, stream>>>(a, l, c, source);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+void sgd_step_cuda(at::TensorList p, at::TensorList g, at::TensorList b, const SgdConstants& c) {
+  if (p.empty()) return;
+  const c10::cuda::CUDAGuard guard(p[0].device());
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  for_each_launch(p, g, b, {}, {}, {}, kStepChunk, [&](const auto& a, const ListChunks& l, auto element, auto fmt) {
+    sgd_kernel<decltype(element), decltype(fmt)><<<list_blocks(l), kThreads, 0, stream>>>(a, l, c);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
 }
 
 void clip_scale_cuda(at::TensorList grads, const at::Tensor& total_norm, double max_norm, double eps) {
   const c10::cuda::CUDAGuard guard(total_norm.device());
   const auto stream = at::cuda::getCurrentCUDAStream();
-  for (const at::Tensor& g : grads) {
-    const int64_t n = g.numel();
-    if (n == 0) continue;
-    with_types(g, [&](auto element, auto fmt) {
-      using T = decltype(element);
-      clip_kernel<T, decltype(fmt)><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(
-          g.mutable_data_ptr<T>(), n, total_norm.const_data_ptr<float>(), max_norm, eps);
-    });
+  for_each_launch(grads, {}, {}, {}, {}, {}, kStepChunk, [&](const auto& a, const ListChunks& l, auto element,
+                                                             auto fmt) {
+    clip_kernel<decltype(element), decltype(fmt)><<<list_blocks(l), kThreads, 0, stream>>>(
+        a, l, total_norm.const_data_ptr<float>(), max_norm, eps);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
+  });
 }
 
 at::Tensor sum_squares_cuda(at::TensorList tensors, bool take_sqrt) {
@@ -213,28 +281,17 @@ at::Tensor sum_squares_cuda(at::TensorList tensors, bool take_sqrt) {
   int64_t* s = scratch.mutable_data_ptr<int64_t>();
   double* partials = reinterpret_cast<double*>(s + kPartials);
   int64_t base = 0;
-  for (const at::Tensor& t : tensors) {
-    const int64_t c = (t.numel() + kChunk - 1) / kChunk;
-    if (c == 0) continue;
-    with_element_type(t.scalar_type(), [&](auto element) {
-      using T = decltype(element);
-      chunk_squares_kernel<T><<<static_cast<unsigned>(c), kThreads, 0, stream>>>(t.const_data_ptr<T>(), t.numel(),
-                                                                                partials + base);
-    });
+  for_each_launch(tensors, {}, {}, {}, {}, {}, kChunk, [&](const auto& a, const ListChunks& l, auto element, auto) {
+    chunk_squares_kernel<decltype(element)><<<list_blocks(l), kThreads, 0, stream>>>(a, l, partials + base);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    base += c;
-  }
+    base += l.first_chunk[l.count];
+  });
   decide_kernel<<<1, kWarpSize, 0, stream>>>(s, chunks, std::max<int64_t>(n, 1));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  for (const at::Tensor& t : tensors) {
-    if (t.numel() == 0) continue;
-    with_element_type(t.scalar_type(), [&](auto element) {
-      using T = decltype(element);
-      exact_squares_kernel<T><<<blocks_for(t.numel(), kThreads), kThreads, 0, stream>>>(t.const_data_ptr<T>(),
-                                                                                       t.numel(), s);
-    });
+  for_each_launch(tensors, {}, {}, {}, {}, {}, kChunk, [&](const auto& a, const ListChunks& l, auto element, auto) {
+    exact_squares_kernel<decltype(element)><<<list_blocks(l), kThreads, 0, stream>>>(a, l, s);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
+  });
   at::Tensor out = at::empty({}, tensors[0].options().dtype(at::kFloat));
   finish_kernel<<<1, 1, 0, stream>>>(s, take_sqrt, out.mutable_data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
