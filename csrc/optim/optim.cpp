@@ -198,14 +198,7 @@ void adam_range(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, c
       if constexpr (kAmsgrad) std::memcpy(wp + b, wb, len * sizeof(float));
       continue;
     }
-    for (int64_t i = b; i < b + len; ++i) {
-      const double w0 = kAmsgrad ? load(wp, i) : 0.0;
-      const AdamResult r = adam_update<kAmsgrad>(load(pp, i), load(gp, i), load(mp, i), load(vp, i), w0, c, f);
-      store_value(mp, i, r.m, state_format());
-      store_value(vp, i, r.v, state_format());
-      if constexpr (kAmsgrad) store_value(wp, i, r.v_max, state_format());
-      store_value(pp, i, r.p, f);
-    }
+    for (int64_t i = b; i < b + len; ++i) adam_element<kAmsgrad>(pp, gp, mp, vp, wp, i, c, f);
   }
 }
 

@@ -69,14 +69,7 @@ __global__ void __launch_bounds__(kThreads)
     T* p = a.p[r.t];
     const T* g = a.g[r.t];
     float *m = a.s1[r.t], *v = a.s2[r.t], *w = a.s3[r.t];
-    for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) {
-      const double w0 = kAmsgrad ? load(w, i) : 0.0;
-      const AdamResult u = adam_update<kAmsgrad>(load(p, i), load(g, i), load(m, i), load(v, i), w0, c, f);
-      store_value(m, i, u.m, state_format());
-      store_value(v, i, u.v, state_format());
-      if constexpr (kAmsgrad) store_value(w, i, u.v_max, state_format());
-      store_value(p, i, u.p, f);
-    }
+    for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) adam_element<kAmsgrad>(p, g, m, v, w, i, c, f);
   }
 }
 

@@ -239,6 +239,19 @@ CARBON_HD void store_value(T* p, int64_t i, double value, const FloatFormat& f) 
   }
 }
 
+// Element i's Adam step in place: p (format f), its gradient g, the float32
+// states m, v and (kAmsgrad) w = max_exp_avg_sq.
+template <bool kAmsgrad, typename T>
+CARBON_HD void adam_element(T* p, const T* g, float* m, float* v, float* w, int64_t i, const AdamConstants& c,
+                            const FloatFormat& f) {
+  const double w0 = kAmsgrad ? load(w, i) : 0.0;
+  const AdamResult r = adam_update<kAmsgrad>(load(p, i), load(g, i), load(m, i), load(v, i), w0, c, f);
+  store_value(m, i, r.m, state_format());
+  store_value(v, i, r.v, state_format());
+  if constexpr (kAmsgrad) store_value(w, i, r.v_max, state_format());
+  store_value(p, i, r.p, f);
+}
+
 // The fp64 square of an element (exact: at most 2 * 24 significant bits).
 template <typename T>
 CARBON_HD double square_of(const T* p, int64_t i) {
