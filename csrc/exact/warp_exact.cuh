@@ -41,32 +41,37 @@ __device__ __forceinline__ CompensatedSum warp_merge(CompensatedSum acc) {
 // at most n + 31 TwoSums and error additions on any path.
 __host__ __device__ __forceinline__ int64_t warp_compensated_depth(int64_t n) { return n + 64; }
 
-// The warp's per-lane accumulators: limbs[lane] is lane `lane`'s array.
-using WarpLimbs = int64_t[kWarpSize][kLimbs];
-// warp_merge_limbs gives one limb to each lane.
-static_assert(kLimbs <= kWarpSize, "warp_merge_limbs needs a lane per limb");
-
-// Adds every lane's limbs into limbs[0] (exact integer sums; each limb total
-// stays below 2^63 for fewer than 2^31 terms) and ORs the lanes' flags. Every
-// lane must call it; afterwards lane 0 may round limbs[0].
-__device__ __forceinline__ uint32_t warp_merge_limbs(WarpLimbs& limbs, uint32_t flags) {
-  const int lane = lane_id();
-  flags = warp_or(flags);
-  __syncwarp();
-  int64_t total = 0;
-  if (lane < kLimbs)
-    for (int l = 0; l < kWarpSize; ++l) total += limbs[l][lane];
-  __syncwarp();
-  if (lane < kLimbs) limbs[0][lane] = total;
-  __syncwarp();
-  return flags;
+// A lane's exact accumulator is an array of kLimbs limbs in the lane's
+// local memory: `int64_t storage[kLimbs]; int64_t* limb =
+// lane_limbs(storage);`. The empty asm hides the array from the optimizer,
+// which would otherwise hold all 20 limbs of this rarely taken tier in
+// registers and so raise the register count (and lower the occupancy) of
+// every kernel that carries it.
+__device__ __forceinline__ int64_t* lane_limbs(int64_t* storage) {
+#if defined(__CUDACC__)
+  asm volatile("" : "+l"(storage));
+#endif
+  return storage;
 }
 
-// Broadcast lane 0's value, then make limbs[0] safe to reuse.
-__device__ __forceinline__ double warp_broadcast_from_lane0(double x) {
-  x = __shfl_sync(kFullWarp, x, 0);
-  __syncwarp();
-  return x;
+// Merges the lanes' exact accumulators: each lane's limbs (its own array,
+// in the lane's local memory) become the sums over all 32 lanes, by integer
+// butterflies (exact: each limb total stays below 2^63 for fewer than 2^31
+// terms, and so does any partial sum), and the flags are ORed. Every lane
+// must call it; afterwards every lane holds the warp's accumulator and
+// rounds it to the same value. (No shared memory: a block's 20 KB of
+// accumulators for a path that rarely runs would cap the occupancy of the
+// memory-bound kernels that carry it.)
+__device__ __forceinline__ uint32_t warp_merge_limbs(int64_t* limb, uint32_t flags) {
+  // Not unrolled: the limbs stay in local memory rather than taking 40
+  // registers in every kernel that carries this rare path.
+#pragma unroll 1
+  for (int l = 0; l < kLimbs; ++l) {
+    int64_t x = limb[l];
+    for (int off = kWarpSize / 2; off > 0; off /= 2) x += __shfl_xor_sync(kFullWarp, x, off);
+    limb[l] = x;
+  }
+  return warp_or(flags);
 }
 
 }  // namespace carbon

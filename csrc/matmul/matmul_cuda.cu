@@ -6,8 +6,8 @@
 // Rounding kernel: one thread per output runs tier 1. Outputs it cannot
 // decide are then taken one at a time by their whole warp (warp-uniform
 // loop over a ballot mask): the 32 lanes split K for the compensated tier and,
-// if needed, for the exact accumulator, each lane with private limbs in shared
-// memory that are summed as integers at the end (order-free, so exact).
+// if needed, for the exact accumulator, each lane with private limbs that are
+// summed as integers at the end (order-free, so exact; warp_exact.cuh).
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -42,9 +42,8 @@ __global__ void row_stats_kernel(const double* __restrict__ x, int64_t R, int64_
 }
 
 // Tiers 2 and 3 for output (b, i, j), computed by the whole warp. Every lane
-// returns the same value. `limbs` is this warp's shared block of accumulators.
-__device__ double round_exact_warp(const MatmulView& v, int64_t b, int64_t i, int64_t j,
-                                   const FloatFormat& f, WarpLimbs& limbs) {
+// returns the same value.
+__device__ double round_exact_warp(const MatmulView& v, int64_t b, int64_t i, int64_t j, const FloatFormat& f) {
   const int lane = lane_id();
   const double* a = v.a + (b * v.M + i) * v.K;
   const double* bt = v.bt + (b * v.N + j) * v.K;
@@ -61,14 +60,14 @@ __device__ double round_exact_warp(const MatmulView& v, int64_t b, int64_t i, in
   if (round_if_decided(value, compensated_bound(value, abs_sum, warp_compensated_depth(v.K + 1)), f, &out))
     return out;
 
-  int64_t* mine = limbs[lane];
+  int64_t storage[kLimbs];
+  int64_t* limb = lane_limbs(storage);
   uint32_t flags;
-  exact_sum_clear(mine, flags);
-  for (int64_t k = lane; k < v.K; k += kWarpSize) exact_sum_add_product(mine, flags, a[k], bt[k]);
-  if (has_bias && lane == 0) exact_sum_add(mine, flags, bias);
-  flags = warp_merge_limbs(limbs, flags);
-  if (lane == 0) out = exact_sum_round(limbs[0], flags, f);
-  return warp_broadcast_from_lane0(out);
+  exact_sum_clear(limb, flags);
+  for (int64_t k = lane; k < v.K; k += kWarpSize) exact_sum_add_product(limb, flags, a[k], bt[k]);
+  if (has_bias && lane == 0) exact_sum_add(limb, flags, bias);
+  flags = warp_merge_limbs(limb, flags);
+  return exact_sum_round(limb, flags, f);
 }
 
 template <typename F>
@@ -76,7 +75,6 @@ __global__ void __launch_bounds__(kWarpSize* kWarpsPerBlock)
     matmul_round_kernel(MatmulView v, typename F::Bits* __restrict__ out) {
   using Bits = typename F::Bits;
   constexpr FloatFormat f = F::get();
-  __shared__ WarpLimbs limbs[kWarpsPerBlock];
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int64_t total = v.B * v.M * v.N;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -105,7 +103,7 @@ __global__ void __launch_bounds__(kWarpSize* kWarpsPerBlock)
       const int64_t pb = __shfl_sync(kFullWarp, b, src);
       const int64_t pi = __shfl_sync(kFullWarp, i, src);
       const int64_t pj = __shfl_sync(kFullWarp, j, src);
-      const double r = round_exact_warp(v, pb, pi, pj, f, limbs[warp]);
+      const double r = round_exact_warp(v, pb, pi, pj, f);
       if (lane == src) out[idx] = static_cast<Bits>(encode(r, f));
     }
   }

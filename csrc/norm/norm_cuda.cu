@@ -31,29 +31,27 @@ namespace {
 
 constexpr int kWarpsPerBlock = 4;
 constexpr int kThreads = kWarpSize * kWarpsPerBlock;
-// Row cache per block (dynamic shared memory) on top of the static 20 KB of
-// exact accumulators: up to 24 KB fits the default 48 KB; up to 64 KB (n <=
-// 4096, two blocks per SM on sm_80 / sm_90) with the opt-in attribute where
-// the device allows it. Larger rows are re-read instead.
+// Row cache per block (dynamic shared memory, the kernels' only shared
+// memory): up to 24 KB without the opt-in attribute (n <= 1536: nine blocks
+// per SM by shared memory, sixteen by threads); up to 64 KB (n <= 4096, three
+// blocks per SM on sm_90) with it, where the device allows it. Larger rows
+// are re-read instead.
 constexpr size_t kDefaultCacheBytes = 24 * 1024;
 constexpr size_t kMaxCacheBytes = 64 * 1024;
-constexpr size_t kStaticBytes = sizeof(WarpLimbs) * kWarpsPerBlock;
 
 __device__ __forceinline__ int64_t warp_depth(int64_t n) { return (n + kWarpSize - 1) / kWarpSize + 6; }
 
 // Exact tier on a warp: RN32(sum of the terms / n), the terms of element k
-// added by add(limbs, flags, k). Every lane returns the value.
+// added by add(limb, flags, k). Every lane returns the value.
 template <typename Add>
-__device__ double warp_exact_mean(int64_t n, WarpLimbs& limbs, Add add) {
-  const int lane = lane_id();
-  int64_t* mine = limbs[lane];
+__device__ double warp_exact_mean(int64_t n, Add add) {
+  int64_t storage[kLimbs];
+  int64_t* limb = lane_limbs(storage);
   uint32_t flags;
-  exact_sum_clear(mine, flags);
-  for (int64_t k = lane; k < n; k += kWarpSize) add(mine, flags, k);
-  flags = warp_merge_limbs(limbs, flags);
-  double value = 0.0;
-  if (lane == 0) value = exact_mean_round(limbs[0], flags, n);
-  return warp_broadcast_from_lane0(value);
+  exact_sum_clear(limb, flags);
+  for (int64_t k = lane_id(); k < n; k += kWarpSize) add(limb, flags, k);
+  flags = warp_merge_limbs(limb, flags);
+  return exact_mean_round(limb, flags, n);
 }
 
 __device__ __forceinline__ uint32_t bits32(double v) { return encode(v, F32::get()); }
@@ -65,7 +63,6 @@ __global__ void __launch_bounds__(kThreads)
                         uint32_t* __restrict__ mean, uint32_t* __restrict__ rstd) {
   using F = typename FormatOf<T>::type;
   constexpr FloatFormat f = F::get();
-  __shared__ WarpLimbs limbs[kWarpsPerBlock];
   extern __shared__ float row_cache[];  // kCached: kWarpsPerBlock rows of n floats
   const int warp = threadIdx.x / kWarpSize, lane = lane_id();
   float* cache = row_cache + (kCached ? static_cast<int64_t>(warp) * n : 0);
@@ -90,7 +87,7 @@ __global__ void __launch_bounds__(kThreads)
       }
       t = warp_sum(t);
       if (!mean_of_squares_fast(t, n, depth, 0, &var))
-        var = warp_exact_mean(n, limbs[warp], [&](int64_t* l, uint32_t& fl, int64_t k) {
+        var = warp_exact_mean(n, [&](int64_t* l, uint32_t& fl, int64_t k) {
           const double v = value(k);
           exact_sum_add_product(l, fl, v, v);
         });
@@ -104,8 +101,7 @@ __global__ void __launch_bounds__(kThreads)
       s = warp_sum(s);
       a = warp_sum(a);
       if (!mean_fast(s, a, n, depth, &mu))
-        mu = warp_exact_mean(n, limbs[warp],
-                             [&](int64_t* l, uint32_t& fl, int64_t k) { exact_sum_add(l, fl, value(k)); });
+        mu = warp_exact_mean(n, [&](int64_t* l, uint32_t& fl, int64_t k) { exact_sum_add(l, fl, value(k)); });
       if (!is_finite(mu)) {
         var = canonical_nan();
       } else {
@@ -116,7 +112,7 @@ __global__ void __launch_bounds__(kThreads)
         }
         t = warp_sum(t);
         if (!mean_of_squares_fast(t, n, depth, 3, &var))
-          var = warp_exact_mean(n, limbs[warp], [&](int64_t* l, uint32_t& fl, int64_t k) {
+          var = warp_exact_mean(n, [&](int64_t* l, uint32_t& fl, int64_t k) {
             add_centered_square(l, fl, value(k), mu);
           });
       }
@@ -145,7 +141,6 @@ __global__ void __launch_bounds__(kThreads)
                          const uint32_t* __restrict__ rstd, typename FormatOf<T>::type::Bits* __restrict__ dx) {
   using F = typename FormatOf<T>::type;
   constexpr FloatFormat f = F::get();
-  __shared__ WarpLimbs limbs[kWarpsPerBlock];
   const int warp = threadIdx.x / kWarpSize, lane = lane_id();
   const int64_t depth = warp_depth(n);
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp; r < rows;
@@ -177,7 +172,7 @@ __global__ void __launch_bounds__(kThreads)
       gs = warp_sum(gs);
       ga = warp_sum(ga);
       if (!mean_fast(gs, ga, n, depth, &A))
-        A = warp_exact_mean(n, limbs[warp], [&](int64_t* l, uint32_t& fl, int64_t k) {
+        A = warp_exact_mean(n, [&](int64_t* l, uint32_t& fl, int64_t k) {
           double xh, g;
           terms(k, xh, g);
           exact_sum_add(l, fl, g);
@@ -186,7 +181,7 @@ __global__ void __launch_bounds__(kThreads)
     ps = warp_sum(ps);
     pa = warp_sum(pa);
     if (!mean_fast(ps, pa, n, depth, &B))
-      B = warp_exact_mean(n, limbs[warp], [&](int64_t* l, uint32_t& fl, int64_t k) {
+      B = warp_exact_mean(n, [&](int64_t* l, uint32_t& fl, int64_t k) {
         double xh, g;
         terms(k, xh, g);
         exact_sum_add_product(l, fl, g, xh);
@@ -233,7 +228,7 @@ void allow_largest_cache(size_t optin) {
   const std::lock_guard<std::mutex> lock(mutex);
   if (static_cast<int>(raised.size()) <= device) raised.resize(static_cast<size_t>(device) + 1, false);
   if (raised[static_cast<size_t>(device)]) return;
-  const size_t largest = std::min(kMaxCacheBytes, optin - kStaticBytes - 1024);
+  const size_t largest = std::min(kMaxCacheBytes, optin - 1024);
   C10_CUDA_CHECK(cudaFuncSetAttribute(norm_forward_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(largest)));
   raised[static_cast<size_t>(device)] = true;
@@ -261,7 +256,7 @@ void norm_forward_cuda(const NormArgs& a, at::Tensor& y) {
     const size_t cache_bytes = static_cast<size_t>(kWarpsPerBlock) * static_cast<size_t>(n) * sizeof(float);
     const size_t optin = at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
     const bool cached = cache_bytes <= kDefaultCacheBytes ||
-                        (cache_bytes <= kMaxCacheBytes && cache_bytes + kStaticBytes + 1024 <= optin);
+                        (cache_bytes <= kMaxCacheBytes && cache_bytes + 1024 <= optin);
     if (cached) {
       if (cache_bytes > kDefaultCacheBytes) allow_largest_cache<T>(optin);
       std::apply([&](auto... p) { norm_forward_kernel<T, true><<<blocks, kThreads, cache_bytes, stream>>>(p...); },

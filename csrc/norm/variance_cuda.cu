@@ -17,8 +17,7 @@ namespace {
 constexpr int kWarpsPerBlock = 4;
 
 template <typename T>
-__device__ void warp_var_mean_row(const T* row, int64_t n, int64_t divisor, WarpLimbs& limbs, uint32_t* var_out,
-                                  uint32_t* mean_out) {
+__device__ void warp_var_mean_row(const T* row, int64_t n, int64_t divisor, uint32_t* var_out, uint32_t* mean_out) {
   const int lane = lane_id();
   double var, mean;
   if (n == 0) {
@@ -40,13 +39,13 @@ __device__ void warp_var_mean_row(const T* row, int64_t n, int64_t divisor, Warp
       nonfinite_var_mean(flags, &var, &mean);
     } else {
       if (!mean_fast(s, a, n, depth, &mean)) {
-        int64_t* mine = limbs[lane];
+        int64_t storage[kLimbs];
+        int64_t* limb = lane_limbs(storage);
         uint32_t exact_flags;
-        exact_sum_clear(mine, exact_flags);
-        for (int64_t k = lane; k < n; k += kWarpSize) exact_sum_add(mine, exact_flags, element_value(row[k]));
-        exact_flags = warp_merge_limbs(limbs, exact_flags);
-        if (lane == 0) mean = exact_mean_round(limbs[0], exact_flags, n);
-        mean = warp_broadcast_from_lane0(mean);
+        exact_sum_clear(limb, exact_flags);
+        for (int64_t k = lane; k < n; k += kWarpSize) exact_sum_add(limb, exact_flags, element_value(row[k]));
+        exact_flags = warp_merge_limbs(limb, exact_flags);
+        mean = exact_mean_round(limb, exact_flags, n);
       }
       double q = 0.0;
       for (int64_t k = lane; k < n; k += kWarpSize) {
@@ -57,13 +56,13 @@ __device__ void warp_var_mean_row(const T* row, int64_t n, int64_t divisor, Warp
       if (divisor == 0) {
         var = var_without_divisor(q);
       } else if (!mean_of_squares_fast(q, divisor, depth, 3, &var)) {
-        int64_t* mine = limbs[lane];
+        int64_t storage[kLimbs];
+        int64_t* limb = lane_limbs(storage);
         uint32_t exact_flags;
-        exact_sum_clear(mine, exact_flags);
-        for (int64_t k = lane; k < n; k += kWarpSize) add_centered_square(mine, exact_flags, element_value(row[k]), mean);
-        exact_flags = warp_merge_limbs(limbs, exact_flags);
-        if (lane == 0) var = exact_mean_round(limbs[0], exact_flags, divisor);
-        var = warp_broadcast_from_lane0(var);
+        exact_sum_clear(limb, exact_flags);
+        for (int64_t k = lane; k < n; k += kWarpSize) add_centered_square(limb, exact_flags, element_value(row[k]), mean);
+        exact_flags = warp_merge_limbs(limb, exact_flags);
+        var = exact_mean_round(limb, exact_flags, divisor);
       }
     }
   }
@@ -80,11 +79,10 @@ template <typename T>
 __global__ void __launch_bounds__(kWarpSize* kWarpsPerBlock)
     var_mean_kernel(const T* __restrict__ x, int64_t rows, int64_t n, int64_t divisor, uint32_t* __restrict__ var,
                     uint32_t* __restrict__ mean) {
-  __shared__ WarpLimbs limbs[kWarpsPerBlock];
   const int warp = threadIdx.x / kWarpSize;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp; r < rows;
        r += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock)
-    warp_var_mean_row(x + r * n, n, divisor, limbs[warp], var + r, mean + r);
+    warp_var_mean_row(x + r * n, n, divisor, var + r, mean + r);
 }
 
 }  // namespace

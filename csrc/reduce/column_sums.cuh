@@ -98,7 +98,6 @@ __global__ void __launch_bounds__(kWarpSize* kFinishWarps)
                           ColumnOutputs<typename F::Bits, Terms::kQ> outputs) {
   constexpr int Q = Terms::kQ;
   constexpr FloatFormat f = F::get();
-  __shared__ WarpLimbs limbs[kFinishWarps];
   const int warp = threadIdx.x / kWarpSize, lane = lane_id();
   // Warp-uniform loop: a warp takes 32 consecutive columns.
   for (int64_t base = (static_cast<int64_t>(blockIdx.x) * kFinishWarps + warp) * kWarpSize; base < cols;
@@ -138,7 +137,7 @@ __global__ void __launch_bounds__(kWarpSize* kFinishWarps)
               terms(r, col, t);
               return t[q];
             },
-            abs_sum, mean, f, limbs[warp]);
+            abs_sum, mean, f);
         if (lane == src) value = v;
       }
       if (mine) out[c] = static_cast<typename F::Bits>(encode(value, f));

@@ -47,8 +47,7 @@ __device__ Tier1 warp_tier1(const T* row, int64_t n) {
 // Finishes one row on the whole warp from its tier-1 sums; every lane
 // returns the same value.
 template <typename T>
-__device__ double warp_finish_row(const T* row, int64_t n, const Tier1& t1, bool mean, const FloatFormat& f,
-                                  WarpLimbs& limbs) {
+__device__ double warp_finish_row(const T* row, int64_t n, const Tier1& t1, bool mean, const FloatFormat& f) {
   const int lane = lane_id();
   double value = 0.0;
   if (n == 0) return empty_reduction(mean);
@@ -62,20 +61,19 @@ __device__ double warp_finish_row(const T* row, int64_t n, const Tier1& t1, bool
     return exact_zero(kSawTerm | (__any_sync(0xffffffffu, not_negative_zero) ? kSawNonNegZero : 0u));
   }
   return warp_round_exact_terms(
-      n, [&](int64_t k) { return element_value(row[k]); }, t1.abs_sum, mean, f, limbs);
+      n, [&](int64_t k) { return element_value(row[k]); }, t1.abs_sum, mean, f);
 }
 
 template <typename T, typename F>
 __global__ void __launch_bounds__(kWarpSize* kWarpsPerBlock)
     reduce_rows_kernel(const T* __restrict__ x, int64_t rows, int64_t n, bool mean, typename F::Bits* __restrict__ out) {
   constexpr FloatFormat f = F::get();
-  __shared__ WarpLimbs limbs[kWarpsPerBlock];
   const int warp = threadIdx.x / kWarpSize;
   // Warp-uniform loop: every lane of a warp works on the same row.
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp; r < rows;
        r += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
     const T* row = x + r * n;
-    const double value = warp_finish_row(row, n, warp_tier1(row, n), mean, f, limbs[warp]);
+    const double value = warp_finish_row(row, n, warp_tier1(row, n), mean, f);
     if (lane_id() == 0) out[r] = static_cast<typename F::Bits>(encode(value, f));
   }
 }
@@ -135,14 +133,13 @@ __global__ void __launch_bounds__(kWarpSize* kWarpsPerBlock)
                              const double* __restrict__ sums, const double* __restrict__ abs_sums, bool mean,
                              typename F::Bits* __restrict__ out) {
   constexpr FloatFormat f = F::get();
-  __shared__ WarpLimbs limbs[kWarpsPerBlock];
   const int warp = threadIdx.x / kWarpSize;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp; r < rows;
        r += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
     const Tier1 s = warp_tier1(sums + r * chunks, chunks);
     const Tier1 a = warp_tier1(abs_sums + r * chunks, chunks);
     const Tier1 t1{s.sum, a.sum, kChunkDepth + s.depth};
-    const double value = warp_finish_row(x + r * n, n, t1, mean, f, limbs[warp]);
+    const double value = warp_finish_row(x + r * n, n, t1, mean, f);
     if (lane_id() == 0) out[r] = static_cast<typename F::Bits>(encode(value, f));
   }
 }

@@ -17,7 +17,6 @@ __global__ void __launch_bounds__(kWarpSize)
     sum_divided_kernel(const T* __restrict__ x, int64_t n, const int64_t* __restrict__ divisor,
                        typename F::Bits* __restrict__ out) {
   constexpr FloatFormat f = F::get();
-  __shared__ WarpLimbs limbs;
   const int lane = lane_id();
   const int64_t d = *divisor;
   double s = 0.0, a = 0.0;
@@ -36,12 +35,13 @@ __global__ void __launch_bounds__(kWarpSize)
     for (int64_t k = lane; k < n; k += kWarpSize) compensated_add(acc, element_value(x[k]));
     acc = warp_merge(acc);
     if (!reduce_round_compensated(acc, a * kBoundSlack, d, warp_compensated_depth(n), true, f, &value)) {
+      int64_t storage[kLimbs];
+      int64_t* limb = lane_limbs(storage);
       uint32_t flags;
-      exact_sum_clear(limbs[lane], flags);
-      for (int64_t k = lane; k < n; k += kWarpSize) exact_sum_add(limbs[lane], flags, element_value(x[k]));
-      flags = warp_merge_limbs(limbs, flags);
-      if (lane == 0) value = reduce_round_exact_sum(limbs[0], flags, d, true, f);
-      value = warp_broadcast_from_lane0(value);
+      exact_sum_clear(limb, flags);
+      for (int64_t k = lane; k < n; k += kWarpSize) exact_sum_add(limb, flags, element_value(x[k]));
+      flags = warp_merge_limbs(limb, flags);
+      value = reduce_round_exact_sum(limb, flags, d, true, f);
     }
   }
   if (lane == 0) *out = static_cast<typename F::Bits>(encode(value, f));

@@ -15,8 +15,8 @@ namespace carbon {
 // their magnitudes. Every lane of the warp must call it with the same
 // arguments; every lane returns the value.
 template <typename ValueAt>
-__device__ double warp_round_exact_terms(int64_t n, ValueAt value_at, double abs_sum, bool mean, const FloatFormat& f,
-                                         WarpLimbs& limbs) {
+__device__ double warp_round_exact_terms(int64_t n, ValueAt value_at, double abs_sum, bool mean,
+                                         const FloatFormat& f) {
   const int lane = lane_id();
   double value = 0.0;
   CompensatedSum acc;
@@ -24,13 +24,13 @@ __device__ double warp_round_exact_terms(int64_t n, ValueAt value_at, double abs
   acc = warp_merge(acc);
   if (reduce_round_compensated(acc, abs_sum * kBoundSlack, n, warp_compensated_depth(n), mean, f, &value))
     return value;
-  int64_t* mine = limbs[lane];
+  int64_t storage[kLimbs];
+  int64_t* limb = lane_limbs(storage);
   uint32_t flags;
-  exact_sum_clear(mine, flags);
-  for (int64_t k = lane; k < n; k += kWarpSize) exact_sum_add(mine, flags, value_at(k));
-  flags = warp_merge_limbs(limbs, flags);
-  if (lane == 0) value = reduce_round_exact_sum(limbs[0], flags, n, mean, f);
-  return warp_broadcast_from_lane0(value);
+  exact_sum_clear(limb, flags);
+  for (int64_t k = lane; k < n; k += kWarpSize) exact_sum_add(limb, flags, value_at(k));
+  flags = warp_merge_limbs(limb, flags);
+  return reduce_round_exact_sum(limb, flags, n, mean, f);
 }
 
 }  // namespace carbon
