@@ -22,6 +22,10 @@ if os.environ.get("CARBON_TEST_EMULATED_KERNELS") == "1":
 
     _emulated_kernels = use_emulated_kernels()
 
+    def pytest_terminal_summary(terminalreporter):
+        """How many emulated CUDA kernels ran (so a run that silently fell back to the CPU kernels shows)."""
+        terminalreporter.write_line(f"emulated CUDA launches: {int(torch.ops.carbon_emu._emu_launches())}")
+
 
 @pytest.fixture
 def restore_num_threads():
