@@ -203,6 +203,34 @@ def test_softmax_backward_sums_on_ties(op, dtype):
             check_op(BACKWARD_OF[op], grad, y, 1, out_dtype, context=f"ties n={n} -> {name_of(out_dtype)}")
 
 
+# Many short rows (n <= 1024, at least 32 rows per SM: 64 on the emulated 2 SMs) take a warp per row
+# (softmax_cuda.cu's warp kernels); fewer or longer rows a block per row.
+@pytest.mark.parametrize("op", SOFTMAX_OPS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_warp_rows_and_their_boundaries(op, dtype):
+    """The same rows on both sides of the kernels' boundaries -- 63 and 64 rows, n = 1024 and 1025 -- with
+    masked, special and random rows; float32 ties (S and the gradient sums undecided by tier 1: the warp's exact
+    tiers) in 72 rows."""
+    g = generator(seed_of("warp rows", op, dtype))
+    for n in (1, 31, 32, 33, 100, 1024, 1025):
+        x = values((64, n), dtype, g, wide=n % 2 == 1)
+        x[3] = -INF
+        x[5, n // 2] = NAN
+        x[6, 0] = INF
+        x[7, : n - 1] = -INF
+        for rows in (63, 64):
+            grad = values((rows, n), dtype, g)
+            grad[2] = -0.0
+            softmax_both(op, x[:rows], 1, None, grad, f"{rows} rows of {n}")
+    ties = softmax_tie_rows(dtype)
+    ties = ties.repeat(-(-72 // ties.shape[0]), 1)[:72]
+    check_op(op, ties, 1, None, context=f"72 tie rows {name_of(dtype)}")
+    for n in (7, 300):
+        grad, y = backward_tie_rows(dtype, n)
+        reps = -(-72 // grad.shape[0])
+        check_op(BACKWARD_OF[op], grad.repeat(reps, 1), y.repeat(reps, 1), 1, F32, context=f"72 tie rows n={n}")
+
+
 @pytest.mark.parametrize("op", SOFTMAX_OPS)
 @pytest.mark.parametrize("dtype", (F32, BF16))
 def test_softmax_backward_rows_without_gradient(op, dtype):

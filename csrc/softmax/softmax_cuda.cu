@@ -1,14 +1,19 @@
 // CUDA kernels of softmax, log_softmax and cross-entropy, forward and
-// backward: one block per row (blocks loop over rows). The row's maximum is
-// order-free; its one sum is decided by tier 1 from any tree (the bound
-// holds for the tree's depth), and the rare undecided row is finished
-// exactly by thread 0. So the bits equal the CPU's, whatever the grid.
-// Nothing here synchronizes with the host.
+// backward. Long rows, or few of them: one block per row (blocks loop over
+// rows). Many short rows (n <= 1024, at least 32 rows per SM: attention's
+// rows): one warp per row, reduced by shuffles instead of a block's
+// shared-memory tree and its barriers. The row's maximum is order-free; its
+// one sum is decided by tier 1 from any tree (the bound holds for the
+// tree's depth), and the rare undecided row is finished exactly (by thread
+// 0, or by the row's warp). So the bits equal the CPU's, whatever the grid
+// and whichever kernel runs. Nothing here synchronizes with the host.
 #include <c10/cuda/CUDAGuard.h>
 
 #include "../convert/round_to.h"
 #include "../cuda_launch.cuh"
 #include "../dtypes.h"
+#include "../exact/warp_exact.cuh"
+#include "../reduce/warp_tiers.cuh"
 #include "softmax.h"
 #include "softmax_kernel.h"
 
@@ -112,6 +117,34 @@ __global__ void softmax_rows_kernel(const T* x, int64_t rows, int64_t n, typenam
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) softmax_row<T, F, kLog>(x + r * n, n, out + r * n, sh, &value);
 }
 
+// The terms of a gradient row's sum: g_k (log_softmax) or g_k y_k (softmax), exact in fp64.
+template <typename T, bool kLog>
+struct GradRow {
+  const T* g;
+  const T* y;
+  __device__ double operator()(int64_t k) const {
+    return kLog ? element_value(g[k]) : element_value(g[k]) * element_value(y[k]);
+  }
+};
+
+// One thread's share of those terms (k = first, first + step, ...): their fp64 sum and absolute sum, and
+// whether one of them is not -0.
+struct GradPartial {
+  double s = 0.0, a = 0.0;
+  bool not_negative_zero = false;
+};
+template <typename Terms>
+__device__ GradPartial grad_partial(const Terms& term, int64_t first, int64_t n, int64_t step) {
+  GradPartial p;
+  for (int64_t k = first; k < n; k += step) {
+    const double t = term(k);
+    p.s = p.s + t;
+    p.a = p.a + abs_value(t);
+    p.not_negative_zero |= double_to_bits(t) != kSignBit;
+  }
+  return p;
+}
+
 template <typename T, typename F, bool kLog>
 __global__ void softmax_backward_rows_kernel(const T* g, const T* y, int64_t rows, int64_t n,
                                              typename F::Bits* out) {
@@ -122,17 +155,10 @@ __global__ void softmax_backward_rows_kernel(const T* g, const T* y, int64_t row
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* gr = g + r * n;
     const T* yr = y + r * n;
-    auto term = [&](int64_t k) {
-      return kLog ? element_value(gr[k]) : element_value(gr[k]) * element_value(yr[k]);  // exact in fp64
-    };
-    double s = 0.0, a = 0.0;
-    bool not_negative_zero = false;
-    for (int64_t j = tid; j < n; j += kThreads) {
-      const double t = term(j);
-      s = s + t;
-      a = a + abs_value(t);
-      not_negative_zero |= double_to_bits(t) != kSignBit;
-    }
+    const GradRow<T, kLog> term{gr, yr};
+    const GradPartial p = grad_partial(term, tid, n, kThreads);
+    double s = p.s, a = p.a;
+    const bool not_negative_zero = p.not_negative_zero;
     block_sum2(sh, s, a);
     // a == 0: every term is ±0 (a row with no incoming gradient, e.g. a padded position), so D is an exact zero,
     // -0 iff every term is -0 (exact_zero's rule, as the exact tiers would give), without thread 0's two serial
@@ -155,6 +181,90 @@ __global__ void softmax_backward_rows_kernel(const T* g, const T* y, int64_t row
     __syncthreads();
   }
 }
+
+// ---- many short rows: one warp per row.
+constexpr int kRowWarps = 4;             // warps (rows at a time) per block
+constexpr int64_t kWarpRowMax = 1024;    // at most 32 elements per lane
+constexpr int64_t kWarpRowsPerSm = 32;   // fewer rows than this per SM keep a block per row
+
+__device__ __forceinline__ int64_t warp_row_depth(int64_t n) { return (n + kWarpSize - 1) / kWarpSize + 6; }
+
+__device__ RowMax warp_max(RowMax r) {
+  for (int off = kWarpSize / 2; off > 0; off /= 2) {
+    RowMax other;
+    other.m = __shfl_xor_sync(kFullWarp, r.m, off);
+    other.nan = __shfl_xor_sync(kFullWarp, r.nan ? 1 : 0, off) != 0;
+    r = row_max_merge(r, other);
+  }
+  return r;
+}
+
+template <typename T, typename F, bool kLog>
+__global__ void __launch_bounds__(kWarpSize* kRowWarps)
+    softmax_warp_rows_kernel(const T* __restrict__ x, int64_t rows, int64_t n, typename F::Bits* __restrict__ out) {
+  constexpr FloatFormat f = F::get();
+  const int warp = threadIdx.x / kWarpSize, lane = lane_id();
+  // Warp-uniform loop: every lane of a warp works on the same row.
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + warp; r < rows;
+       r += static_cast<int64_t>(gridDim.x) * kRowWarps) {
+    const T* row = x + r * n;
+    typename F::Bits* o = out + r * n;
+    auto at = [&](int64_t k) { return static_cast<float>(element_value(row[k])); };
+    RowMax mine;
+    for (int64_t k = lane; k < n; k += kWarpSize) row_max_add(mine, at(k));
+    const RowMax mx = warp_max(mine);
+    const RowCase c = row_case(mx);
+    if (c != RowCase::kNormal) {
+      const double fill = c == RowCase::kNaN ? canonical_nan() : (kLog ? -INFINITY : 0.0);
+      for (int64_t k = lane; k < n; k += kWarpSize) o[k] = bits_of<F>(fill);
+      continue;
+    }
+    double s = 0.0;
+    for (int64_t k = lane; k < n; k += kWarpSize) s = s + softmax_exp(at(k), mx.m);
+    s = warp_sum(s);
+    double S;
+    if (!softmax_sum_if_decided(s, warp_row_depth(n), &S))  // terms >= 0: s is their absolute sum too
+      S = warp_round_exact_terms(
+          n, [&](int64_t k) { return static_cast<double>(softmax_exp(at(k), mx.m)); }, s, false, float32_format());
+    const double v = kLog ? static_cast<double>(log32(static_cast<float>(S))) : S;
+    for (int64_t k = lane; k < n; k += kWarpSize)
+      o[k] = bits_of<F>(kLog ? log_softmax_value(at(k), mx.m, v, f) : softmax_value(softmax_exp(at(k), mx.m), v, f));
+  }
+}
+
+template <typename T, typename F, bool kLog>
+__global__ void __launch_bounds__(kWarpSize* kRowWarps)
+    softmax_backward_warp_rows_kernel(const T* __restrict__ g, const T* __restrict__ y, int64_t rows, int64_t n,
+                                      typename F::Bits* __restrict__ out) {
+  constexpr FloatFormat f = F::get();
+  const int warp = threadIdx.x / kWarpSize, lane = lane_id();
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + warp; r < rows;
+       r += static_cast<int64_t>(gridDim.x) * kRowWarps) {
+    const T* gr = g + r * n;
+    const T* yr = y + r * n;
+    const GradRow<T, kLog> term{gr, yr};
+    const GradPartial p = grad_partial(term, lane, n, kWarpSize);
+    const double s = warp_sum(p.s), a = warp_sum(p.a);
+    const bool some_not_negative_zero = __any_sync(kFullWarp, p.not_negative_zero);
+    double D;
+    if (a == 0.0)  // every term is +-0: an exact zero, -0 iff every term is -0 (as in the block kernel)
+      D = exact_zero(kSawTerm | (some_not_negative_zero ? kSawNonNegZero : 0u));
+    else if (!grad_sum_if_decided(s, a, warp_row_depth(n), &D))
+      D = warp_round_exact_terms(n, term, a, false, float32_format());
+    for (int64_t k = lane; k < n; k += kWarpSize) {
+      const double yk = element_value(yr[k]), gk = element_value(gr[k]);
+      out[r * n + k] = bits_of<F>(kLog ? log_softmax_grad_value(yk, gk, D, f) : softmax_grad_value(yk, gk, D, f));
+    }
+  }
+}
+
+// Whether rows of n go to the warp kernels.
+bool warp_rows(int64_t rows, int64_t n) {
+  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  return n <= kWarpRowMax && rows >= sms * kWarpRowsPerSm;
+}
+
+int warp_row_blocks(int64_t rows) { return blocks_for(rows * kWarpSize, kWarpSize * kRowWarps); }
 
 // Cross-entropy rows: log_probs and each row's float32 loss (NaN for a
 // target out of range: checking it would need a host synchronization).
@@ -282,10 +392,18 @@ void softmax_rows_cuda(const at::Tensor& x, bool log, FormatId format, at::Tenso
     with_format(format, [&](auto fmt) {
       using F = decltype(fmt);
       auto* o = static_cast<typename F::Bits*>(out.mutable_data_ptr());
-      if (log)
-        softmax_rows_kernel<T, F, true><<<row_blocks(rows), kThreads, 0, stream>>>(x.const_data_ptr<T>(), rows, n, o);
-      else
-        softmax_rows_kernel<T, F, false><<<row_blocks(rows), kThreads, 0, stream>>>(x.const_data_ptr<T>(), rows, n, o);
+      const T* xp = x.const_data_ptr<T>();
+      if (warp_rows(rows, n)) {
+        const int blocks = warp_row_blocks(rows);
+        if (log)
+          softmax_warp_rows_kernel<T, F, true><<<blocks, kWarpSize * kRowWarps, 0, stream>>>(xp, rows, n, o);
+        else
+          softmax_warp_rows_kernel<T, F, false><<<blocks, kWarpSize * kRowWarps, 0, stream>>>(xp, rows, n, o);
+      } else if (log) {
+        softmax_rows_kernel<T, F, true><<<row_blocks(rows), kThreads, 0, stream>>>(xp, rows, n, o);
+      } else {
+        softmax_rows_kernel<T, F, false><<<row_blocks(rows), kThreads, 0, stream>>>(xp, rows, n, o);
+      }
     });
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -303,10 +421,18 @@ void softmax_backward_rows_cuda(const at::Tensor& grad, const at::Tensor& y, boo
       auto* o = static_cast<typename F::Bits*>(out.mutable_data_ptr());
       const T* g = grad.const_data_ptr<T>();
       const T* yy = y.const_data_ptr<T>();
-      if (log)
+      if (warp_rows(rows, n)) {
+        const int blocks = warp_row_blocks(rows);
+        if (log)
+          softmax_backward_warp_rows_kernel<T, F, true><<<blocks, kWarpSize * kRowWarps, 0, stream>>>(g, yy, rows, n, o);
+        else
+          softmax_backward_warp_rows_kernel<T, F, false><<<blocks, kWarpSize * kRowWarps, 0, stream>>>(g, yy, rows, n,
+                                                                                                      o);
+      } else if (log) {
         softmax_backward_rows_kernel<T, F, true><<<row_blocks(rows), kThreads, 0, stream>>>(g, yy, rows, n, o);
-      else
+      } else {
         softmax_backward_rows_kernel<T, F, false><<<row_blocks(rows), kThreads, 0, stream>>>(g, yy, rows, n, o);
+      }
     });
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
