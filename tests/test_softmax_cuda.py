@@ -115,6 +115,37 @@ def test_sums_on_ties(op, dtype):
     assert_bits_equal(OPS[op](x[:12].cuda(), 1), REF[op](x[:12], 1), f"{op} ties vs reference")
 
 
+def warp_row_threshold():
+    """Rows from which softmax_cuda.cu gives each row of at most 1024 a warp: 32 per SM."""
+    return 32 * torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", (F32, BF16))
+def test_many_short_rows_warp_kernels(op, dtype):
+    """Attention-like row counts: the warp-per-row kernels forward and backward, on both sides of their row
+    threshold and of n = 1024, with masked, NaN, +inf, one-survivor, zero-gradient and float32-tie rows."""
+    g = generator(zlib.crc32(f"warp rows {op} {dtype}".encode()))
+    threshold = warp_row_threshold()
+    ties = softmax_tie_rows(dtype)
+    for rows, n in ((threshold - 1, 64), (threshold, 64), (threshold + 5, 1024), (threshold, 1025), (threshold, 7)):
+        x = values((rows, n), dtype, g, wide=True)
+        x[3] = -INF
+        x[5, n // 2] = NAN
+        x[6, 0] = INF
+        x[7, : n - 1] = -INF
+        if n >= ties.shape[1]:
+            x[10 : 10 + ties.shape[0], : ties.shape[1]] = ties
+            x[10 : 10 + ties.shape[0], ties.shape[1]:] = -INF
+        grad = values((rows, n), dtype, g)
+        grad[2] = -0.0
+        grad[4, ::2] = 0.0
+        y, dx = forward_backward(op, x.cuda(), 1, None, grad.cuda())
+        y_cpu, dx_cpu = forward_backward(op, x, 1, None, grad)
+        same_bits(y, y_cpu, f"{op} {rows} rows of {n}")
+        same_bits(dx, dx_cpu, f"{op} backward, {rows} rows of {n}")
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_backward_rows_without_gradient(op):
     """Rows of ±0 gradient (padded positions) take the block-wide zero test: the CPU's bits, signs of zero too."""
