@@ -25,7 +25,6 @@ constexpr int kThreads = 256;
 // Elements per chunk of the elementwise steps: 16 per thread of a block.
 constexpr int64_t kStepChunk = 16 * kThreads;
 
-// kAmsgrad: w is AMSGrad's max_exp_avg_sq (else null, never read).
 // The tensors of a launch (tensor_lists.cuh): parameters p, gradients g,
 // float32 states (null where a step keeps none: SGD without momentum, Adam
 // without AMSGrad), and capturable Adam's per-tensor step t (null: use the
@@ -39,17 +38,6 @@ struct StepLists {
   float* s3[kListTensors];  // Adam: AMSGrad's max_exp_avg_sq
   const float* step[kListTensors];
 };
-
-// The elements [begin, end) of chunk `chunk`'s tensor, and the tensor.
-struct ChunkRange {
-  int t;
-  int64_t begin, end;
-};
-__device__ __forceinline__ ChunkRange chunk_range(const ListChunks& l, int64_t chunk) {
-  const int t = tensor_of_chunk(l, chunk);
-  const int64_t begin = (chunk - l.first_chunk[t]) * l.chunk;
-  return {t, begin, min(begin + l.chunk, l.numel[t])};
-}
 
 // kAmsgrad: s3 holds AMSGrad's max_exp_avg_sq (else never read).
 template <typename T, typename F, bool kAmsgrad>

@@ -33,10 +33,16 @@ struct ListChunks {
   int count;      // tensors in the launch
 };
 
-__device__ __forceinline__ int tensor_of_chunk(const ListChunks& l, int64_t c) {
+// Chunk c's tensor t and its elements [begin, end) in that tensor.
+struct ChunkRange {
+  int t;
+  int64_t begin, end;
+};
+__device__ __forceinline__ ChunkRange chunk_range(const ListChunks& l, int64_t c) {
   int t = 0;
   while (c >= l.first_chunk[t + 1]) ++t;
-  return t;
+  const int64_t begin = (c - l.first_chunk[t]) * l.chunk;
+  return {t, begin, min(begin + l.chunk, l.numel[t])};
 }
 
 // Blocks for a launch over l's chunks: one per chunk, at most 32 per SM (the rest in the grid-stride loop).

@@ -8,6 +8,7 @@
 #include "../exact/warp_exact.cuh"
 #include "reduce_kernel.h"
 #include "sum_divided.h"
+#include "warp_tiers.cuh"
 
 namespace carbon {
 namespace {
@@ -31,18 +32,8 @@ __global__ void __launch_bounds__(kWarpSize)
   if (d <= 0 || n == 0) {
     value = empty_reduction(true);
   } else if (!reduce_round_fast(s, a, d, (n + kWarpSize - 1) / kWarpSize + 6, true, f, &value)) {
-    CompensatedSum acc;
-    for (int64_t k = lane; k < n; k += kWarpSize) compensated_add(acc, element_value(x[k]));
-    acc = warp_merge(acc);
-    if (!reduce_round_compensated(acc, a * kBoundSlack, d, warp_compensated_depth(n), true, f, &value)) {
-      int64_t storage[kLimbs];
-      int64_t* limb = lane_limbs(storage);
-      uint32_t flags;
-      exact_sum_clear(limb, flags);
-      for (int64_t k = lane; k < n; k += kWarpSize) exact_sum_add(limb, flags, element_value(x[k]));
-      flags = warp_merge_limbs(limb, flags);
-      value = reduce_round_exact_sum(limb, flags, d, true, f);
-    }
+    value = warp_round_exact_terms(
+        n, [&](int64_t k) { return element_value(x[k]); }, a, true, f, d);
   }
   if (lane == 0) *out = static_cast<typename F::Bits>(encode(value, f));
 }
