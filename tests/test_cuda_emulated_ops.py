@@ -41,7 +41,9 @@ import carbon  # noqa: F401  (registers torch.ops.carbon)
 from data import BF16, DTYPE_PAIRS, DTYPES, F16, F32, exact_tensor, generator, random_values, seed_of, softmax_tie_rows
 from emulated import assert_same, check_op, emulated_ops, launches
 from optim_util import wide_values
+from oracle import assert_bits_equal
 from philox_reference import words as philox_words
+from scatter_reference import index_add_bits
 
 INF, NAN = math.inf, math.nan
 CPU = torch.device("cpu")  # the emulated library treats CPU tensors as device tensors
@@ -914,6 +916,57 @@ def test_embedding_forward_and_backward(dtype):
     check_op("embedding_backward", torch.empty((0, 16), dtype=dtype), none, 0, -1, context="no rows",
              expect_launch=False)
     check_op("embedding", weight, none, -1, context="no tokens", expect_launch=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_index_add_chunk_sums_around_chunk_boundaries(dtype):
+    """On CUDA a run of 64 sorted contributions going to one destination is added first (a chunk sum), and the
+    destination adds the chunks lying wholly inside its segment in place of their terms (scatter_kernel.h).
+    Segments of every length around the chunk (63, 64, 65, 127, 128, 129, 327), starting on and off chunk
+    boundaries (out-of-range indices, ignored on CUDA, sort before and after them and shift them), over a middle
+    dim (several outer slices, each with its own chunk sums), with cancelling pairs of huge terms around a tiny
+    one and a tie 1 + ulp/2 spread over several chunks (tier 1 undecided: the exact tiers), NaN from +inf - inf,
+    one inf, and -0 only: the emulated kernels equal an exact oracle (fractions) and the CPU."""
+    g = generator(seed_of("chunk boundaries", dtype))
+    counts = [0, 63, 64, 65, 1, 127, 128, 129, 2, 327, 64, 70]
+    S = len(counts)
+    dest = torch.cat([torch.full((k,), j, dtype=torch.long) for j, k in enumerate(counts)])
+    index = dest[torch.randperm(len(dest), generator=g)]
+    N = len(index)
+    source = random_values((2, N, 3), dtype, g, spread=source_spread(dtype))
+    self = random_values((2, S, 3), dtype, g)
+    big = {F32: 2.0**100, BF16: 2.0**100, F16: 2.0**14}[dtype]
+    tiny = {F32: 2.0**-140, BF16: 2.0**-130, F16: 2.0**-24}[dtype]
+    u = ulp(1.0, dtype)
+
+    def put(j, o, c, values):
+        positions = (index == j).nonzero().flatten()
+        assert len(values) == len(positions)
+        source[o, positions, c] = exact_tensor(values, dtype)
+
+    put(7, 0, 0, [big, -big] * 64 + [tiny])  # the exact sum is self + tiny
+    rng = random.Random(seed_of("chunk ties", dtype))
+    pairs = []
+    for _ in range(163):
+        y = float(torch.tensor(rng.uniform(-big, big), dtype=torch.float64).to(dtype))
+        pairs += [y, -y]
+    terms = [u / 2] + pairs
+    rng.shuffle(terms)
+    put(9, 1, 1, terms)
+    self[1, 9, 1] = 1.0  # 1 + u/2: a tie, to even
+    put(5, 1, 2, [INF] + [1.0] * 125 + [-INF])
+    put(6, 0, 2, [1.0] * 100 + [INF] + [1.0] * 27)
+    put(3, 0, 1, [-0.0] * 65)
+    self[0, 3, 1] = -0.0
+    want = index_add_bits(self, 1, index, source)
+    check_op("index_add", self, 1, index, source, context="in-range indices")
+    emu = emulated_ops()
+    for before, after in ((5, 0), (64, 3), (70, 64)):
+        extended = torch.cat([torch.full((before,), -1), index, torch.full((after,), S)])
+        pad = random_values((2, before + N + after, 3), dtype, g)
+        pad[:, before:before + N] = source
+        assert_bits_equal(emu.index_add(self, 1, extended, pad), want,
+                          f"{before} indices sorted before the segments, {after} after", dtype=dtype)
 
 
 def test_out_of_range_indices_are_ignored_on_cuda():

@@ -69,17 +69,19 @@ at::Tensor scatter_rows(const at::Tensor& self, const at::Tensor& index, const a
     scatter_rows_cpu(self, source, order, offsets, outer, S, inner, out);
   } else {
 #ifdef CARBON_WITH_CUDA
+    at::Tensor keys;
     if (N == 0) {
-      order = at::empty({0}, index.options());
+      keys = order = at::empty({0}, index.options());
       offsets = at::zeros({S + 1}, index.options());
     } else {
       auto sorted = at::sort(index, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+      keys = std::get<0>(sorted).contiguous();
       order = std::get<1>(sorted).contiguous();
       // offsets[j] = first sorted position >= j; indices outside [0, S) fall
       // before offsets[0] or after offsets[S] and are ignored.
-      offsets = at::searchsorted(std::get<0>(sorted).contiguous(), at::arange(S + 1, index.options()));
+      offsets = at::searchsorted(keys, at::arange(S + 1, index.options()));
     }
-    scatter_rows_cuda(self, source, order, offsets, outer, S, inner, out);
+    scatter_rows_cuda(self, source, order, keys, offsets, outer, S, inner, out);
 #endif
   }
   return out;

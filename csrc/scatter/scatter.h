@@ -24,13 +24,14 @@ at::Tensor embedding_backward(const at::Tensor& grad, const at::Tensor& indices,
 // where the self term is absent when `self` is undefined (then a destination
 // with no contribution is +0). Indices outside [0, S) contribute nothing
 // (the callers check them on the CPU). `order` (N) is the stable sort of
-// index (positions k by destination) and `offsets` (S + 1) the start of each
-// destination's segment in it.
+// index (positions k by destination), `keys` (N, CUDA only) the sorted index
+// values, and `offsets` (S + 1) the start of each destination's segment in it.
 void scatter_rows_cpu(const at::Tensor& self, const at::Tensor& source, const at::Tensor& order,
                       const at::Tensor& offsets, int64_t outer, int64_t S, int64_t inner, at::Tensor& out);
 #ifdef CARBON_WITH_CUDA
 void scatter_rows_cuda(const at::Tensor& self, const at::Tensor& source, const at::Tensor& order,
-                       const at::Tensor& offsets, int64_t outer, int64_t S, int64_t inner, at::Tensor& out);
+                       const at::Tensor& keys, const at::Tensor& offsets, int64_t outer, int64_t S, int64_t inner,
+                       at::Tensor& out);
 #endif
 
 }  // namespace carbon

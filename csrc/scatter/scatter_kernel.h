@@ -51,18 +51,90 @@ CARBON_HD double scatter_finish(const DestinationTerms<T>& terms, double sum, do
   return reduce_exact_values(n, terms, abs_sum, false, f);
 }
 
-// All tiers for one destination element, sequentially (the CUDA path: one
-// thread per element).
-template <typename T>
-CARBON_HD double scatter_element(const DestinationTerms<T>& terms, const FloatFormat& f) {
-  double sum = 0.0, abs_sum = 0.0;
-  const int64_t n = terms.terms();
-  for (int64_t t = 0; t < n; ++t) {
-    const double v = terms(t);
-    sum = sum + v;
-    abs_sum = abs_sum + abs_value(v);
+// ---- The CUDA path: one thread per destination element --------------------
+//
+// A frequent token's destination has hundreds or thousands of contributions,
+// and its thread would add them one by one, two dependent loads each (the
+// position in `order`, then the value). Two measures bound that chain:
+//  * the sorted positions are cut into chunks of kScatterChunk; a first kernel
+//    adds each chunk that belongs to one destination alone (chunk_partial),
+//    and that destination's thread adds the chunk sums in place of the chunk's
+//    terms: a segment of m terms costs at most 2 kScatterChunk terms plus
+//    m / kScatterChunk chunk sums;
+//  * loads are issued kScatterBatch at a time before their adds, so they
+//    overlap.
+// Both only reshape tier 1's fp64 summation tree. No term passes through
+// more than n - 1 rounded adds, as in the sequential loop (a term of chunk
+// k of P: at most kScatterChunk - 1 inside the chunk, then P - k + tail
+// more, the first of them exact when nothing precedes the chunk), so tier
+// 1's bound gamma_n * sum|x| holds for it, and a decided result is
+// RN_f(exact sum) either way: the chunking never shows in the bits.
+constexpr int64_t kScatterChunk = 64;
+constexpr int kScatterBatch = 8;
+
+// Tier 1's fp64 sums over some terms: their sum and the sum of their absolute values.
+struct PartialSum {
+  double sum;
+  double abs_sum;
+};
+
+// Adds part(0), ..., part(n - 1) to acc in that order, loading kScatterBatch
+// parts before adding them.
+template <typename PartAt>
+CARBON_HD void add_in_order(int64_t n, PartAt part, PartialSum& acc) {
+  int64_t k = 0;
+  for (; k + kScatterBatch <= n; k += kScatterBatch) {
+    PartialSum v[kScatterBatch];
+#pragma unroll
+    for (int i = 0; i < kScatterBatch; ++i) v[i] = part(k + i);
+#pragma unroll
+    for (int i = 0; i < kScatterBatch; ++i) {
+      acc.sum = acc.sum + v[i].sum;
+      acc.abs_sum = acc.abs_sum + v[i].abs_sum;
+    }
   }
-  return scatter_finish(terms, sum, abs_sum, scatter_bound_factor(n), f);
+  for (; k < n; ++k) {
+    const PartialSum v = part(k);
+    acc.sum = acc.sum + v.sum;
+    acc.abs_sum = acc.abs_sum + v.abs_sum;
+  }
+}
+
+CARBON_HD PartialSum term_part(double v) { return PartialSum{v, abs_value(v)}; }
+
+// Tier 1 over the kScatterChunk contributions at sorted positions `order`
+// (source = &source[o, 0, c]): the chunk sum a destination's thread adds in
+// place of those terms.
+template <typename T>
+CARBON_HD PartialSum chunk_partial(const T* source, const int64_t* order, int64_t inner) {
+  PartialSum acc{0.0, 0.0};
+  add_in_order(kScatterChunk, [&](int64_t k) { return term_part(element_value(source[order[k] * inner])); }, acc);
+  return acc;
+}
+
+// All tiers for one destination element whose segment is sorted positions
+// [begin, begin + terms.count). `chunks` points at the chunk sums of (o, c)
+// (chunk q at chunks[q * inner]), or is nullptr when none were computed; the
+// chunks lying wholly inside the segment are used.
+template <typename T>
+CARBON_HD double scatter_element(const DestinationTerms<T>& terms, int64_t begin, const PartialSum* chunks,
+                                 const FloatFormat& f) {
+  PartialSum acc{0.0, 0.0};
+  if (terms.self) add_in_order(1, [&](int64_t) { return term_part(element_value(*terms.self)); }, acc);
+  const auto contribution = [&](int64_t p) {
+    return term_part(element_value(terms.source[terms.order[p] * terms.inner]));
+  };
+  const int64_t end = begin + terms.count;
+  const int64_t first = (begin + kScatterChunk - 1) / kScatterChunk, last = end / kScatterChunk;
+  if (chunks && first < last) {
+    const int64_t head = first * kScatterChunk - begin, tail = last * kScatterChunk - begin;
+    add_in_order(head, contribution, acc);
+    add_in_order(last - first, [&](int64_t q) { return chunks[(first + q) * terms.inner]; }, acc);
+    add_in_order(terms.count - tail, [&](int64_t p) { return contribution(tail + p); }, acc);
+  } else {
+    add_in_order(terms.count, contribution, acc);
+  }
+  return scatter_finish(terms, acc.sum, acc.abs_sum, scatter_bound_factor(terms.terms()), f);
 }
 
 }  // namespace carbon
