@@ -4,7 +4,9 @@
 
 Cases: the embedding backward of GPT-2 (vocab 50257, dim 768, 4096 tokens
 with Zipf-like repeats) -- torch: F.embedding_dense_backward, carbon:
-torch.ops.carbon.embedding_backward -- and an index_add of 4096 rows of 768
+torch.ops.carbon.embedding_backward --, the same for a character-level model
+(65 symbols, dim 384, 16384 tokens: ~250 repeats of every row, the demo's
+case), and an index_add of 4096 rows of 768
 into 1024 rows (out of place: torch.index_add vs carbon.index_add). Times are
 medians of interleaved rounds (benchmarks/_timing.py). Target (issue 4):
 carbon <= 1.5x torch.
@@ -45,10 +47,16 @@ def bench(device: str, budget_s: float, dtype: torch.dtype) -> List[dict]:
 
     emb = [lambda: torch.ops.aten.embedding_dense_backward(grad, tok, vocab, -1, False),
            lambda: torch.ops.carbon.embedding_backward(grad, tok, vocab, -1)]
+    chars, char_dim, char_n = 65, 384, 16384
+    char_tok = torch.randint(0, chars, (char_n,), generator=g).to(device)
+    char_grad = torch.randn((char_n, char_dim), generator=g).to(dtype).to(device)
+    char_emb = [lambda: torch.ops.aten.embedding_dense_backward(char_grad, char_tok, chars, -1, False),
+                lambda: torch.ops.carbon.embedding_backward(char_grad, char_tok, chars, -1)]
     self_ = torch.randn((1024, dim), generator=g).to(dtype).to(device)
     idx = torch.randint(0, 1024, (n,), generator=g).to(device)
     add = [lambda: torch.index_add(self_, 0, idx, grad), lambda: carbon.index_add(self_, 0, idx, grad)]
     for name, case, fns in (("embedding backward", f"{vocab}x{dim}, {n} tokens", emb),
+                            ("embedding backward", f"{chars}x{char_dim}, {char_n} tokens", char_emb),
                             ("index_add", f"1024x{dim} += {n} rows", add)):
         times = time_interleaved(fns, device, budget_s, 20)
         ms = [statistics.median(t) for t in times]
