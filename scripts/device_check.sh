@@ -14,6 +14,7 @@
 #                   On a machine without a GPU these are all skipped.
 #   5. benchmark    python benchmarks/bench_mm.py --device cuda
 #                   python benchmarks/bench_reduce.py --device cuda
+#                   python benchmarks/bench_cumsum.py --device cuda --budget 0.3
 #                   python benchmarks/bench_norm.py --device cuda --budget 0.3
 #                   python benchmarks/bench_elementwise.py --device cuda
 #                   python benchmarks/bench_elementwise.py --device cuda --float64 --quick
@@ -46,11 +47,12 @@ mkdir -p "$LOGDIR"
 # longest single file, csrc/elementwise/elementwise.cpp, takes ~100 s; the
 # ~15 .cu files take ~70 s each, 16 at a time there.)
 T_ENV="${T_ENV:-10}"
-T_BUILD="${T_BUILD:-192}"
+T_BUILD="${T_BUILD:-186}"
 T_SMOKE="${T_SMOKE:-15}"
 T_TESTS="${T_TESTS:-90}"
 T_BENCH="${T_BENCH:-20}"
 T_REDUCE="${T_REDUCE:-12}"
+T_CUMSUM="${T_CUMSUM:-6}"
 T_NORM="${T_NORM:-12}"
 T_ELEM="${T_ELEM:-12}"
 T_ELEM64="${T_ELEM64:-8}"
@@ -169,6 +171,8 @@ TEST_FAILURES="$(grep -hoE '(FAILED|ERROR) tests/[^ ]+' "$LOGDIR/tests_full.log"
 run_step bench "$T_BENCH" "$PY" benchmarks/bench_mm.py --device cuda
 record "$STEP_RC"
 run_step reduce "$T_REDUCE" "$PY" benchmarks/bench_reduce.py --device cuda
+record "$STEP_RC"
+run_step cumsum "$T_CUMSUM" "$PY" benchmarks/bench_cumsum.py --device cuda --budget 0.3
 record "$STEP_RC"
 run_step norm "$T_NORM" "$PY" benchmarks/bench_norm.py --device cuda --budget 0.3
 record "$STEP_RC"

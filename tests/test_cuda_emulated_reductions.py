@@ -39,8 +39,11 @@ from data import (
     BF16, DTYPE_COMBOS, DTYPE_PAIRS, DTYPES, F16, F32, exact_tensor, finite_bit_patterns, generator,
     midpoint_mean_rows, random_values, reduction_values, seed_of, tie_rows,
 )
-from emulated import check_op, launches
+from emulated import check_op, emulated_ops, launches
 from norm_util import adversarial_norm_rows, norm_data, params
+from oracle import SCALE, assert_bits_equal, bits_tensor, fmt_of
+from oracle import _round_rational as round_rational
+from oracle import _scaled as scaled_value
 
 INF, NAN = math.inf, math.nan
 WIDE = {F32: 30, BF16: 30, F16: 3}  # exponent spread of random data that keeps float16 sums finite
@@ -435,6 +438,70 @@ def test_cumsum_rows_ties_specials_and_layouts(in_dtype, out_dtype):
     wide = random_values((48, 70), in_dtype, generator(seed_of("cumsum wide", in_dtype)))
     for name, view in (("transposed", wide.t()), ("strided", wide[:, ::3]), ("offset", wide[5:, 7:])):
         check_op("cumsum_rows", view, out_dtype, context=name)
+
+
+def prefix_bits(values, dtype):
+    """Unsigned bits of RN_dtype(values[0] + ... + values[i]) for every i: the oracle's exact-sum rules
+    (tests/oracle.py: specials, the sign of an exact zero, one rounding), kept as a running integer sum."""
+    f = fmt_of(dtype)
+    total, nan, pos_inf, neg_inf, all_neg_zero, out = 0, False, False, False, True, []
+    for v in values:
+        if v != v:
+            nan = True
+        elif v == INF:
+            pos_inf = True
+        elif v == -INF:
+            neg_inf = True
+        elif v == 0:
+            all_neg_zero = all_neg_zero and math.copysign(1.0, v) < 0
+        else:
+            all_neg_zero = False
+            total += scaled_value(v)
+        if nan or (pos_inf and neg_inf):
+            out.append(f.nan_bits)
+        elif pos_inf or neg_inf:
+            out.append((f.sign_bit if neg_inf else 0) | f.inf_bits)
+        elif total == 0:
+            out.append(f.sign_bit if all_neg_zero else 0)
+        else:
+            out.append(round_rational(abs(total), 1 << SCALE, total < 0, f))
+    return out
+
+
+@pytest.mark.parametrize("in_dtype,out_dtype", [(F32, None), (BF16, None), (F16, F32), (F32, BF16)], ids=param_id)
+def test_cumsum_rows_long_rows_in_chunks(in_dtype, out_dtype):
+    """Rows longer than 256 run in chunks of 64 (cumsum_cuda.cu: chunk sums, a warp's scan of them per row, then
+    a thread per chunk from its prefix). The shortest chunked row, rows of 33 / 41 / 313 chunks (one and several
+    chunks per lane of the scan), a tie (1 + ulp/2) at every other prefix from the first chunk to the last (each
+    chunk's exact accumulator starts from the row's beginning), +inf then -inf then finite values, huge terms
+    cancelling, -0 only, and more chunks than the emulated grid's threads: the emulated kernels equal an exact
+    oracle (a running integer sum) and the CPU's single thread per row."""
+    out = out_dtype or in_dtype
+    g = generator(seed_of("cumsum chunks", in_dtype, out_dtype))
+    rows = []
+    for n in (257, 64 * 33, 64 * 40 + 1, 20000):
+        x = random_values((1, n), in_dtype, g, spread=spread_for(in_dtype, out))
+        half = n // 2
+        x[0, half:2 * half] = -x[0, :half].flip(0)  # the prefixes come back to exactly 0
+        rows.append(x[0].double().tolist())
+    h = {F32: 2.0**-24, BF16: 2.0**-8, F16: 2.0**-11}[out]  # half an ulp of 1 in the output format
+    rows.append([1.0] + [h, -h] * 1300)
+    special = random_values((1, 4000), in_dtype, g, spread=spread_for(in_dtype, out))[0].double().tolist()
+    special[1000], special[3000] = INF, -INF
+    rows.append(special)
+    big = 2.0**100 if in_dtype != F16 else 2.0**12
+    rows.append([big, -big] * 200 + [1.0] * 7)
+    rows.append([-0.0] * 300)
+    for values in rows:
+        x = torch.tensor([values], dtype=torch.float64).to(in_dtype)
+        before = launches()
+        got = emulated_ops().cumsum_rows(x, out_dtype)
+        assert launches() - before == 3, "the chunked path (3 kernels) should run rows longer than 256"
+        assert_bits_equal(got, bits_tensor(prefix_bits(x.double()[0].tolist(), out), out).reshape(1, -1),
+                          f"row of {len(values)}: {values[:3]}", dtype=out)
+        check_op("cumsum_rows", x, out_dtype, context=f"row of {len(values)}")
+    many = random_values((200, 3000), in_dtype, g, spread=spread_for(in_dtype, out))
+    check_op("cumsum_rows", many, out_dtype, context="200 rows of 47 chunks (past the grid)")
 
 
 # ====================================================================== var_mean_rows

@@ -2,8 +2,9 @@
 // prefix sum exact and rounded once (F = dtype, default x's). The prefix sums
 // of a row are its running fp64 sum decided by the monotone rounding test
 // (depth i + 1), else an exact accumulator kept from the first undecided
-// prefix on. Under carbon.enable it serves torch.cumsum (and its backward,
-// a cumsum of the flipped gradient).
+// prefix on; on CUDA, long rows run in chunks that start from an fp64 prefix
+// of the chunks before them (cumsum_cuda.cu). Under carbon.enable it serves
+// torch.cumsum (and its backward, a cumsum of the flipped gradient).
 #pragma once
 
 #include <ATen/ATen.h>
