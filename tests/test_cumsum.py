@@ -103,3 +103,19 @@ def test_gpu_equals_cpu():
     for dtype in (None, torch.bfloat16):
         assert torch.equal(as_bits(torch.ops.carbon.cumsum_rows(x.cuda(), dtype).cpu()),
                            as_bits(torch.ops.carbon.cumsum_rows(x, dtype)))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_long_rows_in_chunks_equal_cpu():
+    """Rows past 256 run in chunks of 64 on CUDA (cumsum_cuda.cu): top-p's single row of 50257 probabilities,
+    64 such rows, a row with a tie (1 + 2^-24) at every other prefix, and a row of -0: the CPU's bits."""
+    g = torch.Generator().manual_seed(6)
+    probs = torch.rand(64, 50257, generator=g)
+    probs = probs / probs.sum(-1, keepdim=True)
+    ties = torch.tensor([[1.0] + [2.0**-24, -(2.0**-24)] * 700])
+    zeros = torch.full((1, 1000), -0.0)
+    for x in (probs[:1], probs, ties, zeros):
+        for dtype in (None, torch.bfloat16):
+            assert torch.equal(as_bits(torch.ops.carbon.cumsum_rows(x.cuda(), dtype).cpu()),
+                               as_bits(torch.ops.carbon.cumsum_rows(x, dtype))), (tuple(x.shape), dtype)
