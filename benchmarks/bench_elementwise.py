@@ -9,8 +9,8 @@ carbon's float32 outputs equal the float32 rounding of Python's math.* in
 fp64 away from midpoints (a sanity check, not the accuracy proof: see
 scripts/elementwise_ulp.py and tests/test_elementwise.py).
 
---float64 times the float64 functions instead (exp, log, sin, cos and
-pow = 10000 ** x: double-double cores, contract §6 "float64"); their sample
+--float64 times the float64 functions instead (exp, log, sin, cos,
+sqrt (IEEE's root) and pow = 10000 ** x: double-double cores, contract §6 "float64"); their sample
 column counts agreement with Python's math.* (the platform libm, not an
 oracle: tests/test_elementwise_binary64.py checks against mpmath).
 """
@@ -61,6 +61,7 @@ FLOAT64_FUNCTIONS: Dict[str, Tuple[Callable, Callable, Callable]] = {
     "cos": (carbon.cos, torch.cos, math.cos),
     "pow": (lambda x: torch.ops.carbon.pow_scalar_tensor(10000.0, x), lambda x: torch.pow(10000.0, x),
             lambda v: math.pow(10000.0, v)),
+    "sqrt": (torch.ops.carbon.sqrt, torch.sqrt, math.sqrt),  # IEEE's root: carbon.sqrt is exact by construction
 }
 CPU_SIZES: List[Tuple[int, ...]] = [(1 << 16,), (1 << 22,), (4096, 3072)]
 FLOAT64_SIZES: List[Tuple[int, ...]] = [(1 << 16,), (1 << 20,)]
@@ -94,7 +95,7 @@ def _sample_agreement_float64(name: str, x: torch.Tensor, out: torch.Tensor, sam
 def bench(device: str, name: str, shape: Tuple[int, ...], budget_s: float, float64: bool = False) -> dict:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(shape, generator=g, dtype=torch.float64 if float64 else torch.float32) * 3
-    if name == "log":
+    if name in ("log", "sqrt"):
         x = x.abs() + 1e-3
     if name in ("lgamma", "digamma", "trigamma"):
         x = x.abs() + 0.1  # the distributions' parameters; x < 0 takes the double-double path (~20x slower)

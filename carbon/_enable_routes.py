@@ -82,15 +82,12 @@ def _opmath(t: Any) -> torch.dtype:
 
 
 def sqrt_rn(x: Tensor) -> Tensor:
-    """The correctly rounded square root in x's dtype, on every device. torch's CPU sqrt is not correctly
-    rounded (on this AVX-512 build about 17% of float32 results and some float64 ones are one ulp off;
-    CUDA's is exact), so it is taken in binary64 and rounded once: a square root with an error below
-    4 binary64 ulps still rounds correctly to float32 / bfloat16 / float16, because √x of such a value lies
-    at least 2⁻⁵⁰·√x from every rounding boundary of those formats."""
-    if x.dtype not in _CARBON_DTYPES:
-        raise NotCovered(f"sqrt in {x.dtype}: torch's CPU sqrt is not correctly rounded; carbon rounds float32, "
-                         "bfloat16 and float16 square roots exactly")
-    return aten.sqrt(x.to(torch.float64)).to(x.dtype)
+    """The correctly rounded square root in x's dtype (float32, bfloat16, float16 or float64), on every device:
+    carbon.sqrt, IEEE's binary64 square root rounded once to the dtype. torch's own is not that on the CPU (on
+    this AVX-512 build about 17% of float32 results and some float64 ones are one ulp off; CUDA's is exact)."""
+    if x.dtype not in _CARBON_DTYPES and x.dtype != torch.float64:
+        raise NotCovered(f"sqrt in {x.dtype}: carbon rounds float32, bfloat16, float16 and float64 square roots")
+    return carbon_ops.sqrt(x)
 
 
 def sqrt64(x: Tensor) -> Tensor:

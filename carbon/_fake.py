@@ -313,6 +313,12 @@ def _pow_tensor_scalar_fake(x: Tensor, exponent: float) -> Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
+@torch.library.register_fake("carbon::sqrt")
+def _sqrt_fake(x: Tensor) -> Tensor:
+    _check_dtype_or_float64("sqrt", "x", x, True)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
 @torch.library.register_fake("carbon::pow_scalar_tensor")
 def _pow_scalar_tensor_fake(base: float, exponent: Tensor) -> Tensor:
     _check_dtype_or_float64("pow_scalar_tensor", "exponent", exponent, True)

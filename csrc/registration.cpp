@@ -94,6 +94,7 @@ TORCH_LIBRARY(carbon, m) {
   m.def("trigamma(Tensor x) -> Tensor");
   m.def("pow_tensor_scalar(Tensor x, float exponent) -> Tensor");
   m.def("pow_scalar_tensor(float base, Tensor exponent) -> Tensor");
+  m.def("sqrt(Tensor x) -> Tensor");
   m.def("atan2(Tensor y, Tensor x) -> Tensor");
   m.def("hypot(Tensor x, Tensor y) -> Tensor");
   m.def("pow_tensor_tensor(Tensor x, Tensor exponent) -> Tensor");
@@ -223,6 +224,7 @@ void bind_kernels(torch::Library& m) {
   m.impl("trigamma", &carbon::in_default_fp_env<&carbon::trigamma_op>::call);
   m.impl("pow_tensor_scalar", &carbon::in_default_fp_env<&carbon::pow_tensor_scalar>::call);
   m.impl("pow_scalar_tensor", &carbon::in_default_fp_env<&carbon::pow_scalar_tensor>::call);
+  m.impl("sqrt", &carbon::in_default_fp_env<&carbon::sqrt_op>::call);
   m.impl("atan2", &carbon::in_default_fp_env<&carbon::atan2_op>::call);
   m.impl("hypot", &carbon::in_default_fp_env<&carbon::hypot_op>::call);
   m.impl("pow_tensor_tensor", &carbon::in_default_fp_env<&carbon::pow_tensor_tensor>::call);

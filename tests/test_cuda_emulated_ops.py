@@ -669,6 +669,18 @@ def test_pow_tensor_scalar_and_scalar_tensor(dtype):
     check_op("pow_scalar_tensor", 2.0, e[:1].reshape(()), context="0-dim")
 
 
+@pytest.mark.parametrize("dtype", DTYPES + (torch.float64,))
+def test_sqrt(dtype):
+    """The square root (IEEE binary64 root, rounded once; NaN canonical): random patterns of every kind, every
+    16-bit pattern, float64 patterns, strided and empty inputs."""
+    x = float64_inputs(seed_of("sqrt64"), count=4000) if dtype == torch.float64 else pow_inputs(dtype, seed_of("sqrt", dtype))
+    check_op("sqrt", x, context=name_of(dtype))
+    if dtype in (BF16, F16):
+        check_op("sqrt", every_pattern(dtype), context="every pattern")
+    check_op("sqrt", x[: (x.numel() // 8) * 8].reshape(-1, 8).t(), context="strided")
+    check_op("sqrt", x[:0], context="empty", expect_launch=False)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", ["atan2", "hypot", "pow_tensor_tensor"])
 def test_two_argument_functions(name, dtype):

@@ -1,4 +1,4 @@
-// The pow ops: input checks and the CPU kernel (pow.h).
+// The pow ops and the square root: input checks and the CPU kernels (pow.h).
 #include "pow.h"
 
 #include <ATen/Parallel.h>
@@ -11,12 +11,17 @@
 namespace carbon {
 namespace {
 
-at::Tensor run(const char* op, const at::Tensor& t, double scalar, bool tensor_is_base) {
-  if (t.scalar_type() != at::kDouble) check_supported_dtype(op, tensor_is_base ? "x" : "exponent", t);
+// Checks t (float32, bfloat16, float16 or float64; CPU or CUDA) and returns
+// its contiguous copy and an empty output of its shape and dtype.
+std::pair<at::Tensor, at::Tensor> checked_input_and_output(const char* op, const char* name, const at::Tensor& t) {
+  if (t.scalar_type() != at::kDouble) check_supported_dtype(op, name, t);
   TORCH_CHECK(t.is_cpu() || t.is_cuda(), "carbon.", op, ": tensors on ", t.device(),
               " are not supported (CPU and CUDA only)");
-  const at::Tensor input = t.contiguous();
-  at::Tensor out = at::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+  return {t.contiguous(), at::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous))};
+}
+
+at::Tensor run(const char* op, const at::Tensor& t, double scalar, bool tensor_is_base) {
+  auto [input, out] = checked_input_and_output(op, tensor_is_base ? "x" : "exponent", t);
   if (out.numel() == 0) return out;
   if (t.is_cpu()) {
     pow_cpu(input, scalar, tensor_is_base, out);
@@ -53,6 +58,40 @@ void pow_cpu(const at::Tensor& x, double scalar, bool tensor_is_base, at::Tensor
       }
     });
   });
+}
+
+void sqrt_cpu(const at::Tensor& x, at::Tensor& out) {
+  if (x.scalar_type() == at::kDouble) {
+    const double* xp = x.const_data_ptr<double>();
+    double* op = out.mutable_data_ptr<double>();
+    carbon::parallel_for(0, x.numel(), 16384, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) op[i] = sqrt_binary64_one(xp[i]);
+    });
+    return;
+  }
+  with_format(format_of(x.scalar_type()), [&](auto fmt) {
+    using F = decltype(fmt);
+    using Bits = typename F::Bits;
+    constexpr FloatFormat f = F::get();
+    const Bits* xp = static_cast<const Bits*>(x.const_data_ptr());
+    Bits* op = static_cast<Bits*>(out.mutable_data_ptr());
+    carbon::parallel_for(0, x.numel(), 16384, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) op[i] = static_cast<Bits>(encode(sqrt_one(decode(xp[i], f), f), f));
+    });
+  });
+}
+
+at::Tensor sqrt_op(const at::Tensor& x) {
+  auto [input, out] = checked_input_and_output("sqrt", "x", x);
+  if (out.numel() == 0) return out;
+  if (x.is_cpu()) {
+    sqrt_cpu(input, out);
+  } else {
+#ifdef CARBON_WITH_CUDA
+    sqrt_cuda(input, out);
+#endif
+  }
+  return out;
 }
 
 at::Tensor pow_tensor_scalar(const at::Tensor& x, double exponent) {

@@ -13,10 +13,19 @@
 // and infinities give 0 or inf with the sign rules of C's pow.
 #pragma once
 
+#include "../exact/float_format.h"
 #include "elementwise_math.h"
 
 namespace carbon {
 namespace math {
+
+// sqrt: IEEE 754's square root in binary64, correctly rounded on every
+// platform (the CPU's sqrtsd, CUDA's double sqrt, which no flag relaxes), so
+// RN(sqrt x) for a float64 x. Rounded once more to a float of p <= 24 bits it
+// is still RN_p(sqrt x): double rounding is innocuous for the square root when
+// 53 >= 2p + 2 (Figueroa, "When is double rounding innocuous?", 1995).
+// sqrt(-0) = -0, sqrt(+inf) = +inf, x < 0 and NaN give NaN.
+CARBON_HD double sqrt_core(double x) { return sqrt(x); }
 
 CARBON_HD bool is_integer_value(double p) {
   return abs_value(p) >= 0x1p53 || p == static_cast<double>(static_cast<int64_t>(p));
@@ -65,4 +74,14 @@ CARBON_HD double pow_core(double x, double p) {
 }
 
 }  // namespace math
+
+// One element of carbon.sqrt. float64: RN(sqrt x), NaN canonical (a negative
+// x's NaN has the sign bit on x86 and not on CUDA). Float formats: RN_F of
+// the binary64 root (encode writes the canonical NaN).
+CARBON_HD double sqrt_binary64_one(double x) {
+  const double v = math::sqrt_core(x);
+  return is_nan(v) ? math::quiet_nan() : v;
+}
+CARBON_HD double sqrt_one(double x, const FloatFormat& f) { return round_double(math::sqrt_core(x), f); }
+
 }  // namespace carbon
