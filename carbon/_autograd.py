@@ -119,7 +119,7 @@ torch.library.register_autograd("carbon::round_to", _round_to_backward, setup_co
 
 
 def _setup_softmax(ctx: Any, inputs: tuple, output: Tensor) -> None:
-    x, dim, _ = inputs
+    x, dim = inputs[:2]
     ctx.dim, ctx.x_dtype = dim, x.dtype
     ctx.save_for_backward(output)
 
@@ -130,12 +130,13 @@ def _as_output_dtype(grad: Tensor, y: Tensor) -> Tensor:
 
 def _softmax_backward(ctx: Any, grad: Tensor) -> tuple:
     (y,) = ctx.saved_tensors
-    return torch.ops.carbon.softmax_backward(_as_output_dtype(grad, y), y, ctx.dim, ctx.x_dtype), None, None
+    return torch.ops.carbon.softmax_backward(_as_output_dtype(grad, y), y, ctx.dim, ctx.x_dtype), None, None, None
 
 
 def _log_softmax_backward(ctx: Any, grad: Tensor) -> tuple:
     (y,) = ctx.saved_tensors
-    return torch.ops.carbon.log_softmax_backward(_as_output_dtype(grad, y), y, ctx.dim, ctx.x_dtype), None, None
+    return (torch.ops.carbon.log_softmax_backward(_as_output_dtype(grad, y), y, ctx.dim, ctx.x_dtype), None, None,
+            None)
 
 
 def _setup_cross_entropy(ctx: Any, inputs: tuple, output: tuple) -> None:

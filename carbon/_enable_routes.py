@@ -1420,11 +1420,7 @@ def _softmax_like(name: str, op: Callable, masked_rows_nan: bool) -> Callable[[d
         dtype = a.get("dtype")
         if a.get("half_to_float"):
             dtype = torch.float32
-        out = op(x, a["dim"], dtype)
-        if not masked_rows_nan or x.numel() == 0:
-            return out
-        masked = aten.eq(aten.amax(x, [a["dim"]], True), -math.inf)
-        return aten.where(masked, math.nan, out).to(out.dtype)
+        return op(x, a["dim"], dtype, masked_rows_nan)  # the kernel writes the NaN rows
     return handler
 
 

@@ -148,12 +148,14 @@ def _softmax_fake(op: str, x: Tensor, dim: int, dtype: Optional[torch.dtype]) ->
 
 
 @torch.library.register_fake("carbon::softmax")
-def _softmax_forward_fake(x: Tensor, dim: int, dtype: Optional[torch.dtype] = None) -> Tensor:
+def _softmax_forward_fake(x: Tensor, dim: int, dtype: Optional[torch.dtype] = None,
+                          masked_rows_nan: bool = False) -> Tensor:
     return _softmax_fake("softmax", x, dim, dtype)
 
 
 @torch.library.register_fake("carbon::log_softmax")
-def _log_softmax_forward_fake(x: Tensor, dim: int, dtype: Optional[torch.dtype] = None) -> Tensor:
+def _log_softmax_forward_fake(x: Tensor, dim: int, dtype: Optional[torch.dtype] = None,
+                              masked_rows_nan: bool = False) -> Tensor:
     return _softmax_fake("log_softmax", x, dim, dtype)
 
 

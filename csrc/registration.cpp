@@ -49,8 +49,8 @@ TORCH_LIBRARY(carbon, m) {
   m.def("sum_divided(Tensor x, Tensor divisor) -> Tensor");
   m.def("cumsum_rows(Tensor x, ScalarType? dtype=None) -> Tensor");
   // softmax family (csrc/softmax/)
-  m.def("softmax(Tensor x, int dim, ScalarType? dtype=None) -> Tensor");
-  m.def("log_softmax(Tensor x, int dim, ScalarType? dtype=None) -> Tensor");
+  m.def("softmax(Tensor x, int dim, ScalarType? dtype=None, bool masked_rows_nan=False) -> Tensor");
+  m.def("log_softmax(Tensor x, int dim, ScalarType? dtype=None, bool masked_rows_nan=False) -> Tensor");
   m.def("softmax_backward(Tensor grad, Tensor y, int dim, ScalarType input_dtype) -> Tensor");
   m.def("log_softmax_backward(Tensor grad, Tensor y, int dim, ScalarType input_dtype) -> Tensor");
   m.def("cross_entropy(Tensor input, Tensor target, int reduction=1, int ignore_index=-100, "

@@ -255,6 +255,20 @@ def test_softmax_backward_rows_without_gradient(op, dtype):
 
 
 @pytest.mark.parametrize("op", SOFTMAX_OPS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_masked_rows_nan(op, dtype):
+    """masked_rows_nan=True (carbon.enable's _softmax / _log_softmax): fully masked rows are NaN in the warp
+    kernel (64 rows on the emulated 2 SMs) and in the block kernel (63 rows, and rows of 1025)."""
+    g = generator(seed_of("masked nan", op, dtype))
+    for rows, n in ((64, 40), (63, 40), (3, 1025)):
+        x = values((rows, n), dtype, g)
+        x[1] = -INF
+        x[2, 1:] = -INF
+        x[0, 3] = NAN
+        check_op(op, x, 1, None, True, context=f"{rows} rows of {n}")
+
+
+@pytest.mark.parametrize("op", SOFTMAX_OPS)
 def test_softmax_values_of_every_magnitude_and_subnormal_outputs(op):
     """Rows spanning float32's whole range (exp underflows to subnormals and zero), outputs into float16 /
     bfloat16 (subnormal and zero results of the final rounding)."""

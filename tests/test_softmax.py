@@ -129,6 +129,26 @@ def test_special_values(op, in_dtype, out_dtype):
 
 
 @pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("in_dtype,out_dtype", DTYPE_PAIRS)
+def test_masked_rows_nan(op, in_dtype, out_dtype):
+    """masked_rows_nan=True (what carbon.enable asks for torch's _softmax / _log_softmax): a row of -inf only is
+    the canonical NaN (0/0) instead of 0 / -inf, along any dim; every other row, the NaN and +inf rows included,
+    keeps the bits that test_special_values and the oracle tests check for the default."""
+    x = special_tensor(in_dtype)
+    for t, dim in ((x, 1), (x.t().contiguous(), 0)):
+        fn = getattr(torch.ops.carbon, op)
+        out, default = fn(t, dim, out_dtype, True), fn(t, dim, out_dtype)
+        f = fmt_of(out.dtype)
+        masked = t.isneginf().all(dim, keepdim=True).expand_as(t)
+        assert masked.any()
+        bits = as_bits(out)
+        assert (bits[masked] == torch.tensor(f.nan_bits).to(f.bits_dtype)).all(), "masked rows: canonical NaN"
+        assert torch.equal(bits[~masked], as_bits(default)[~masked]), "the other rows are unchanged"
+    # (opcheck compares outputs with NaN != NaN: a row without specials checks the schema, fake and autograd)
+    torch.library.opcheck(getattr(torch.ops.carbon, op), (torch.randn(3, 5, requires_grad=True), 1, None, True))
+
+
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("shape,dim", [((0, 5), 1), ((0, 5), 0), ((5, 0), 1), ((5, 0), 0), ((2, 0, 3), -1), ((0,), 0)])
 def test_empty(op, shape, dim):
     fn, _ = OPS[op]

@@ -245,7 +245,7 @@ at::Tensor attention_probs(const at::Tensor& q, const at::Tensor& k, double scal
   const bool masked = mask.has_value() && mask->defined();
   if (!q.is_cpu()) {  // the composition, op by op (the fused kernel is the CPU's)
     const at::Tensor scores = carbon::bmm(q, k.transpose(1, 2), at::kFloat);
-    return carbon::softmax(carbon::attention_logits(scores, scale, mask, causal), -1, std::nullopt);
+    return carbon::softmax(carbon::attention_logits(scores, scale, mask, causal), -1, std::nullopt, false);
   }
   const int64_t B = q.size(0), L = q.size(1), S = k.size(1);
   at::Tensor probs = at::empty({B, L, S}, q.options().dtype(at::kFloat));
@@ -284,7 +284,7 @@ at::Tensor attention_probs(const at::Tensor& q, const at::Tensor& k, double scal
           const int64_t b = r / L, i = r % L;
           logits_row(in + r * S, scale, mask_row(b, i), causal ? std::min(i + 1, n) : n, n, z.data() + (r - r0) * n);
         }
-        softmax_rows_cpu(z_rows.at(0, rows, n), false, FormatId::kFloat32, p_rows.at(0, rows, n));
+        softmax_rows_cpu(z_rows.at(0, rows, n), false, false, FormatId::kFloat32, p_rows.at(0, rows, n));
         // Softmax of a row with -inf entries left out: its maximum, its case
         // (a row of -inf stays one; a NaN or +inf is never among the
         // -inf) and S = RN32(sum of the e_j) are the full row's (each left

@@ -37,7 +37,8 @@ at::Tensor from_rows(const at::Tensor& rows, const at::Tensor& x, int64_t dim) {
   return rows.view(moved_shape).movedim(-1, dim).contiguous();
 }
 
-at::Tensor forward(const char* op, const at::Tensor& x, int64_t dim, std::optional<at::ScalarType> dtype, bool log) {
+at::Tensor forward(const char* op, const at::Tensor& x, int64_t dim, std::optional<at::ScalarType> dtype, bool log,
+                   bool masked_nan) {
   check_supported_dtype(op, "x", x);
   check_device(op, x);
   const at::ScalarType out_dtype = checked_out_dtype(op, dtype.value_or(x.scalar_type()));
@@ -46,10 +47,10 @@ at::Tensor forward(const char* op, const at::Tensor& x, int64_t dim, std::option
   const at::Tensor rows = as_rows(x, dim);
   at::Tensor out = at::empty(rows.sizes(), rows.options().dtype(out_dtype));
   if (x.is_cpu()) {
-    softmax_rows_cpu(rows, log, format_of(out_dtype), out);
+    softmax_rows_cpu(rows, log, masked_nan, format_of(out_dtype), out);
   } else {
 #ifdef CARBON_WITH_CUDA
-    softmax_rows_cuda(rows, log, format_of(out_dtype), out);
+    softmax_rows_cuda(rows, log, masked_nan, format_of(out_dtype), out);
 #endif
   }
   return from_rows(out, x, dim);
@@ -83,12 +84,12 @@ at::Tensor backward(const char* op, const at::Tensor& grad, const at::Tensor& y,
 
 }  // namespace
 
-at::Tensor softmax(const at::Tensor& x, int64_t dim, std::optional<at::ScalarType> dtype) {
-  return forward("softmax", x, dim, dtype, false);
+at::Tensor softmax(const at::Tensor& x, int64_t dim, std::optional<at::ScalarType> dtype, bool masked_rows_nan) {
+  return forward("softmax", x, dim, dtype, false, masked_rows_nan);
 }
 
-at::Tensor log_softmax(const at::Tensor& x, int64_t dim, std::optional<at::ScalarType> dtype) {
-  return forward("log_softmax", x, dim, dtype, true);
+at::Tensor log_softmax(const at::Tensor& x, int64_t dim, std::optional<at::ScalarType> dtype, bool masked_rows_nan) {
+  return forward("log_softmax", x, dim, dtype, true, masked_rows_nan);
 }
 
 at::Tensor softmax_backward(const at::Tensor& grad, const at::Tensor& y, int64_t dim, at::ScalarType input_dtype) {

@@ -8,8 +8,10 @@
 
 namespace carbon {
 
-at::Tensor softmax(const at::Tensor& x, int64_t dim, std::optional<at::ScalarType> dtype);
-at::Tensor log_softmax(const at::Tensor& x, int64_t dim, std::optional<at::ScalarType> dtype);
+// masked_rows_nan: a row of -inf only gives NaN (torch's _softmax) instead of
+// carbon's 0 (log_softmax: -inf); carbon.enable's routes set it.
+at::Tensor softmax(const at::Tensor& x, int64_t dim, std::optional<at::ScalarType> dtype, bool masked_rows_nan);
+at::Tensor log_softmax(const at::Tensor& x, int64_t dim, std::optional<at::ScalarType> dtype, bool masked_rows_nan);
 at::Tensor softmax_backward(const at::Tensor& grad, const at::Tensor& y, int64_t dim, at::ScalarType input_dtype);
 at::Tensor log_softmax_backward(const at::Tensor& grad, const at::Tensor& y, int64_t dim,
                                 at::ScalarType input_dtype);
@@ -25,7 +27,7 @@ at::Tensor cross_entropy_backward(const at::Tensor& grad, const at::Tensor& log_
                                   double label_smoothing, at::ScalarType input_dtype);
 
 // Device kernels over contiguous [rows, n] tensors; out has the same shape.
-void softmax_rows_cpu(const at::Tensor& x, bool log, FormatId format, at::Tensor& out);
+void softmax_rows_cpu(const at::Tensor& x, bool log, bool masked_nan, FormatId format, at::Tensor& out);
 void softmax_backward_rows_cpu(const at::Tensor& grad, const at::Tensor& y, bool log, FormatId format,
                                at::Tensor& out);
 // Cross-entropy over [N, C] logits: writes log_probs ([N, C] float32),
@@ -37,7 +39,7 @@ void cross_entropy_backward_cpu(const at::Tensor& grad, const at::Tensor& log_pr
                                 const at::Tensor& count, int64_t reduction, int64_t ignore_index,
                                 double label_smoothing, FormatId format, at::Tensor& out);
 #ifdef CARBON_WITH_CUDA
-void softmax_rows_cuda(const at::Tensor& x, bool log, FormatId format, at::Tensor& out);
+void softmax_rows_cuda(const at::Tensor& x, bool log, bool masked_nan, FormatId format, at::Tensor& out);
 void softmax_backward_rows_cuda(const at::Tensor& grad, const at::Tensor& y, bool log, FormatId format,
                                 at::Tensor& out);
 void cross_entropy_cuda(const at::Tensor& logits, const at::Tensor& target, int64_t reduction, int64_t ignore_index,

@@ -332,12 +332,13 @@ CARBON_CPU_CLONES bool softmax_outputs_f32(const T* row, int64_t n, const float*
 
 // One row of n values into o[0, n); t and e are scratch for n values.
 template <typename T, typename F, bool kLog>
-CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, double* t, float* e, typename F::Bits* o) {
+CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, double* t, float* e, typename F::Bits* o,
+                                   bool masked_nan = false) {
   constexpr FloatFormat f = F::get();
   const RowMax mx = row_max_keys(row, n);
   const RowCase c = row_case(mx);
   if (c != RowCase::kNormal) {
-    const double fill = c == RowCase::kNaN ? canonical_nan() : (kLog ? -INFINITY : 0.0);
+    const double fill = special_row_fill(c, kLog, masked_nan);
     for (int64_t j = 0; j < n; ++j) o[j] = bits_of<F>(fill);
     return;
   }
@@ -395,11 +396,11 @@ struct RowScratch {
 };
 
 template <typename T, typename F, bool kLog>
-void softmax_rows(const T* x, int64_t rows, int64_t n, typename F::Bits* out) {
+void softmax_rows(const T* x, int64_t rows, int64_t n, bool masked_nan, typename F::Bits* out) {
   carbon::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
     RowScratch scratch(n);
     for (int64_t r = begin; r < end; ++r)
-      softmax_row<T, F, kLog>(x + r * n, n, scratch.t.data(), scratch.e.data(), out + r * n);
+      softmax_row<T, F, kLog>(x + r * n, n, scratch.t.data(), scratch.e.data(), out + r * n, masked_nan);
   });
 }
 
@@ -677,7 +678,7 @@ void cross_entropy_grad_rows(const double* coef, const float* log_probs, const i
 
 }  // namespace
 
-void softmax_rows_cpu(const at::Tensor& x, bool log, FormatId format, at::Tensor& out) {
+void softmax_rows_cpu(const at::Tensor& x, bool log, bool masked_nan, FormatId format, at::Tensor& out) {
   const int64_t rows = x.size(0), n = x.size(1);
   with_element_type(x.scalar_type(), [&](auto element) {
     using T = decltype(element);
@@ -685,9 +686,9 @@ void softmax_rows_cpu(const at::Tensor& x, bool log, FormatId format, at::Tensor
       using F = decltype(fmt);
       auto* o = static_cast<typename F::Bits*>(out.mutable_data_ptr());
       if (log)
-        softmax_rows<T, F, true>(x.const_data_ptr<T>(), rows, n, o);
+        softmax_rows<T, F, true>(x.const_data_ptr<T>(), rows, n, masked_nan, o);
       else
-        softmax_rows<T, F, false>(x.const_data_ptr<T>(), rows, n, o);
+        softmax_rows<T, F, false>(x.const_data_ptr<T>(), rows, n, masked_nan, o);
     });
   });
 }

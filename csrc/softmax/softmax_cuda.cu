@@ -78,7 +78,8 @@ __device__ typename F::Bits bits_of(double value) {
 // One row on the whole block. Returns through *shared_value the row's S
 // (softmax) or L (log_softmax), after writing the row.
 template <typename T, typename F, bool kLog>
-__device__ void softmax_row(const T* row, int64_t n, typename F::Bits* o, BlockScratch& sh, double* shared_value) {
+__device__ void softmax_row(const T* row, int64_t n, typename F::Bits* o, BlockScratch& sh, double* shared_value,
+                            bool masked_nan = false) {
   constexpr FloatFormat f = F::get();
   const int tid = threadIdx.x;
   RowMax mine;
@@ -86,7 +87,7 @@ __device__ void softmax_row(const T* row, int64_t n, typename F::Bits* o, BlockS
   const RowMax mx = block_max(sh, mine);
   const RowCase c = row_case(mx);
   if (c != RowCase::kNormal) {
-    const double fill = c == RowCase::kNaN ? canonical_nan() : (kLog ? -INFINITY : 0.0);
+    const double fill = special_row_fill(c, kLog, masked_nan);
     for (int64_t j = tid; j < n; j += kThreads) o[j] = bits_of<F>(fill);
     return;
   }
@@ -111,10 +112,11 @@ __device__ void softmax_row(const T* row, int64_t n, typename F::Bits* o, BlockS
 }
 
 template <typename T, typename F, bool kLog>
-__global__ void softmax_rows_kernel(const T* x, int64_t rows, int64_t n, typename F::Bits* out) {
+__global__ void softmax_rows_kernel(const T* x, int64_t rows, int64_t n, bool masked_nan, typename F::Bits* out) {
   __shared__ BlockScratch sh;
   __shared__ double value;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) softmax_row<T, F, kLog>(x + r * n, n, out + r * n, sh, &value);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+    softmax_row<T, F, kLog>(x + r * n, n, out + r * n, sh, &value, masked_nan);
 }
 
 // The terms of a gradient row's sum: g_k (log_softmax) or g_k y_k (softmax), exact in fp64.
@@ -201,7 +203,8 @@ __device__ RowMax warp_max(RowMax r) {
 
 template <typename T, typename F, bool kLog>
 __global__ void __launch_bounds__(kWarpSize* kRowWarps)
-    softmax_warp_rows_kernel(const T* __restrict__ x, int64_t rows, int64_t n, typename F::Bits* __restrict__ out) {
+    softmax_warp_rows_kernel(const T* __restrict__ x, int64_t rows, int64_t n, bool masked_nan,
+                             typename F::Bits* __restrict__ out) {
   constexpr FloatFormat f = F::get();
   const int warp = threadIdx.x / kWarpSize, lane = lane_id();
   // Warp-uniform loop: every lane of a warp works on the same row.
@@ -215,7 +218,7 @@ __global__ void __launch_bounds__(kWarpSize* kRowWarps)
     const RowMax mx = warp_max(mine);
     const RowCase c = row_case(mx);
     if (c != RowCase::kNormal) {
-      const double fill = c == RowCase::kNaN ? canonical_nan() : (kLog ? -INFINITY : 0.0);
+      const double fill = special_row_fill(c, kLog, masked_nan);
       for (int64_t k = lane; k < n; k += kWarpSize) o[k] = bits_of<F>(fill);
       continue;
     }
@@ -383,7 +386,7 @@ int row_blocks(int64_t rows) { return blocks_for(rows * kThreads, kThreads); }
 
 }  // namespace
 
-void softmax_rows_cuda(const at::Tensor& x, bool log, FormatId format, at::Tensor& out) {
+void softmax_rows_cuda(const at::Tensor& x, bool log, bool masked_nan, FormatId format, at::Tensor& out) {
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t rows = x.size(0), n = x.size(1);
   const auto stream = at::cuda::getCurrentCUDAStream();
@@ -396,13 +399,15 @@ void softmax_rows_cuda(const at::Tensor& x, bool log, FormatId format, at::Tenso
       if (warp_rows(rows, n)) {
         const int blocks = warp_row_blocks(rows);
         if (log)
-          softmax_warp_rows_kernel<T, F, true><<<blocks, kWarpSize * kRowWarps, 0, stream>>>(xp, rows, n, o);
+          softmax_warp_rows_kernel<T, F, true><<<blocks, kWarpSize * kRowWarps, 0, stream>>>(xp, rows, n, masked_nan,
+                                                                                            o);
         else
-          softmax_warp_rows_kernel<T, F, false><<<blocks, kWarpSize * kRowWarps, 0, stream>>>(xp, rows, n, o);
+          softmax_warp_rows_kernel<T, F, false><<<blocks, kWarpSize * kRowWarps, 0, stream>>>(xp, rows, n, masked_nan,
+                                                                                             o);
       } else if (log) {
-        softmax_rows_kernel<T, F, true><<<row_blocks(rows), kThreads, 0, stream>>>(xp, rows, n, o);
+        softmax_rows_kernel<T, F, true><<<row_blocks(rows), kThreads, 0, stream>>>(xp, rows, n, masked_nan, o);
       } else {
-        softmax_rows_kernel<T, F, false><<<row_blocks(rows), kThreads, 0, stream>>>(xp, rows, n, o);
+        softmax_rows_kernel<T, F, false><<<row_blocks(rows), kThreads, 0, stream>>>(xp, rows, n, masked_nan, o);
       }
     });
   });

@@ -60,6 +60,14 @@ CARBON_HD RowCase row_case(const RowMax& r) {
   return RowCase::kNormal;
 }
 
+// Every output of a row whose case c is not kNormal. masked_nan gives a
+// masked row torch's _softmax / _log_softmax meaning instead, NaN (0/0),
+// which carbon.enable's routes ask for (in the kernel: no second pass).
+CARBON_HD double special_row_fill(RowCase c, bool log, bool masked_nan) {
+  if (c == RowCase::kNaN || masked_nan) return canonical_nan();
+  return log ? -INFINITY : 0.0;
+}
+
 
 // e_j = carbon.exp(RN32(x_j - m)): in [0, 1], and exactly 1 at the maximum.
 CARBON_HD float softmax_exp(float x, float m) { return exp32(x - m); }
