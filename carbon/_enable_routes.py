@@ -1085,7 +1085,9 @@ def _vector_norm(a: dict) -> Tensor:
     x, ord_, dim, keepdim, dtype = a["self"], a["ord"], a["dim"], a["keepdim"], a.get("dtype")
     _need_carbon_dtype("linalg_vector_norm", x)
     if dtype is not None and dtype != x.dtype:
-        raise NotCovered("linalg_vector_norm with a dtype argument")
+        if dtype != torch.float32 or x.dtype not in (torch.bfloat16, torch.float16):
+            raise NotCovered(f"linalg_vector_norm of {x.dtype} with dtype={dtype}")
+        x = x.to(torch.float32)  # the norm of the exact widened values (renorm's backward asks for this)
     if ord_ == math.inf:
         r = aten.amax(aten.abs(x), dim if dim is not None else [], keepdim)
         return r
@@ -2627,6 +2629,23 @@ def _embedding_renorm(a: dict) -> Tensor:
     return aten.index_copy(w, 0, idx, renormed)
 
 
+def _renorm(a: dict) -> Tensor:
+    """torch.renorm: each slice along ``dim`` whose p-norm exceeds maxnorm is scaled by maxnorm / (norm + 10⁻⁷),
+    torch's steps in float32 (its accumulation type): norm = RN32 of ‖slice‖_p (linalg_vector_norm's route over
+    the slice's float32 values), f = RN32(m / RN32(norm + RN32(10⁻⁷))) with m = RN32(maxnorm) where norm > m, else
+    1; f rounded to x's dtype; out = RN(x·f)."""
+    x, p, dim, maxnorm = a["self"], float(a["p"]), a["dim"], float(a["maxnorm"])
+    _need_carbon_dtype("renorm", x)
+    aten.renorm(x.to("meta"), p, dim, maxnorm)  # torch's own argument checks and errors
+    d = dim % x.dim()
+    dims = [k for k in range(x.dim()) if k != d]
+    norm = _vector_norm({"self": x.to(torch.float32), "ord": p, "dim": dims, "keepdim": True})
+    m = aten.full_like(norm, maxnorm)  # RN32(maxnorm)
+    scale = aten.div(m, aten.add(norm, 1e-7))
+    factor = aten.where(aten.gt(norm, m), scale, aten.ones_like(norm)).to(x.dtype)
+    return aten.mul(x, factor)
+
+
 def _embedding_backward(a: dict) -> Tensor:
     return carbon_ops.embedding_backward(a["grad_output"], a["indices"], a["num_weights"], a["padding_idx"])
 
@@ -3293,7 +3312,7 @@ ROUTES: Dict[str, Callable] = {
     "index_copy": _index_copy, "scatter": _scatter, "softshrink": _softshrink, "frexp": _frexp, "sort": _sort, "argsort": _argsort, "msort": _msort,
     "topk": _topk, "kthvalue": _order_statistic("kthvalue"), "median": _order_statistic("median"),
     "nanmedian": _order_statistic("nanmedian"), "cummax": _running_extreme("cummax"), "mode": _mode,
-    "cummin": _running_extreme("cummin"), "embedding_renorm": _embedding_renorm, "allclose": _allclose,
+    "cummin": _running_extreme("cummin"), "embedding_renorm": _embedding_renorm, "renorm": _renorm, "allclose": _allclose,
     "max_unpool2d": _max_unpool(2), "max_unpool3d": _max_unpool(3), "bincount": _bincount, "histc": _histc, "scatter_reduce": _scatter_reduce,
     "index_reduce": _index_reduce,
     "_embedding_bag": _embedding_bag, "_embedding_bag_forward_only": _embedding_bag,
