@@ -89,14 +89,27 @@ def _bind(func: Any, args: tuple, kwargs: dict) -> Dict[str, Any]:
     return bound
 
 
+# Per op overload, what the dispatch mode asks of it on every call: (namespace, base name, in place?). Computed
+# once (string work and schema reads cost microseconds per op, and a training step runs thousands of ops).
+_op_facts: Dict[Any, Tuple[str, str, bool]] = {}
+
+
+def _facts(func: Any) -> Tuple[str, str, bool]:
+    facts = _op_facts.get(func)
+    if facts is None:
+        name = func.overloadpacket.__name__
+        trailing = name.endswith("_") and not name.endswith("__")
+        facts = (func.namespace, name[:-1] if trailing else name, trailing and func._schema.is_mutable)
+        _op_facts[func] = facts
+    return facts
+
+
 def _base_name(func: Any) -> str:
-    name = func.overloadpacket.__name__
-    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
+    return _facts(func)[1]
 
 
 def _is_inplace(func: Any) -> bool:
-    name = func.overloadpacket.__name__
-    return name.endswith("_") and not name.endswith("__") and func._schema.is_mutable
+    return _facts(func)[2]
 
 
 class _Session:
@@ -142,12 +155,12 @@ class _DispatchMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        base = _base_name(func)
+        namespace, base, _ = _facts(func)
         # Three lists, one way to use them: aten ops on real tensors; aten ops with complex arguments
         # (the real allow-list does not hold for them); other libraries' ops (carbon's own, profiler markers
         # and collectives pass).
-        if func.namespace != "aten":
-            handler, why_not = FOREIGN_ROUTES.get(f"{func.namespace}.{base}"), _enable_allow.why_not_foreign
+        if namespace != "aten":
+            handler, why_not = FOREIGN_ROUTES.get(f"{namespace}.{base}"), _enable_allow.why_not_foreign
         elif _enable_allow.has_complex(args, kwargs):
             handler, why_not = COMPLEX_ROUTES.get(base), _enable_allow.why_not_complex
         else:
