@@ -854,6 +854,17 @@ def test_index_add_heavy_duplicates(dtype, dim):
              context="strided")
 
 
+def half_ulp_among_pairs(rng, pairs, big, u, dtype):
+    """u/2 and `pairs` pairs y, -y (random values of dtype below big), shuffled: added to 1 they make the tie
+    1 + u/2, hidden among cancelling terms that keep tier 1 from deciding."""
+    terms = [u / 2]
+    for _ in range(pairs):
+        y = float(torch.tensor(rng.uniform(-big, big), dtype=torch.float64).to(dtype))
+        terms += [y, -y]
+    rng.shuffle(terms)
+    return terms
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_index_add_ties_specials_and_signed_zeros(dtype):
     """Huge terms cancelling around tiny ones, NaN, +-inf (and inf - inf), signed zeros (-0 + -0 = -0, an
@@ -871,12 +882,7 @@ def test_index_add_ties_specials_and_signed_zeros(dtype):
              context="NaNs of other payloads")
     # 1 + u/2 (a tie) hidden among cancelling pairs, spread over a long segment
     rng = random.Random(seed_of("ties", dtype))
-    pairs = []
-    for _ in range(300):
-        y = float(torch.tensor(rng.uniform(-big, big), dtype=torch.float64).to(dtype))
-        pairs += [y, -y]
-    terms = [u / 2] + pairs
-    rng.shuffle(terms)
+    terms = half_ulp_among_pairs(rng, 300, big, u, dtype)
     src = exact_tensor([[t, -t] for t in terms], dtype)  # column 1: the tie's mirror
     self = exact_tensor([[1.0, -1.0], [1.0 + 2 * u, -1.0 - 2 * u]], dtype)
     index = torch.tensor([rng.randrange(2) for _ in terms])
@@ -971,14 +977,7 @@ def test_index_add_chunk_sums_around_chunk_boundaries(dtype):
         source[o, positions, c] = exact_tensor(values, dtype)
 
     put(7, 0, 0, [big, -big] * 64 + [tiny])  # the exact sum is self + tiny
-    rng = random.Random(seed_of("chunk ties", dtype))
-    pairs = []
-    for _ in range(163):
-        y = float(torch.tensor(rng.uniform(-big, big), dtype=torch.float64).to(dtype))
-        pairs += [y, -y]
-    terms = [u / 2] + pairs
-    rng.shuffle(terms)
-    put(9, 1, 1, terms)
+    put(9, 1, 1, half_ulp_among_pairs(random.Random(seed_of("chunk ties", dtype)), 163, big, u, dtype))
     self[1, 9, 1] = 1.0  # 1 + u/2: a tie, to even
     put(5, 1, 2, [INF] + [1.0] * 125 + [-INF])
     put(6, 0, 2, [1.0] * 100 + [INF] + [1.0] * 27)

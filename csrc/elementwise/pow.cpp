@@ -35,12 +35,18 @@ at::Tensor run(const char* op, const at::Tensor& t, double scalar, bool tensor_i
 
 }  // namespace
 
-void pow_cpu(const at::Tensor& x, double scalar, bool tensor_is_base, at::Tensor& out) {
-  if (x.scalar_type() == at::kDouble) {  // float64: the double-double core
+namespace {
+
+// out[i] = binary64(x[i]) for a float64 x, else RN_f of rounded(decode(x[i]), f) in x's format f, the elements
+// split over threads (grain64 / grain elements at least per task).
+template <typename Binary64, typename Rounded>
+void map_elements(const at::Tensor& x, int64_t grain64, int64_t grain, at::Tensor& out, Binary64 binary64,
+                  Rounded rounded) {
+  if (x.scalar_type() == at::kDouble) {
     const double* xp = x.const_data_ptr<double>();
     double* op = out.mutable_data_ptr<double>();
-    carbon::parallel_for(0, x.numel(), 1024, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) op[i] = pow_binary64_one(xp[i], scalar, tensor_is_base);
+    carbon::parallel_for(0, x.numel(), grain64, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) op[i] = binary64(xp[i]);
     });
     return;
   }
@@ -50,35 +56,26 @@ void pow_cpu(const at::Tensor& x, double scalar, bool tensor_is_base, at::Tensor
     constexpr FloatFormat f = F::get();
     const Bits* xp = static_cast<const Bits*>(x.const_data_ptr());
     Bits* op = static_cast<Bits*>(out.mutable_data_ptr());
-    carbon::parallel_for(0, x.numel(), 8192, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const double v = decode(xp[i], f);
-        const double r = tensor_is_base ? math::pow_core(v, scalar) : math::pow_core(scalar, v);
-        op[i] = static_cast<Bits>(encode(round_double(r, f), f));
-      }
+    carbon::parallel_for(0, x.numel(), grain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) op[i] = static_cast<Bits>(encode(rounded(decode(xp[i], f), f), f));
     });
   });
 }
 
+}  // namespace
+
+void pow_cpu(const at::Tensor& x, double scalar, bool tensor_is_base, at::Tensor& out) {
+  map_elements(  // float64: the double-double core
+      x, 1024, 8192, out, [&](double t) { return pow_binary64_one(t, scalar, tensor_is_base); },
+      [&](double v, const FloatFormat& f) {
+        return round_double(tensor_is_base ? math::pow_core(v, scalar) : math::pow_core(scalar, v), f);
+      });
+}
+
 void sqrt_cpu(const at::Tensor& x, at::Tensor& out) {
-  if (x.scalar_type() == at::kDouble) {
-    const double* xp = x.const_data_ptr<double>();
-    double* op = out.mutable_data_ptr<double>();
-    carbon::parallel_for(0, x.numel(), 16384, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) op[i] = sqrt_binary64_one(xp[i]);
-    });
-    return;
-  }
-  with_format(format_of(x.scalar_type()), [&](auto fmt) {
-    using F = decltype(fmt);
-    using Bits = typename F::Bits;
-    constexpr FloatFormat f = F::get();
-    const Bits* xp = static_cast<const Bits*>(x.const_data_ptr());
-    Bits* op = static_cast<Bits*>(out.mutable_data_ptr());
-    carbon::parallel_for(0, x.numel(), 16384, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) op[i] = static_cast<Bits>(encode(sqrt_one(decode(xp[i], f), f), f));
-    });
-  });
+  map_elements(
+      x, 16384, 16384, out, [](double t) { return sqrt_binary64_one(t); },
+      [](double v, const FloatFormat& f) { return sqrt_one(v, f); });
 }
 
 at::Tensor sqrt_op(const at::Tensor& x) {
