@@ -17,8 +17,8 @@ from carbon import nn, optim
 from carbon.checkpoint import load, save
 from carbon.fingerprint import Fingerprint, fingerprint
 from carbon.elementwise import (acos, acosh, asin, asinh, atan, atan2, atanh, cos, cosh, erf, erfc, erfinv, exp, exp2, expm1,
-                                gelu, hypot, lgamma, digamma, trigamma, polygamma, log, log1p, log2, log10, log_sigmoid, sigmoid, silu, sin, sinh, softplus, tan,
-                                tanh)
+                                gelu, hypot, lgamma, digamma, trigamma, polygamma, log, log1p, log2, log10, log_sigmoid, sigmoid, silu, sin, sinh, softplus,
+                                sqrt, tan, tanh)
 from carbon.norm import layer_norm, rms_norm
 from carbon.ops import addmm, baddbmm, bmm, linear, matmul, mm
 from carbon.attention import scaled_dot_product_attention
@@ -36,7 +36,7 @@ __all__ = [
     "sum", "mean", "round_to",
     "exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu", "sin", "cos", "log1p", "softplus", "log_sigmoid", "expm1",
     "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos", "erfinv", "asinh", "acosh", "atanh",
-    "lgamma", "digamma", "trigamma", "polygamma", "atan2", "hypot",
+    "lgamma", "digamma", "trigamma", "polygamma", "atan2", "hypot", "sqrt",
     "layer_norm", "rms_norm",
     "softmax", "log_softmax", "cross_entropy",
     "scaled_dot_product_attention",

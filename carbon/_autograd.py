@@ -209,6 +209,18 @@ for _name in ("exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu", "sin", "co
               "acosh", "atanh", "lgamma", "digamma", "trigamma"):
     torch.library.register_autograd(f"carbon::{_name}", _elementwise_backward_for(_name), setup_context=_setup_elementwise)
 del _name
+
+
+def _setup_sqrt(ctx: Any, inputs: tuple, output: Tensor) -> None:
+    ctx.save_for_backward(output)
+
+
+def _sqrt_backward(ctx: Any, grad: Tensor) -> Tensor:
+    (y,) = ctx.saved_tensors
+    return grad / (2 * y)  # torch's formula: 2y is exact, then one IEEE division (the same bits on every device)
+
+
+torch.library.register_autograd("carbon::sqrt", _sqrt_backward, setup_context=_setup_sqrt)
 # ============================================================================
 # Normalization (layer_norm, rms_norm). docs/contract.md §7:
 #   dx = per row: exact means of g and g * xhat

@@ -23,7 +23,7 @@ from torch import Tensor
 
 __all__ = ["exp", "log", "tanh", "sigmoid", "erf", "gelu", "silu", "sin", "cos", "log1p", "softplus", "log_sigmoid", "expm1",
            "log2", "log10", "exp2", "erfc", "sinh", "cosh", "tan", "atan", "asin", "acos", "erfinv", "asinh", "acosh",
-           "atanh", "lgamma", "digamma", "trigamma", "polygamma", "atan2", "hypot"]
+           "atanh", "lgamma", "digamma", "trigamma", "polygamma", "atan2", "hypot", "sqrt"]
 
 
 def exp(x: Tensor) -> Tensor:
@@ -232,3 +232,10 @@ def hypot(x: Tensor, y: Tensor) -> Tensor:
     broadcast; they must have one dtype."""
     x, y = torch.broadcast_tensors(x, y)
     return torch.ops.carbon.hypot(x, y)
+
+
+def sqrt(x: Tensor) -> Tensor:
+    """Square root, elementwise, correctly rounded in x's dtype (float32, bfloat16, float16 or float64): IEEE's
+    binary64 root rounded once (sqrt(-0) = -0; negative x and NaN give NaN). Gradient: torch's formula
+    grad / (2 * sqrt(x)), 2 * sqrt(x) exact and one IEEE division."""
+    return torch.ops.carbon.sqrt(x)

@@ -131,6 +131,21 @@ def test_torch_sqrt_and_rsqrt_of_float64_under_enable():
     assert x.grad is not None and x.grad.dtype == torch.float64
 
 
+def test_carbon_sqrt_and_its_gradient():
+    """carbon.sqrt's gradient is torch's formula g / (2·√x): 2·√x exact, one IEEE division — here in Python's
+    binary64 arithmetic (float64 tensors) from the oracle's root."""
+    rng = random.Random(5)
+    values = [rng.uniform(1e-3, 1e3) for _ in range(100)]
+    grads = [rng.uniform(-2, 2) for _ in range(100)]
+    x = torch.tensor(values, dtype=torch.float64, requires_grad=True)
+    y = carbon.sqrt(x)
+    y.backward(torch.tensor(grads, dtype=torch.float64))
+    roots = [struct.unpack("<d", struct.pack("<Q", expected_bits(v, torch.float64)))[0] for v in values]
+    assert y.detach().tolist() == roots
+    assert x.grad.tolist() == [g / (2 * r) for g, r in zip(grads, roots)]
+    torch.library.opcheck(torch.ops.carbon.sqrt, (torch.rand(3, 4, requires_grad=True) + 0.5,))
+
+
 def _signed64(bits: int) -> int:
     return bits - (1 << 64) if bits >= 1 << 63 else bits
 
