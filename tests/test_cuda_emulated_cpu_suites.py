@@ -3,8 +3,9 @@ pytest in a subprocess with CARBON_TEST_EMULATED_KERNELS=1 (conftest.py), which 
 kernel for its emulated CUDA twin (tests/cuda_emulator/swap_in.py) beneath carbon's Python layer and autograd.
 So the CUDA paths that only those suites reach through the public API -- sums over leading dimensions (the
 column kernels), the layer_norm / rms_norm parameter gradients, the optimizers' tensor-list launches,
-clip_grad_norm_, nn.Linear's bias gradient -- are checked against the suites' own oracles (exact fractions,
-Python references), not only against the CPU kernels' bits."""
+clip_grad_norm_, nn.Linear's bias gradient, the scatter kernels' chunk sums, cumsum's chunked rows, the square
+root -- are checked against the suites' own oracles (exact fractions, Python references), not only against the
+CPU kernels' bits. Tests marked cpu_kernels (host-side index checks, CPU kernel variants) are skipped there."""
 
 import os
 import subprocess
@@ -14,7 +15,8 @@ from emulated import emulated_ops
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 SUITES = ["test_sum_exact.py", "test_mean_exact.py", "test_var.py", "test_layer_norm.py", "test_rms_norm.py",
-          "test_nn_linear.py", "test_optim.py", "test_optim_capturable.py", "test_clip_grad.py"]
+          "test_nn_linear.py", "test_optim.py", "test_optim_capturable.py", "test_clip_grad.py", "test_scatter.py",
+          "test_embedding.py", "test_cumsum.py", "test_sqrt.py"]
 
 
 def test_cpu_suites_pass_on_the_emulated_cuda_kernels():

@@ -102,6 +102,7 @@ def test_nn_embedding_module():
         carbon.nn.Embedding(5, 2, sparse=True)
 
 
+@pytest.mark.cpu_kernels
 def test_embedding_opcheck_compile_and_errors():
     g = generator(30)
     w = random_values((7, 3), F32, g)

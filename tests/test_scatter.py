@@ -239,6 +239,7 @@ def test_index_put_accumulate(dtype):
     assert_bits_equal(out, index_add_bits(self, 0, index, row.expand(17, 3)), "index_put broadcast", dtype=dtype)
 
 
+@pytest.mark.cpu_kernels
 def test_index_put_errors():
     x = torch.zeros(3, 2)
     with pytest.raises(ValueError, match="carbon.index_put:"):
@@ -300,6 +301,7 @@ def test_torch_compile_fullgraph():
     assert torch.equal(as_bits(f(self, index, source)), as_bits(carbon.index_add(self, 0, index, source)))
 
 
+@pytest.mark.cpu_kernels
 def test_errors():
     x, s, i = torch.zeros(3, 2), torch.ones(2, 2), torch.tensor([0, 1])
     with pytest.raises(TypeError, match="carbon.index_add:"):
@@ -330,6 +332,7 @@ def test_errors():
         carbon.scatter_add(x, 0, torch.zeros(1, 1, dtype=torch.int16), s)
 
 
+@pytest.mark.cpu_kernels
 def test_portable_tier_one_against_the_oracle():
     # The CPU kernel's tier 1 has an AVX-512 form and a portable one, which CARBON_SCATTER_PORTABLE=1
     # selects (read once per process): the oracle tests above and test_embedding.py, again in a fresh
