@@ -12,8 +12,8 @@ float64 result): with y = |x|,
 * y ≥ 30: Hankel's asymptotic series e^y / √(2πy) · Σ_{k<20} a_k with a_0 = 1 and
   a_k = RN(a_{k−1}·RN((( 2k − 1)² − 4ν²) / RN(8y·k))) (truncation below 2⁻⁵⁶ there).
 * The scaled forms (i0e, i1e) multiply the series by EXP(−y) and leave e^y out of the asymptotic one; I₁ takes x's
-  sign. EXP is carbon's correctly rounded float64 exp; √ is carbon's float64 x^0.5. ±∞ gives ∞ (I₀), ±∞ (I₁),
-  0 (the scaled forms); NaN gives NaN. For |x| < 2⁻¹⁰⁰, I₁ and I₁e are RN(|x|/2·(1 ± 2⁻⁴⁰)) with x's sign: the
+  sign. EXP is carbon's correctly rounded float64 exp; √ is IEEE's binary64 square root (carbon.sqrt). ±∞ gives
+  ∞ (I₀), ±∞ (I₁), 0 (the scaled forms); NaN gives NaN. For |x| < 2⁻¹⁰⁰, I₁ and I₁e are RN(|x|/2·(1 ± 2⁻⁴⁰)) with x's sign: the
   correction x²/8 (or −|x|) is lost in binary64 and x/2 can be a midpoint of float32's subnormal grid; the nudge
   puts it on the exact value's side without crossing another rounding boundary.
 """
@@ -68,7 +68,7 @@ def _bessel(x: Tensor, nu: int, scaled: bool) -> Tensor:
     series = _series(safe_small, nu)
     if scaled:
         series = aten.mul(series, carbon_ops.exp(aten.neg(safe_small)))
-    root = routes.sqrt64(aten.mul(safe_large, 2 * math.pi))
+    root = routes.sqrt_rn(aten.mul(safe_large, 2 * math.pi))
     large = aten.div(_asymptotic(safe_large, nu), root)
     if not scaled:
         large = aten.mul(carbon_ops.exp(safe_large), large)

@@ -1,6 +1,6 @@
 """carbon.enable's route for torch.linalg.eigh / eigvalsh (docs/enable.md): the cyclic Jacobi method with a fixed
-schedule and a fixed number of sweeps, in binary64, every step an IEEE operation or carbon's binary64 square root
-(routes.sqrt64), so the eigenvalues and eigenvectors have the same bits on every device and batch size. LAPACK's syevd and
+schedule and a fixed number of sweeps, in binary64, every step an IEEE operation (the square roots IEEE's, through
+routes.sqrt_rn), so the eigenvalues and eigenvectors have the same bits on every device and batch size. LAPACK's syevd and
 cuSOLVER's syevj / syevd give different bits (and different eigenvector signs).
 
 For a float32 matrix (only the UPLO triangle read, mirrored; exact in binary64), with n rounded up to an even m
@@ -75,8 +75,8 @@ def _rotation(a_pp: Tensor, a_qq: Tensor, a_pq: Tensor) -> Tuple[Tensor, Tensor]
     returned as (N, 1, pairs) for _rotate_columns. The one-sided SVD passes (‖g_p‖², ‖g_q‖², g_p·g_q)."""
     theta = aten.div(aten.sub(a_qq, a_pp), aten.mul(a_pq, 2.0))
     sigma = aten.where(aten.ge(theta, 0.0), 1.0, -1.0)
-    t = aten.div(sigma, aten.add(aten.abs(theta), routes.sqrt64(aten.add(aten.mul(theta, theta), 1.0))))
-    c = aten.div(1.0, routes.sqrt64(aten.add(aten.mul(t, t), 1.0)))
+    t = aten.div(sigma, aten.add(aten.abs(theta), routes.sqrt_rn(aten.add(aten.mul(theta, theta), 1.0))))
+    c = aten.div(1.0, routes.sqrt_rn(aten.add(aten.mul(t, t), 1.0)))
     s = aten.mul(t, c)
     rotate = aten.ne(a_pq, 0.0)
     return aten.where(rotate, c, 1.0).unsqueeze(1), aten.where(rotate, s, 0.0).unsqueeze(1)

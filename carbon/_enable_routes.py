@@ -90,14 +90,6 @@ def sqrt_rn(x: Tensor) -> Tensor:
     return carbon_ops.sqrt(x)
 
 
-def sqrt64(x: Tensor) -> Tensor:
-    """A binary64 square root for the routes that work in binary64 (Jacobi rotations, the samplers and their
-    gradients): carbon's float64 x^0.5, the same bits on every device. It is correctly rounded except where √x lies
-    within 2⁻³⁶ ulp of a rounding midpoint (contract: float64 pow), where it may be the other neighbour; torch's
-    vectorized CPU sqrt is not correctly rounded either, and not the same as CUDA's. x = −0 gives +0."""
-    return carbon_ops.pow_tensor_scalar(x, 0.5)
-
-
 # ---- index tensors that depend only on shapes -------------------------------------------------------------------
 
 _SHAPE_CONSTANTS: "OrderedDict[tuple, Tensor]" = OrderedDict()

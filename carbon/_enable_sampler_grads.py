@@ -94,7 +94,7 @@ def _pow_const(x: Tensor, c: float) -> Tensor:
 
 
 def _sqrt(x: Tensor) -> Tensor:
-    return routes.sqrt64(x)
+    return routes.sqrt_rn(x)
 
 
 def _pow(x: Tensor, y: Tensor, log_x: Any = None) -> Tensor:

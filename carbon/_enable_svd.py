@@ -1,6 +1,6 @@
 """carbon.enable's routes for torch.linalg.svd / svdvals, pinv and lstsq (docs/enable.md): the one-sided Jacobi
 method (Hestenes) with a fixed schedule and a fixed number of sweeps, in binary64, every step an IEEE operation,
-carbon's binary64 square root (routes.sqrt64) or a sum in a fixed pairwise order, so U, S and Vh have the same bits
+IEEE's binary64 square root (routes.sqrt_rn) or a sum in a fixed pairwise order, so U, S and Vh have the same bits
 on every device and batch size. LAPACK's gesdd and cuSOLVER's gesvdj give different bits (and different signs).
 
 For a float32 matrix A (m × n) with m ≥ n (otherwise the SVD of Aᵀ, transposed back), G = A in binary64 and
@@ -71,7 +71,7 @@ def _svd_tall(a32: Tensor, full: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """(U, S, V) in float32 for A (N, m, n), m ≥ n: the module's definition (V, not Vh)."""
     batch, m, n = a32.shape
     g, v = _one_sided_jacobi(a32.to(torch.float64))
-    norms = routes.sqrt64(_pairwise_sum(aten.mul(g, g)))  # (N, n)
+    norms = routes.sqrt_rn(_pairwise_sum(aten.mul(g, g)))  # (N, n)
     norms, order = aten.sort.stable(norms, stable=True, dim=1, descending=True)
     g = aten.gather(g, 2, order.unsqueeze(1).expand(g.shape))
     v = aten.gather(v, 2, order.unsqueeze(1).expand(v.shape))
