@@ -33,10 +33,6 @@ at::Tensor run(const char* op, const at::Tensor& t, double scalar, bool tensor_i
   return out;
 }
 
-}  // namespace
-
-namespace {
-
 // out[i] = binary64(x[i]) for a float64 x, else RN_f of rounded(decode(x[i]), f) in x's format f, the elements
 // split over threads (grain64 / grain elements at least per task).
 template <typename Binary64, typename Rounded>

@@ -24,12 +24,14 @@ struct DestinationTerms {
   int64_t inner;        // stride between source rows
 
   CARBON_HD int64_t terms() const { return count + (self ? 1 : 0); }
+  // Contribution p of the segment (p in [0, count)).
+  CARBON_HD double contribution(int64_t p) const { return element_value(source[order[p] * inner]); }
   CARBON_HD double operator()(int64_t t) const {
     if (self) {
       if (t == 0) return element_value(*self);
       --t;
     }
-    return element_value(source[order[t] * inner]);
+    return contribution(t);
   }
 };
 
@@ -78,6 +80,13 @@ struct PartialSum {
   double abs_sum;
 };
 
+CARBON_HD void add_part(PartialSum& acc, const PartialSum& part) {
+  acc.sum = acc.sum + part.sum;
+  acc.abs_sum = acc.abs_sum + part.abs_sum;
+}
+
+CARBON_HD PartialSum term_part(double v) { return PartialSum{v, abs_value(v)}; }
+
 // Adds part(0), ..., part(n - 1) to acc in that order, loading kScatterBatch
 // parts before adding them.
 template <typename PartAt>
@@ -88,19 +97,10 @@ CARBON_HD void add_in_order(int64_t n, PartAt part, PartialSum& acc) {
 #pragma unroll
     for (int i = 0; i < kScatterBatch; ++i) v[i] = part(k + i);
 #pragma unroll
-    for (int i = 0; i < kScatterBatch; ++i) {
-      acc.sum = acc.sum + v[i].sum;
-      acc.abs_sum = acc.abs_sum + v[i].abs_sum;
-    }
+    for (int i = 0; i < kScatterBatch; ++i) add_part(acc, v[i]);
   }
-  for (; k < n; ++k) {
-    const PartialSum v = part(k);
-    acc.sum = acc.sum + v.sum;
-    acc.abs_sum = acc.abs_sum + v.abs_sum;
-  }
+  for (; k < n; ++k) add_part(acc, part(k));
 }
-
-CARBON_HD PartialSum term_part(double v) { return PartialSum{v, abs_value(v)}; }
 
 // Tier 1 over the kScatterChunk contributions at sorted positions `order`
 // (source = &source[o, 0, c]): the chunk sum a destination's thread adds in
@@ -120,10 +120,8 @@ template <typename T>
 CARBON_HD double scatter_element(const DestinationTerms<T>& terms, int64_t begin, const PartialSum* chunks,
                                  const FloatFormat& f) {
   PartialSum acc{0.0, 0.0};
-  if (terms.self) add_in_order(1, [&](int64_t) { return term_part(element_value(*terms.self)); }, acc);
-  const auto contribution = [&](int64_t p) {
-    return term_part(element_value(terms.source[terms.order[p] * terms.inner]));
-  };
+  if (terms.self) add_part(acc, term_part(element_value(*terms.self)));
+  const auto contribution = [&](int64_t p) { return term_part(terms.contribution(p)); };
   const int64_t end = begin + terms.count;
   const int64_t first = (begin + kScatterChunk - 1) / kScatterChunk, last = end / kScatterChunk;
   if (chunks && first < last) {
