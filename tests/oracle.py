@@ -64,7 +64,13 @@ FORMATS = {
 DTYPES = tuple(FORMATS)
 
 
+# float64: an output format only (carbon's float64 functions and square root); not among the input DTYPES.
+FLOAT64 = Format("float64", 53, -1022, 1023, 64, 0x7FF8000000000000, torch.int64)
+
+
 def fmt_of(dtype: torch.dtype) -> Format:
+    if dtype == torch.float64:
+        return FLOAT64
     if dtype not in FORMATS:
         raise TypeError(f"oracle: unsupported dtype {dtype}")
     return FORMATS[dtype]
@@ -346,7 +352,7 @@ def is_midpoint(x, dtype: torch.dtype) -> bool:
 
 
 def as_bits(t: torch.Tensor) -> torch.Tensor:
-    """The bit patterns of a float32 / bfloat16 / float16 tensor (on the CPU)."""
+    """The bit patterns of a float32 / bfloat16 / float16 (or float64) tensor (on the CPU)."""
     return t.detach().cpu().contiguous().view(fmt_of(t.dtype).bits_dtype)
 
 
@@ -473,13 +479,37 @@ def row_quotient_bits(values: Sequence[float], divisor: int, dtype: torch.dtype)
     f = fmt_of(dtype)
     if divisor == 0:
         return f.nan_bits
-    s = row_sum(values)
+    return _quotient_bits(row_sum(values), divisor, f)
+
+
+def _quotient_bits(s: RowSum, divisor: int, f: Format) -> int:
     special = _special_bits(s, f)
     if special is not None:
         return special
     if s.total == 0:
         return f.sign_bit if (s.n > 0 and s.all_neg_zero) else 0
     return _round_rational(abs(s.total), divisor << SCALE, s.total < 0, f)
+
+
+def prefix_sum_bits(values: Sequence[float], dtype: torch.dtype) -> list:
+    """Unsigned bits of RN_dtype(values[0] + ... + values[i]) for every i (cumsum's contract): row_sum_bits of
+    each prefix, kept as one running exact sum instead of n sums."""
+    f = fmt_of(dtype)
+    total, nan, pos_inf, neg_inf, all_neg_zero, out = 0, False, False, False, True, []
+    for n, v in enumerate(values, 1):
+        if v != v:
+            nan = True
+        elif v == math.inf:
+            pos_inf = True
+        elif v == -math.inf:
+            neg_inf = True
+        elif v == 0:
+            all_neg_zero = all_neg_zero and _is_neg(v)
+        else:
+            all_neg_zero = False
+            total += _scaled(v)
+        out.append(_quotient_bits(RowSum(total, n, nan, pos_inf, neg_inf, all_neg_zero), 1, f))
+    return out
 
 
 def row_sum_bits(values: Sequence[float], dtype: torch.dtype) -> int:

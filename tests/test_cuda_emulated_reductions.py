@@ -41,9 +41,7 @@ from data import (
 )
 from emulated import check_op, emulated_ops, launches
 from norm_util import adversarial_norm_rows, norm_data, params
-from oracle import SCALE, assert_bits_equal, bits_tensor, fmt_of
-from oracle import _round_rational as round_rational
-from oracle import _scaled as scaled_value
+from oracle import assert_bits_equal, bits_tensor, prefix_sum_bits
 
 INF, NAN = math.inf, math.nan
 WIDE = {F32: 30, BF16: 30, F16: 3}  # exponent spread of random data that keeps float16 sums finite
@@ -440,34 +438,6 @@ def test_cumsum_rows_ties_specials_and_layouts(in_dtype, out_dtype):
         check_op("cumsum_rows", view, out_dtype, context=name)
 
 
-def prefix_bits(values, dtype):
-    """Unsigned bits of RN_dtype(values[0] + ... + values[i]) for every i: the oracle's exact-sum rules
-    (tests/oracle.py: specials, the sign of an exact zero, one rounding), kept as a running integer sum."""
-    f = fmt_of(dtype)
-    total, nan, pos_inf, neg_inf, all_neg_zero, out = 0, False, False, False, True, []
-    for v in values:
-        if v != v:
-            nan = True
-        elif v == INF:
-            pos_inf = True
-        elif v == -INF:
-            neg_inf = True
-        elif v == 0:
-            all_neg_zero = all_neg_zero and math.copysign(1.0, v) < 0
-        else:
-            all_neg_zero = False
-            total += scaled_value(v)
-        if nan or (pos_inf and neg_inf):
-            out.append(f.nan_bits)
-        elif pos_inf or neg_inf:
-            out.append((f.sign_bit if neg_inf else 0) | f.inf_bits)
-        elif total == 0:
-            out.append(f.sign_bit if all_neg_zero else 0)
-        else:
-            out.append(round_rational(abs(total), 1 << SCALE, total < 0, f))
-    return out
-
-
 @pytest.mark.parametrize("in_dtype,out_dtype", [(F32, None), (BF16, None), (F16, F32), (F32, BF16)], ids=param_id)
 def test_cumsum_rows_long_rows_in_chunks(in_dtype, out_dtype):
     """Rows longer than 256 run in chunks of 64 (cumsum_cuda.cu: chunk sums, a warp's scan of them per row, then
@@ -497,7 +467,7 @@ def test_cumsum_rows_long_rows_in_chunks(in_dtype, out_dtype):
         before = launches()
         got = emulated_ops().cumsum_rows(x, out_dtype)
         assert launches() - before == 3, "the chunked path (3 kernels) should run rows longer than 256"
-        assert_bits_equal(got, bits_tensor(prefix_bits(x.double()[0].tolist(), out), out).reshape(1, -1),
+        assert_bits_equal(got, bits_tensor(prefix_sum_bits(x.double()[0].tolist(), out), out).reshape(1, -1),
                           f"row of {len(values)}: {values[:3]}", dtype=out)
         check_op("cumsum_rows", x, out_dtype, context=f"row of {len(values)}")
     many = random_values((200, 3000), in_dtype, g, spread=spread_for(in_dtype, out))

@@ -1,6 +1,6 @@
 """Exact prefix sums (torch.ops.carbon.cumsum_rows; torch.cumsum under
 carbon.enable): out[i] = RN(x[0] + ... + x[i]), every prefix exact and rounded
-once, against the integer oracle (tests/oracle.row_quotient_bits with divisor 1)."""
+once, against the integer oracle (tests/oracle.prefix_sum_bits: every prefix's exact sum rounded once)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,9 @@ import pytest
 import torch
 
 import carbon
-from tests.oracle import as_bits, fmt_of, row_quotient_bits
+from tests.oracle import as_bits, fmt_of, prefix_sum_bits
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def expected_row(values, dtype):
-    return [row_quotient_bits(values[: i + 1], 1, dtype) for i in range(len(values))]
 
 
 def check_rows(x, out_dtype=None):
@@ -27,7 +23,7 @@ def check_rows(x, out_dtype=None):
     mask = (1 << fmt_of(dtype).total_bits) - 1
     for r, row in enumerate(x.double().tolist()):
         got = [b & mask for b in as_bits(out)[r].tolist()]
-        assert got == expected_row(row, dtype), (r, row[:6])
+        assert got == prefix_sum_bits(row, dtype), (r, row[:6])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -76,10 +72,10 @@ def test_torch_cumsum_under_enable_with_gradient():
     assert ints.tolist() == [0, 1, 3, 6, 10, 15]
     for b, c in [(0, 0), (2, 3), (1, 2)]:
         row = x[b, :, c].tolist()
-        assert [v & 0xFFFFFFFF for v in as_bits(y)[b, :, c].tolist()] == expected_row(row, torch.float32)
+        assert [v & 0xFFFFFFFF for v in as_bits(y)[b, :, c].tolist()] == prefix_sum_bits(row, torch.float32)
         # d/dx_i sum_j g_j y_j = g_i + ... + g_n: the reverse prefix sums of g, each exact
         rev = g[b, :, c].tolist()[::-1]
-        want = expected_row(rev, torch.float32)[::-1]
+        want = prefix_sum_bits(rev, torch.float32)[::-1]
         assert [v & 0xFFFFFFFF for v in as_bits(x.grad)[b, :, c].tolist()] == want
 
 

@@ -9,49 +9,32 @@ from __future__ import annotations
 import math
 import random
 import struct
-from fractions import Fraction
 
 import pytest
 import torch
 
 import carbon
-from tests.oracle import Format, _round_rational, fmt_of, sqrt_bits
+from tests.oracle import as_bits, bits_tensor, bits_to_float, fmt_of, sqrt_bits
 
-F64 = Format("float64", 53, -1022, 1023, 64, 0x7FF8000000000000, torch.int64)
 SMALL = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def fmt(dtype: torch.dtype) -> Format:
-    return F64 if dtype == torch.float64 else fmt_of(dtype)
-
-
-def as_bits(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().contiguous().view(fmt(t.dtype).bits_dtype)
 
 
 def expected_bits(x: float, dtype: torch.dtype) -> int:
     """Unsigned bits of RN_dtype(√x) for a value x of dtype, IEEE's special cases included."""
-    f = fmt(dtype)
+    f = fmt_of(dtype)
     if math.isnan(x) or x < 0:
         return f.nan_bits
     if x == 0:
         return f.sign_bit if math.copysign(1.0, x) < 0 else 0
     if math.isinf(x):
         return f.inf_bits
-    if dtype != torch.float64:
-        return sqrt_bits(x, dtype)
-    q = Fraction(x)  # the same integer square root as oracle.sqrt_bits, rounded to 53 bits
-    m = q.numerator * q.denominator
-    j = max(0, 80 - m.bit_length() // 2)
-    big = m << (2 * j)
-    root = math.isqrt(big)
-    return _round_rational(2 * root + (root * root != big), q.denominator << (j + 1), False, F64)
+    return sqrt_bits(x, dtype)
 
 
 def check(x: torch.Tensor) -> None:
     out = torch.ops.carbon.sqrt(x)
     assert out.dtype == x.dtype and out.shape == x.shape
-    mask = (1 << fmt(x.dtype).total_bits) - 1
+    mask = (1 << fmt_of(x.dtype).total_bits) - 1
     got = [b & mask for b in as_bits(out).reshape(-1).tolist()]
     values = x.double().reshape(-1).tolist() if x.dtype != torch.float64 else x.reshape(-1).tolist()
     want = [expected_bits(v, x.dtype) for v in values]
@@ -99,7 +82,7 @@ def test_nan_bits_are_canonical_and_layouts():
     for dtype in SMALL + (torch.float64,):
         x = torch.tensor([-1.0, math.nan, -math.inf, -0.0, 4.0], dtype=dtype)
         out = torch.ops.carbon.sqrt(x)
-        assert [b & ((1 << fmt(dtype).total_bits) - 1) for b in as_bits(out).tolist()[:3]] == [fmt(dtype).nan_bits] * 3
+        assert [b & ((1 << fmt_of(dtype).total_bits) - 1) for b in as_bits(out).tolist()[:3]] == [fmt_of(dtype).nan_bits] * 3
         assert math.copysign(1.0, out[3].item()) < 0 and out[4].item() == 2.0
     wide = torch.rand(6, 9, dtype=torch.float64) * 100
     for view in (wide.t(), wide[:, ::2], wide[2:, 3:]):
@@ -124,9 +107,9 @@ def test_torch_sqrt_and_rsqrt_of_float64_under_enable():
         root = torch.sqrt(x)
         inv = torch.rsqrt(x.detach())
         root.backward(torch.ones_like(root))  # (a float64 sum is not covered)
-    assert as_bits(root.detach()).tolist() == [_signed64(expected_bits(v, torch.float64)) for v in values]
+    assert torch.equal(as_bits(root), bits_tensor([expected_bits(v, torch.float64) for v in values], torch.float64))
     for v, r in zip(values, inv.tolist()):
-        s = struct.unpack("<d", struct.pack("<Q", expected_bits(v, torch.float64)))[0]
+        s = bits_to_float(expected_bits(v, torch.float64), torch.float64)
         assert r == (1.0 / s if s != 0 else math.copysign(math.inf, s))
     assert x.grad is not None and x.grad.dtype == torch.float64
 
@@ -140,14 +123,10 @@ def test_carbon_sqrt_and_its_gradient():
     x = torch.tensor(values, dtype=torch.float64, requires_grad=True)
     y = carbon.sqrt(x)
     y.backward(torch.tensor(grads, dtype=torch.float64))
-    roots = [struct.unpack("<d", struct.pack("<Q", expected_bits(v, torch.float64)))[0] for v in values]
+    roots = [bits_to_float(expected_bits(v, torch.float64), torch.float64) for v in values]
     assert y.detach().tolist() == roots
     assert x.grad.tolist() == [g / (2 * r) for g, r in zip(grads, roots)]
     torch.library.opcheck(torch.ops.carbon.sqrt, (torch.rand(3, 4, requires_grad=True) + 0.5,))
-
-
-def _signed64(bits: int) -> int:
-    return bits - (1 << 64) if bits >= 1 << 63 else bits
 
 
 @pytest.mark.cuda
