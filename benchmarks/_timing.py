@@ -1,9 +1,21 @@
 """Timing helpers shared by the benchmarks: every implementation is timed in
-the same interleaved rounds, so drifts in machine load hit all alike."""
+the same interleaved rounds, so drifts in machine load hit all alike.
+
+Importing this module also keeps glibc's heap steady (`steady_heap`): with
+glibc's defaults a freed output of a few MB is often handed back to the
+kernel, and the next allocation of that size touches fresh pages -- ~1 us per
+4 KiB page, 3 ms for a 4096 x 768 float32 output, more than the layer_norm
+that fills it. Which side of a comparison pays depends on the order of frees
+(measured: carbon's layer_norm forward 4096 x 768 at a median 4.9 ms when
+timed after torch's, 1.0 ms alone), so the benchmarks time kernels with the
+memory kept by the process instead, for torch and carbon alike.
+CARBON_BENCH_DEFAULT_MALLOC=1 keeps glibc's defaults.
+"""
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import time
 from typing import Callable, List, Optional, Tuple
@@ -44,11 +56,29 @@ def time_interleaved(fns: List[Callable[[], object]], device: str, budget_s: flo
     return times
 
 
-def machine_load() -> str:
+def steady_heap() -> bool:
+    """Ask glibc never to trim its heap and never to serve an allocation by mmap (so freed memory is reused
+    without page faults); False where the C library is not glibc, or CARBON_BENCH_DEFAULT_MALLOC=1."""
+    if os.environ.get("CARBON_BENCH_DEFAULT_MALLOC") == "1":
+        return False
     try:
-        return "/".join(f"{x:.2f}" for x in os.getloadavg())
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
+    return mallopt(m_trim_threshold, 2**31 - 1) == 1 and mallopt(m_mmap_max, 0) == 1
+
+
+_STEADY_HEAP = steady_heap()
+
+
+def machine_load() -> str:
+    """The load averages, and whether the heap is kept (printed in each benchmark's header)."""
+    try:
+        load = "/".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
-        return "n/a"
+        load = "n/a"
+    return load + (" (heap kept: glibc trim and mmap off)" if _STEADY_HEAP else " (glibc malloc defaults)")
 
 
 def print_report(lines: List[str], ratios: List[str]) -> int:
