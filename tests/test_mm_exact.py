@@ -183,6 +183,53 @@ def test_exact_ties_in_every_output_format(out_dtype, a_dtype, nudge):
     check_mm(a, b, out_dtype, context=f"ties {a_dtype} -> {out_dtype} nudge {nudge}")
 
 
+# ---------------------------------------------------------------- long dot products near ties
+
+# Nudges off a float32 tie, in half-ulps: 2^-20 lies far inside tier 1's bound gamma_K |a| |b| (the large
+# cancelling pairs below make |a| large) but far outside the compensated tier's; 2^-60 and 0 only the exact
+# accumulator decides.
+LONG_NUDGES = {"tie": 0.0, "off-by-2^-20": 2.0**-20, "below-by-2^-20": -(2.0**-20), "off-by-2^-60": 2.0**-60}
+
+
+def long_tie_rows(K: int, rows: int, nudge: float, rng: random.Random):
+    """float32 rows of length K whose exact sum is v + ulp(v)/2 (a float32 tie) plus nudge half-ulps: v, its
+    half-ulp, the nudge, and up to 40 pairs +-y with |y| up to 2^20 |v| that cancel exactly, at random places
+    among zeros. Every term is a float32 value."""
+    out = []
+    for _ in range(rows):
+        E = rng.randint(-20, 20)
+        sign = rng.choice([1.0, -1.0])
+        v = sign * math.ldexp(rng.randrange(2**23, 2**24), E - 23)
+        half = sign * math.ldexp(1.0, E - 24)
+        terms = [v, half] + ([half * nudge] if nudge else [])
+        for _ in range(max(0, min(40, (K - len(terms)) // 2))):
+            y = rng.choice([1.0, -1.0]) * math.ldexp(rng.randrange(1, 2**24), E + rng.randint(-23, -3))
+            terms += [y, -y]
+        terms = (terms + [0.0] * K)[:K] if len(terms) > K else terms + [0.0] * (K - len(terms))
+        rng.shuffle(terms)
+        out.append(terms)
+    return out
+
+
+@pytest.mark.parametrize("K", [5, 15, 16, 17, 31, 33, 100, 1023, 3000])
+@pytest.mark.parametrize("nudge", LONG_NUDGES.values(), ids=LONG_NUDGES.keys())
+def test_long_dot_products_near_ties(K, nudge):
+    """Outputs tier 1 cannot decide, at inner dimensions around the compensated tier's 16 lanes
+    (csrc/exact/compensated_dot_avx512.h: chunks of 16, a masked tail, lanes merged in a tree) and beyond;
+    with and without a bias (one more term), and the transposed operand layout."""
+    rng = random.Random(f"long{K}{nudge}")
+    if K < 5:
+        pytest.skip("no room for the terms")
+    a = exact_tensor(long_tie_rows(K, 6, nudge, rng), F32)
+    scales = [1.0, 2.0**-3, 2.0**5]  # powers of two keep ties ties
+    b = exact_tensor([scales] * K, F32)
+    for out_dtype in (F32, BF16):
+        check_mm(a, b, out_dtype, context=f"K={K} nudge={nudge}")
+    check_mm(a, b.t().contiguous().t(), F32, context=f"K={K} nudge={nudge}, b transposed")
+    check_mm(a, b, F32, bias=exact_tensor([[0.0], [-0.0], [2.0**-30], [0.0], [1.0], [0.0]], F32),
+             context=f"K={K} nudge={nudge}, bias")
+
+
 TRAPS = [
     # terms a_k, b_k, out dtype, expected bits (by hand)
     # 1 + 2^-24 + 2^-80: just above a tie; rounding to double first lands on the tie and then on 1.

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../dtypes.h"
+#include "../exact/compensated_dot_avx512.h"
 #include "../exact/fp_env.h"
 #include "../reduce/reduce_kernel.h"
 #include "matmul.h"
@@ -855,6 +856,26 @@ static bool zero_products_sum(const MatmulView& v, int64_t b, int64_t i, int64_t
   return true;
 }
 
+// Tiers 2 and 3 for one output (matmul_round_exact): tier 2 in 16 lanes on
+// AVX-512 (compensated_dot_avx512.h: the scalar chain's ~16 cycles per term
+// dominated products with a long inner dimension), with the bound for that
+// summation tree's depth; the same RN_f(c) either way.
+static double matmul_round_exact_cpu(const MatmulView& v, int64_t b, int64_t i, int64_t j, const FloatFormat& f) {
+  if (!has_avx512()) return matmul_round_exact(v, b, i, j, f);
+  const double* a = v.a + (b * v.M + i) * v.K;
+  const double* bt = v.bt + (b * v.N + j) * v.K;
+  const bool has_bias = v.bias != nullptr;
+  const double bias = has_bias ? bias_at(v, b, i, j) : 0.0;
+  CompensatedSum acc = compensated_dot_avx512(a, bt, v.K);
+  if (has_bias) compensated_add(acc, bias);
+  const double value = acc.s + acc.t;
+  const double abs_sum = abs_sum_bound(v.a_norm[b * v.M + i], v.b_norm[b * v.N + j], bias);
+  const int64_t depth = compensated_dot_depth(v.K) + (has_bias ? 1 : 0);
+  double out;
+  if (round_if_decided(value, compensated_bound(value, abs_sum, depth), f, &out)) return out;
+  return matmul_round_exact_sum(v, b, i, j, f);
+}
+
 // Rows [begin, end) of the B * M output rows, on this thread. lower_only:
 // row i rounds its outputs j <= i and sets the others to +0.
 template <typename F>
@@ -883,7 +904,7 @@ static void round_rows(const MatmulView& v, typename F::Bits* out, bool lower_on
       const int64_t j = pending[t];
       double r;
       if (!matmul_round_fast(v, b, i, j, f, &r) && !zero_products_sum(v, b, i, j, &r))
-        r = matmul_round_exact(v, b, i, j, f);
+        r = matmul_round_exact_cpu(v, b, i, j, f);
       out[row * v.N + j] = static_cast<typename F::Bits>(encode(r, f));
     }
   }
