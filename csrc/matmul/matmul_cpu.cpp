@@ -533,12 +533,14 @@ bool fp64_gemm_cpu(const at::Tensor& a64, const at::Tensor& bt64, const at::Tens
   const double full_work = static_cast<double>(B) * mb * nb * K;
   const bool fits_int = std::max({M, N, K}) < INT32_MAX;
   const bool use_own_kernel = has_avx512() && K <= kOwnKernelMaxK;
-  // Dense operands too, for small products (attention's q k^T and g v^T
-  // at T <= 1024; measured, one thread: 48 x 256 x 64 x 256 in 35 ms
-  // against the BLAS's 43 ms, equal at 8 x 1024 x 64 x 1024, and the BLAS
-  // ahead from 4096 x 256 x 4096 on).
-  const bool own_dense = use_own_kernel && K <= 256 && M >= 16 && N >= 16 && N <= 1024;
-  if (!own_dense && (dgemm_ == nullptr || !fits_int || (!lower_only && blocked_work > 0.75 * full_work))) {
+  // Dense operands go to the BLAS whole. (The own kernel used to take dense
+  // products with K <= 256 and 16 <= N <= 1024 too; measured 2026-12-02,
+  // whole carbon.bmm, ms at 1 / 2 threads, own kernel -> BLAS: 1024 x 256 x
+  // 768 7.6 -> 5.8 / 4.1 -> 3.2, 1024 x 64 x 1024 3.6 -> 2.8 / 1.9 -> 1.6,
+  // 48 x 256 x 64 x 256 12.3 -> 9.5 / 6.7 -> 5.5, 12 x 1024 x 64 x 1024
+  // 63 -> 53 / 35 -> 32; the own kernel ahead only at 4096 x 64 x 1024,
+  // 16.2 against 19.0 / 8.2 against 9.2.)
+  if (dgemm_ == nullptr || !fits_int || (!lower_only && blocked_work > 0.75 * full_work)) {
     // Dense operands: one (batched) GEMM, multithreaded by the BLAS.
     if (B == 1 && transposed_gemm_is_faster(M, N, K)) {
       at::Tensor ct = scratch_doubles({N, M});
