@@ -62,6 +62,31 @@ def test_thread_count_does_not_matter(restore_num_threads, out_dtype):
     assert_bits_equal(two[::97], mm_bits(A[::97], B, bias[::97], out_dtype), "rows ::97")
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_many_batches_split_over_threads(restore_num_threads, threads):
+    """Many batches of a few hundred KB each (attention's heads) run as one task per chunk of batches on
+    the CPU (csrc/matmul/matmul.cpp): batches and rows against the oracle, with a bias and a
+    lower-triangular (causal) operand whose zeros the blocked path skips, at 1, 2 and 3 threads, and the
+    same bits as the batches multiplied one at a time."""
+    torch.set_num_threads(threads)
+    g = generator(21)
+    B, T = 41, 128
+    a = random_values((B, T, T), F32, g, spread=8)
+    b = random_values((B, T, T), BF16, g, spread=8)
+    bias = random_values((B, 1, T), F32, g)
+    causal = torch.tril(random_values((B, T, T), F32, g))
+    out, out_bias = carbon.bmm(a, b), carbon.baddbmm(bias, a, b, out_dtype=BF16)
+    out_causal = carbon.bmm(causal, b.float())
+    batches, rows = [0, 17, B - 1], [0, 5, T - 1]
+    for i in batches:
+        sub = a[i, rows]
+        assert_bits_equal(out[i, rows], mm_bits(sub, b[i]), f"bmm batch {i}")
+        assert_bits_equal(out_bias[i, rows], mm_bits(sub, b[i], bias[i], BF16), f"baddbmm batch {i}")
+        assert_bits_equal(out_causal[i, rows], mm_bits(causal[i, rows], b[i].float()), f"causal batch {i}")
+    for i in range(B):
+        same_bits(out[i], carbon.mm(a[i], b[i]), f"bmm batch {i} alone")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_memory_layout_does_not_matter(dtype):
     x = wide_matrix((40, 30), dtype, 9)  # contiguous

@@ -182,20 +182,33 @@ void matmul_into_cpu(const at::Tensor& a3, const at::Tensor& b3, const at::Tenso
     }
     return;
   }
-  at::Tensor a64_all = scratch_doubles({chunk, M, K}), bt64_all = scratch_doubles({chunk, N, K});
-  at::Tensor approx_all = scratch_doubles({chunk, M, N});  // tier 1's approximation
-  for (int64_t b0 = 0; b0 < B; b0 += chunk) {
-    const int64_t cb = std::min(chunk, B - b0);
-    const Widened a{a64_all.narrow(0, 0, cb), a_norm.narrow(0, b0 * M, cb * M), a_signs.narrow(0, b0 * M, cb * M),
+  // One chunk of batches: widened into this thread's scratch, multiplied and rounded.
+  auto run_chunk = [&](int64_t b0, int64_t cb) {
+    const Widened a{scratch_doubles({cb, M, K}), a_norm.narrow(0, b0 * M, cb * M), a_signs.narrow(0, b0 * M, cb * M),
                     a_quantum.narrow(0, b0 * M, cb * M), a_spans.narrow(0, b0 * M, cb * M)};
-    const Widened bt{bt64_all.narrow(0, 0, cb), b_norm.narrow(0, b0 * N, cb * N), b_signs.narrow(0, b0 * N, cb * N),
+    const Widened bt{scratch_doubles({cb, N, K}), b_norm.narrow(0, b0 * N, cb * N), b_signs.narrow(0, b0 * N, cb * N),
                      b_quantum.narrow(0, b0 * N, cb * N), b_spans.narrow(0, b0 * N, cb * N)};
     widen(a3.narrow(0, b0, cb), a, precision_of(a3.scalar_type()), 0x1p53);
     widen(b3t.narrow(0, b0, cb), bt, precision_of(b3.scalar_type()), 1.0);
-    at::Tensor approx = approx_all.narrow(0, 0, cb);
+    at::Tensor approx = scratch_doubles({cb, M, N});  // tier 1's approximation
     at::Tensor out_chunk = out.narrow(0, b0, cb);
     multiply_and_round(a, bt, approx, bias64, b0, f, out_chunk, lower_only);
+  };
+  const int64_t threads = at::get_num_threads();
+  const int64_t small_chunk = std::clamp<int64_t>(kChunkBytesPerThread / std::max<int64_t>(per_batch, 1), 1, B);
+  if (threads > 1 && B >= 4 * threads * small_chunk) {
+    // Many small batches (attention's heads): each chunk a task of its own,
+    // sized for one thread's cache, and everything in it (widening, the
+    // BLAS, rounding) on that thread. Parallel inside each chunk instead,
+    // the threads met at ~5 barriers per chunk: measured, 48 x 256 x 64 x
+    // 256 at 2 threads spent ~12% of its time in OpenMP's waits.
+    const int64_t chunks = (B + small_chunk - 1) / small_chunk;
+    carbon::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) run_chunk(c * small_chunk, std::min(small_chunk, B - c * small_chunk));
+    });
+    return;
   }
+  for (int64_t b0 = 0; b0 < B; b0 += chunk) run_chunk(b0, std::min(chunk, B - b0));
 }
 
 // fp64 scratch (doubles) the device path may hold per chunk of a product: 2 GiB, or
