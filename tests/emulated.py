@@ -60,8 +60,13 @@ def assert_same(emulated, cpu, context: str = "") -> None:
 
 
 def _clone(v):
+    """A copy with v's exact layout: a non-contiguous tensor keeps its strides (clone() would make an expanded or
+    sliced operand contiguous, and the kernels' strided paths would go untested), over a copy of its storage."""
     if isinstance(v, torch.Tensor):
-        return v.clone()
+        if v.is_contiguous() or v.requires_grad:
+            return v.clone()
+        return torch.empty(0, dtype=v.dtype, device=v.device).set_(
+            v.untyped_storage().clone(), v.storage_offset(), v.size(), v.stride())
     if isinstance(v, (list, tuple)):
         return type(v)(_clone(x) for x in v)
     return v

@@ -640,6 +640,11 @@ def test_bmm_layouts_and_many_batches(dtype, out_dtype):
     many_a, many_b = random_values((300, 7, 5), dtype, g), random_values((300, 5, 9), dtype, g)
     check_op("bmm", many_a, many_b, out_dtype, context="300 batches")
     check_op("baddbmm", random_values((9,), dtype, g), many_a, many_b, out_dtype, context="300 batches + bias")
+    wide_a, wide_b = random_values((3, 20, 90), dtype, g), random_values((3, 90, 50), dtype, g)
+    check_op("bmm", wide_a[:, ::2, ::3], wide_b[:, ::3, ::2], out_dtype,
+             context="strided slices (neither rows nor k contiguous: the general widening)")
+    check_op("bmm", wide_a.transpose(1, 2), wide_b[:, :20, :], out_dtype,
+             context="column-major a and b's columns (the tiled widening; 90 and 50 rows, k = 20)")
     ta, tb = tie_matrices(dtype, out_dtype or dtype, 40, 16, 10, seed=seed_of("bmm ties", dtype), nudge=0.0)
     check_op("baddbmm", torch.zeros(4, 1, 10, dtype=dtype), ta.reshape(4, 10, 16), tb[None].expand(4, -1, -1),
              out_dtype, context="ties + zero bias")
@@ -649,7 +654,7 @@ def matmul_launches(B, M, N, K, budget_doubles):
     """Kernels the device matmul launches with CARBON_CUDA_MATMUL_SCRATCH_BYTES = 8 * budget_doubles, derived
     from the slicing rule of matmul_into (csrc/matmul/matmul.cpp): whole batches while batch's fp64 scratch
     (M N + M K + N K doubles) fits, else one batch's rows, enough for (N + K) doubles each beside N K; per chunk
-    one row-statistics launch for b, per slice one for a and one rounding launch."""
+    one widening launch (fp64 copy and row statistics) for b, per slice one for a and one rounding launch."""
     per_batch = M * N + M * K + N * K
     batches = min(max(budget_doubles // per_batch, 1), B)
     rows = M if batches > 1 or per_batch <= budget_doubles else min(max((budget_doubles - N * K) // (N + K), 1), M)

@@ -34,12 +34,6 @@ int precision_of(at::ScalarType t) {
   return 24;
 }
 
-// An exact fp64 copy of x, contiguous, in one pass (x.to(kDouble) keeps a
-// transposed layout, and .contiguous() would then copy a second time).
-at::Tensor contiguous_double(const at::Tensor& x) {
-  return at::empty(x.sizes(), x.options().dtype(at::kDouble)).copy_(x);
-}
-
 // The view of B problems (one batch chunk): the fp64 copies, the GEMM's
 // result and the rows' statistics of those B, and the bias (undefined, or
 // expanded to [all batches, M, N]) from batch b0 on.
@@ -243,19 +237,20 @@ void matmul_into(const at::Tensor& a3, const at::Tensor& b3, const at::Tensor& b
                            : std::clamp<int64_t>((budget - N * K) / std::max<int64_t>(N + K, 1), 1, M);
   for (int64_t b0 = 0; b0 < B; b0 += batches) {
     const int64_t cb = std::min(batches, B - b0);
-    const at::Tensor bt64 = contiguous_double(b3t.narrow(0, b0, cb));
-    at::Tensor b_norm = at::empty({cb * N}, bt64.options());
-    at::Tensor b_signs = at::empty({cb * N}, bt64.options().dtype(at::kByte));
+    const auto options = a3.options().dtype(at::kDouble);
+    at::Tensor bt64 = at::empty({cb, N, K}, options);
+    at::Tensor b_norm = at::empty({cb * N}, options);
+    at::Tensor b_signs = at::empty({cb * N}, options.dtype(at::kByte));
 #ifdef CARBON_WITH_CUDA
-    row_stats_cuda(bt64.view({cb * N, K}), b_norm, b_signs);
+    widen_rows_cuda(b3t.narrow(0, b0, cb), bt64, b_norm, b_signs);
 #endif
     for (int64_t m0 = 0; m0 < M; m0 += rows) {
       const int64_t cm = std::min(rows, M - m0);
-      const at::Tensor a64 = contiguous_double(a3.narrow(0, b0, cb).narrow(1, m0, cm));
-      at::Tensor a_norm = at::empty({cb * cm}, a64.options());
-      at::Tensor a_signs = at::empty({cb * cm}, a64.options().dtype(at::kByte));
+      at::Tensor a64 = at::empty({cb, cm, K}, options);
+      at::Tensor a_norm = at::empty({cb * cm}, options);
+      at::Tensor a_signs = at::empty({cb * cm}, options.dtype(at::kByte));
 #ifdef CARBON_WITH_CUDA
-      row_stats_cuda(a64.view({cb * cm, K}), a_norm, a_signs);
+      widen_rows_cuda(a3.narrow(0, b0, cb).narrow(1, m0, cm), a64, a_norm, a_signs);
 #endif
       const at::Tensor approx =
           (cb == 1 ? at::mm(a64[0], bt64[0].t()).unsqueeze(0) : at::bmm(a64, bt64.transpose(1, 2))).contiguous();

@@ -22,7 +22,9 @@ at::Tensor baddbmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor
 void matmul_round_cpu(const MatmulView& view, FormatId format, at::Tensor& out);
 
 #ifdef CARBON_WITH_CUDA
-void row_stats_cuda(const at::Tensor& rows, at::Tensor& norms, at::Tensor& signs);
+// dst[b * R + r, k] = src[b, r, k] exactly (src float32 / bfloat16 / float16, any strides; dst fp64,
+// contiguous), with the rows' 2-norms (fp64, any order) and RowSigns, in one pass.
+void widen_rows_cuda(const at::Tensor& src, at::Tensor& dst, at::Tensor& norms, at::Tensor& signs);
 void matmul_round_cuda(const MatmulView& view, FormatId format, at::Tensor& out);
 #endif
 
