@@ -45,6 +45,32 @@ def test_cancellation_ties_and_signed_zeros_take_the_exact_path():
     check_rows(torch.tensor(rows, dtype=torch.float32))
 
 
+@pytest.mark.parametrize("in_dtype", [torch.float32, torch.bfloat16])
+def test_float32_rows_of_every_length_around_eight_prefixes(in_dtype):
+    """float32 outputs on an AVX-512 CPU are decided eight prefixes at a time (csrc/reduce/cumsum_cpu.cpp;
+    the rest take the exact accumulator): every length 1..19 and 31..33, with a prefix tie, a prefix of zeros
+    of both signs, subnormal and overflowing prefixes and a NaN at a different place in each row."""
+    rng = random.Random(9)
+    specials = [2.0 ** -24, -0.0, 1e-40 if in_dtype == torch.float32 else 2.0 ** -130, 3.0e38, math.nan, -math.inf]
+    for n in list(range(1, 20)) + [31, 32, 33]:
+        rows = []
+        for r in range(6):
+            row = [rng.uniform(-2, 2) for _ in range(n)]
+            if r == 0:
+                row = [1.0] + [0.0] * (n - 1)  # 1, then prefixes 1 + 2^-24 (a tie) and back
+                if n > 2:
+                    row[1], row[2] = 2.0 ** -24, -(2.0 ** -24)
+            elif r == 1:
+                row = [rng.choice([0.0, -0.0]) for _ in range(n)]
+                row[-1] = -0.0
+            else:
+                row[rng.randrange(n)] = specials[r]
+                if r == 5:
+                    row[0] = 3.0e38
+            rows.append(row)
+        check_rows(torch.tensor(rows, dtype=torch.float64).to(in_dtype), torch.float32)
+
+
 def test_output_dtype_is_one_rounding_of_the_exact_prefix():
     rng = random.Random(4)
     x = torch.tensor([[rng.uniform(-1, 1) for _ in range(64)] for _ in range(3)])

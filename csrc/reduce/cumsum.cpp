@@ -1,29 +1,9 @@
-// cumsum_rows: checks and the CPU kernel (rows over threads, each row
-// sequential in one thread: the bits never depend on the thread count).
+// cumsum_rows: checks, then the device's kernel (cumsum_cpu.cpp, cumsum_cuda.cu).
 #include "cumsum.h"
 
-#include <ATen/Parallel.h>
-
 #include "../dtypes.h"
-#include "../exact/fp_env.h"
-#include "cumsum_kernel.h"
 
 namespace carbon {
-
-void cumsum_rows_cpu(const at::Tensor& x, FormatId format, at::Tensor& out) {
-  const int64_t rows = x.size(0), n = x.size(1);
-  with_element_type(x.scalar_type(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* xp = static_cast<const T*>(x.const_data_ptr());
-    with_format(format, [&](auto fmt) {
-      using F = decltype(fmt);
-      auto* op = static_cast<typename F::Bits*>(out.mutable_data_ptr());
-      carbon::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)), [&](int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r) cumsum_row<T, F>(xp + r * n, n, op + r * n);
-      });
-    });
-  });
-}
 
 at::Tensor cumsum_rows(const at::Tensor& x, std::optional<at::ScalarType> dtype) {
   const char* op = "cumsum_rows";

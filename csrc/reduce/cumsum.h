@@ -3,7 +3,9 @@
 // of a row are its running fp64 sum decided by the monotone rounding test
 // (depth i + 1), else an exact accumulator kept from the first undecided
 // prefix on; on CUDA, long rows run in chunks that start from an fp64 prefix
-// of the chunks before them (cumsum_cuda.cu). Under carbon.enable it serves
+// of the chunks before them (cumsum_cuda.cu); on an AVX-512 CPU, float32
+// outputs are decided eight prefixes at a time with the hardware's rounding
+// (cumsum_cpu.cpp). Each is RN_F of the exact sum, so every path agrees. Under carbon.enable it serves
 // torch.cumsum (and its backward, a cumsum of the flipped gradient).
 #pragma once
 
