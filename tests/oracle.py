@@ -26,7 +26,7 @@ import math
 import operator
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 import torch
 
@@ -444,9 +444,10 @@ class RowSum:
     all_neg_zero: bool  # every element is -0 (vacuously true for n = 0)
 
 
-def row_sum(values: Sequence[float]) -> RowSum:
+def running_sums(values: Sequence[float]) -> Iterator[RowSum]:
+    """row_sum of each prefix values[:1], values[:2], ...: one running exact sum."""
     total, nan, pos_inf, neg_inf, all_neg_zero = 0, False, False, False, True
-    for v in values:
+    for n, v in enumerate(values, 1):
         if v != v:
             nan = True
         elif v == math.inf:
@@ -458,7 +459,14 @@ def row_sum(values: Sequence[float]) -> RowSum:
         else:
             all_neg_zero = False
             total += _scaled(v)
-    return RowSum(total, len(values), nan, pos_inf, neg_inf, all_neg_zero)
+        yield RowSum(total, n, nan, pos_inf, neg_inf, all_neg_zero)
+
+
+def row_sum(values: Sequence[float]) -> RowSum:
+    s = RowSum(0, 0, False, False, False, True)
+    for s in running_sums(values):
+        pass
+    return s
 
 
 def _special_bits(s: RowSum, f: Format) -> Optional[int]:
@@ -495,21 +503,7 @@ def prefix_sum_bits(values: Sequence[float], dtype: torch.dtype) -> list:
     """Unsigned bits of RN_dtype(values[0] + ... + values[i]) for every i (cumsum's contract): row_sum_bits of
     each prefix, kept as one running exact sum instead of n sums."""
     f = fmt_of(dtype)
-    total, nan, pos_inf, neg_inf, all_neg_zero, out = 0, False, False, False, True, []
-    for n, v in enumerate(values, 1):
-        if v != v:
-            nan = True
-        elif v == math.inf:
-            pos_inf = True
-        elif v == -math.inf:
-            neg_inf = True
-        elif v == 0:
-            all_neg_zero = all_neg_zero and _is_neg(v)
-        else:
-            all_neg_zero = False
-            total += _scaled(v)
-        out.append(_quotient_bits(RowSum(total, n, nan, pos_inf, neg_inf, all_neg_zero), 1, f))
-    return out
+    return [_quotient_bits(s, 1, f) for s in running_sums(values)]
 
 
 def row_sum_bits(values: Sequence[float], dtype: torch.dtype) -> int:

@@ -864,18 +864,8 @@ static bool zero_products_sum(const MatmulView& v, int64_t b, int64_t i, int64_t
 // summation tree's depth; the same RN_f(c) either way.
 static double matmul_round_exact_cpu(const MatmulView& v, int64_t b, int64_t i, int64_t j, const FloatFormat& f) {
   if (!has_avx512()) return matmul_round_exact(v, b, i, j, f);
-  const double* a = v.a + (b * v.M + i) * v.K;
-  const double* bt = v.bt + (b * v.N + j) * v.K;
-  const bool has_bias = v.bias != nullptr;
-  const double bias = has_bias ? bias_at(v, b, i, j) : 0.0;
-  CompensatedSum acc = compensated_dot_avx512(a, bt, v.K);
-  if (has_bias) compensated_add(acc, bias);
-  const double value = acc.s + acc.t;
-  const double abs_sum = abs_sum_bound(v.a_norm[b * v.M + i], v.b_norm[b * v.N + j], bias);
-  const int64_t depth = compensated_dot_depth(v.K) + (has_bias ? 1 : 0);
-  double out;
-  if (round_if_decided(value, compensated_bound(value, abs_sum, depth), f, &out)) return out;
-  return matmul_round_exact_sum(v, b, i, j, f);
+  const CompensatedSum acc = compensated_dot_avx512(v.a + (b * v.M + i) * v.K, v.bt + (b * v.N + j) * v.K, v.K);
+  return matmul_round_compensated(v, b, i, j, acc, compensated_dot_depth(v.K), f);
 }
 
 // Rows [begin, end) of the B * M output rows, on this thread. lower_only:

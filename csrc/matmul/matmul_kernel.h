@@ -115,22 +115,30 @@ CARBON_HD double matmul_round_exact_sum(const MatmulView& v, int64_t b, int64_t 
   return exact_sum_round(limb, flags, f);
 }
 
-// Tiers 2 and 3 for one output, sequentially (the CPU's path; the CUDA
-// kernel runs the same arithmetic spread over a warp).
-CARBON_HD double matmul_round_exact(const MatmulView& v, int64_t b, int64_t i, int64_t j,
-                                    const FloatFormat& f) {
-  const double* a = v.a + (b * v.M + i) * v.K;
-  const double* bt = v.bt + (b * v.N + j) * v.K;
+// Tier 2's decision for output (b, i, j) from `acc`, the compensated sum of
+// its K products built with at most `depth` TwoSums / error additions on any
+// path; the bias, if any, is added here (one more). Tier 3 when undecided.
+CARBON_HD double matmul_round_compensated(const MatmulView& v, int64_t b, int64_t i, int64_t j, CompensatedSum acc,
+                                          int64_t depth, const FloatFormat& f) {
   const bool has_bias = v.bias != nullptr;
   const double bias = has_bias ? bias_at(v, b, i, j) : 0.0;
-  CompensatedSum acc;
-  for (int64_t k = 0; k < v.K; ++k) compensated_add(acc, a[k] * bt[k]);
   if (has_bias) compensated_add(acc, bias);
   const double value = acc.s + acc.t;
   const double abs_sum = abs_sum_bound(v.a_norm[b * v.M + i], v.b_norm[b * v.N + j], bias);
   double out;
-  if (round_if_decided(value, compensated_bound(value, abs_sum, v.K + 2), f, &out)) return out;
+  if (round_if_decided(value, compensated_bound(value, abs_sum, depth + (has_bias ? 1 : 0)), f, &out)) return out;
   return matmul_round_exact_sum(v, b, i, j, f);
+}
+
+// Tiers 2 and 3 for one output, sequentially (one chain; the CPU's AVX-512
+// path splits it over 16 lanes, the CUDA kernel over a warp).
+CARBON_HD double matmul_round_exact(const MatmulView& v, int64_t b, int64_t i, int64_t j,
+                                    const FloatFormat& f) {
+  const double* a = v.a + (b * v.M + i) * v.K;
+  const double* bt = v.bt + (b * v.N + j) * v.K;
+  CompensatedSum acc;
+  for (int64_t k = 0; k < v.K; ++k) compensated_add(acc, a[k] * bt[k]);
+  return matmul_round_compensated(v, b, i, j, acc, v.K + 1, f);
 }
 
 }  // namespace carbon

@@ -63,8 +63,7 @@ struct Running {
 };
 
 // Pass 2 for prefixes [0, n): decided outputs written, undecided ones marked.
-__attribute__((target("avx512f,avx512dq,avx512vl"))) void decide_float32(const Running& r, int64_t n,
-                                                                        uint32_t* out, uint8_t* undecided) {
+__attribute__((target("avx512f,avx512dq,avx512vl"))) void decide_float32(Running& r, int64_t n, uint32_t* out) {
   const __m512d infinity = _mm512_set1_pd(__builtin_inf());
   const __m512d zero = _mm512_setzero_pd();
   const __m512d four_u = _mm512_set1_pd(4.0 * kUnitRoundoff * kBoundSlack);
@@ -84,7 +83,7 @@ __attribute__((target("avx512f,avx512dq,avx512vl"))) void decide_float32(const R
     const __m256i lo_bits = _mm256_castps_si256(lo), hi_bits = _mm256_castps_si256(hi);
     const __mmask8 decided = _mm256_mask_cmpeq_epi32_mask(ok, lo_bits, hi_bits);
     _mm256_mask_storeu_epi32(out + i0, decided, hi_bits);
-    for (int l = 0; l < 8 && i0 + l < n; ++l) undecided[i0 + l] = ((decided >> l) & 1) ? 0 : 1;
+    for (int l = 0; l < 8 && i0 + l < n; ++l) r.undecided[i0 + l] = ((decided >> l) & 1) ? 0 : 1;
   }
 }
 
@@ -109,7 +108,7 @@ void cumsum_row_float32_avx512(const T* x, int64_t n, uint32_t* out, Running& r)
     r.e[i] = e;
     if (!is_finite(sum) && first_non_finite == n) first_non_finite = i;
   }
-  decide_float32(r, n, out, r.undecided.data());
+  decide_float32(r, n, out);
   constexpr FloatFormat f = Format<FormatId::kFloat32>::get();
   int64_t err_limb[kLimbs], elem_limb[kLimbs], copy[kLimbs];
   uint32_t err_flags = 0, elem_flags = 0;
