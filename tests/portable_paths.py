@@ -1,7 +1,8 @@
-"""The *_paths tests: a script's results computed in two fresh processes, one on the AVX-512 CPU
-loops and one with the environment switches that select the portable loops, compared bit for bit.
-On a CPU without AVX-512 both runs take the portable loops, and the comparison checks only that
-they are deterministic."""
+"""The *_paths tests: a script's results computed in two fresh processes, one on the CPU's fastest
+loops and one with the environment switches that select slower loops (the portable ones, or the
+AVX2 ones with CARBON_CPU_NO_AVX512 fixed), compared bit for bit. On a CPU without the faster
+loops both runs take the same loops, and the comparison checks only that they are deterministic.
+csrc/cpu_features.h documents the CARBON_CPU_* switches."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ import torch
 _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
 
-def run_script(script: str, path: Path, switches: Sequence[str], portable: bool) -> list:
+def run_script(script: str, path: Path, switches: Sequence[str], portable: bool, fixed: Sequence[str] = ()) -> list:
     """Run `script` (which saves a list of tensors to sys.argv[1]) with every switch set to 1 or
-    unset, and load its results."""
+    unset (and every `fixed` one set to 1), and load its results."""
     env = dict(os.environ)
+    for name in fixed:
+        env[name] = "1"
     for name in switches:
         env.pop(name, None)
         if portable:
@@ -28,9 +31,10 @@ def run_script(script: str, path: Path, switches: Sequence[str], portable: bool)
     return torch.load(path)
 
 
-def assert_portable_gives_the_same_bits(script: str, tmp_path: Path, switches: Sequence[str]) -> None:
-    fast = run_script(script, tmp_path / "fast.pt", switches, False)
-    portable = run_script(script, tmp_path / "portable.pt", switches, True)
+def assert_portable_gives_the_same_bits(script: str, tmp_path: Path, switches: Sequence[str],
+                                        fixed: Sequence[str] = ()) -> None:
+    fast = run_script(script, tmp_path / "fast.pt", switches, False, fixed)
+    portable = run_script(script, tmp_path / "portable.pt", switches, True, fixed)
     assert len(fast) == len(portable) > 0
     for k, (a, b) in enumerate(zip(fast, portable)):
         assert torch.equal(a.view(_BITS[a.dtype]), b.view(_BITS[b.dtype])), f"result {k}"

@@ -1,4 +1,5 @@
 // attention_logits: input checks and the CPU kernel (an elementwise loop).
+#include "../cpu_features.h"
 #include "attention.h"
 
 #include <ATen/Parallel.h>
@@ -92,7 +93,7 @@ struct NoMask {
 // CARBON_ATTENTION_PORTABLE set: the compiled loops instead (to compare).
 bool logits_avx512_available() {
   static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-                          __builtin_cpu_supports("avx512vl") && std::getenv("CARBON_ATTENTION_PORTABLE") == nullptr;
+                          __builtin_cpu_supports("avx512vl") && std::getenv("CARBON_ATTENTION_PORTABLE") == nullptr && cpu::avx512_allowed();
   return yes;
 }
 

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../cpu_features.h"
 #include "../dtypes.h"
 #include "../exact/compensated_dot_avx512.h"
 #include "../exact/fp_env.h"
@@ -135,7 +136,8 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void transpo
 // compiled loops and the BLAS's GEMM instead; to compare, as every path must
 // give the same bits).
 bool has_avx512() {
-  static const bool yes = __builtin_cpu_supports("avx512f") && std::getenv("CARBON_MATMUL_PORTABLE") == nullptr;
+  static const bool yes = __builtin_cpu_supports("avx512f") && std::getenv("CARBON_MATMUL_PORTABLE") == nullptr &&
+                          cpu::avx512_allowed();
   return yes;
 }
 

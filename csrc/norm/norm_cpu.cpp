@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../cpu_features.h"
 #include "../dtypes.h"
 #include "../exact/fp_env.h"
 #include "../reduce/chain_tree.h"
@@ -873,7 +874,8 @@ CARBON_NORM_PORTABLE bool backward_outputs_fast_portable(const double* xh, const
 bool use_lanes() {
   static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-                          __builtin_cpu_supports("avx512cd") && std::getenv("CARBON_NORM_SCALAR") == nullptr;
+                          __builtin_cpu_supports("avx512cd") && std::getenv("CARBON_NORM_SCALAR") == nullptr &&
+                          cpu::avx512_allowed();
   return yes;
 }
 

@@ -61,6 +61,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "../cpu_features.h"
 #include "optim_kernel.h"
 
 // GCC 12 reports the intrinsics' own `__m512d __Y = __Y` placeholder
@@ -83,7 +84,7 @@ namespace adam_avx512 {
 inline bool available() {
   static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("f16c");
+                          __builtin_cpu_supports("f16c") && cpu::avx512_allowed();
   return yes;
 }
 

@@ -40,6 +40,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "../cpu_features.h"
 #include "../dtypes.h"
 #include "../exact/fp_env.h"
 #include "cumsum.h"
@@ -52,7 +53,7 @@ namespace {
 bool use_avx512() {
   static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
                           __builtin_cpu_supports("avx512vl") &&
-                          std::getenv("CARBON_CUMSUM_SCALAR") == nullptr;
+                          std::getenv("CARBON_CUMSUM_SCALAR") == nullptr && cpu::avx512_allowed();
   return yes;
 }
 

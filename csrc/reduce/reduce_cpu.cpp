@@ -18,6 +18,7 @@
 #include <cstring>
 #include <vector>
 
+#include "../cpu_features.h"
 #include "../dtypes.h"
 #include "../exact/decide_block.h"
 #include "../exact/fp_env.h"
@@ -278,7 +279,7 @@ CARBON_REDUCE_V4 CompensatedSum compensated_sum_v4(const T* x, int64_t n) {
 bool use_v4() {
   static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-                          std::getenv("CARBON_NORM_SCALAR") == nullptr;
+                          std::getenv("CARBON_NORM_SCALAR") == nullptr && cpu::avx512_allowed();
   return yes;
 }
 

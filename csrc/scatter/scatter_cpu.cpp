@@ -27,6 +27,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "../cpu_features.h"
 #include "../dtypes.h"
 #include "../exact/decide_block.h"
 #include "../exact/fp_env.h"
@@ -356,7 +357,7 @@ constexpr int64_t kFp32MaxTerms = 32;
 bool use_v4() {
   static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-                          std::getenv("CARBON_SCATTER_PORTABLE") == nullptr;
+                          std::getenv("CARBON_SCATTER_PORTABLE") == nullptr && cpu::avx512_allowed();
   return yes;
 }
 

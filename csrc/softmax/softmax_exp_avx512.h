@@ -50,6 +50,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "../cpu_features.h"
 #include "../exact/float_format.h"
 
 namespace carbon {
@@ -62,7 +63,7 @@ namespace carbon {
 inline bool softmax_avx512_available() {
   static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
-                          std::getenv("CARBON_SOFTMAX_PORTABLE") == nullptr;
+                          std::getenv("CARBON_SOFTMAX_PORTABLE") == nullptr && cpu::avx512_allowed();
   return yes;
 }
 
