@@ -17,6 +17,7 @@
 #include "../reduce/chain_tree.h"
 #include "softmax.h"
 #include "../convert/round_to.h"
+#include "softmax_exp_avx2.h"
 #include "softmax_exp_avx512.h"
 #include "softmax_exp_cpu.h"
 #include "softmax_kernel.h"
@@ -152,6 +153,38 @@ CARBON_CPU_CLONES void exp_row_f32(const T* x, float m, int64_t n, double* t, fl
   }
 }
 
+// exp_row_f32 on AVX2 CPUs (softmax_exp_avx2.h): the same blocks, the same
+// t and e (exp4_approx is exp_f32_approx lane by lane), the same decisions
+// and the same undecided path; the last len mod 8 values of the row by
+// exp_f32_approx itself.
+template <typename T>
+CARBON_SOFTMAX_AVX2 void exp_row_avx2(const T* x, float m, int64_t n, double* t, float* e) {
+  for (int64_t b = 0; b < n; b += kExpBlock) {
+    const int64_t len = std::min(kExpBlock, n - b);
+    const int64_t vec = len & ~int64_t{7};
+    const T* xb = x + b;
+    float* eb = e + b;
+    exp_approx_groups8(xb, m, vec, t, eb);
+    for (int64_t k = vec; k < len; ++k) {
+      t[k] = exp_f32_approx(static_cast<float>(element_value(xb[k])) - m);
+      eb[k] = round32_decided(t[k]);
+    }
+    uint64_t all_decided = 1;
+    for (int64_t k = 0; k < len; ++k) all_decided &= exp_f32_approx_decided(t[k]);
+    if (!all_decided) exp_block_undecided(xb, m, len, t, eb);
+  }
+}
+
+// exp_row_f32's results by the fastest loop the CPU has but AVX-512's (which
+// also sums; see softmax_row).
+template <typename T>
+inline void exp_row_portable_or_avx2(const T* x, float m, int64_t n, double* t, float* e) {
+  if (softmax_avx2_available())
+    exp_row_avx2(x, m, n, t, e);
+  else
+    exp_row_f32(x, m, n, t, e);
+}
+
 // The same e_j on CPUs with AVX-512: exp16_table_round (softmax_exp_avx512.h)
 // sixteen values at a time, its undecided lanes by exp_f32_core and the
 // general rounding (exp16_undecided). No fp64 scratch: the rounding follows
@@ -254,7 +287,7 @@ inline void exp_row(const T* x, float m, int64_t n, double* t, float* e) {
   if (softmax_avx512_available())
     exp_row_avx512<T, false>(x, m, n, e);
   else
-    exp_row_f32(x, m, n, t, e);
+    exp_row_portable_or_avx2(x, m, n, t, e);
 }
 
 // The fp64 sum of the e_j (all >= +0) for S, in kSumChains interleaved
@@ -349,7 +382,7 @@ CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, double* t, float* e,
     sum = exp_row_avx512<T, true>(row, m, n, e);
     depth = exp_row_sum_depth(n);
   } else {
-    exp_row_f32(row, m, n, t, e);
+    exp_row_portable_or_avx2(row, m, n, t, e);
     sum = sum_of_exps(e, n);
     depth = sum_chains_depth(n);
   }

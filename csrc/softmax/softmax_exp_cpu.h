@@ -50,18 +50,25 @@
 
 namespace carbon {
 
+// exp_f32_approx's constants (softmax_exp_avx2.h evaluates the same
+// operations four lanes at a time).
+namespace exp_approx {
+constexpr double kLog2e = 0x1.71547652b82fep+0;
+constexpr double kLn2 = 0x1.62e42fefa39efp-1;
+constexpr double kShifter = 0x1.8p52;
+constexpr double kLow = -110.0, kHigh = 89.0;  // the clamp
+constexpr double kPoly[9] = {
+    0x1.a15b19c586d58p-16, 0x1.a1ab7bef5a48ep-13, 0x1.6c164d62635a8p-10, 0x1.11107ff794567p-7, 0x1.5555557463529p-5,
+    0x1.555555a300313p-3,  0x1.fffffffff7067p-2,  0x1.ffffffffd31b8p-1,  0x1.0000000000000p+0,
+};
+}  // namespace exp_approx
+
 // exp(d) within 2^-39.7 (relative) for a float32 value d >= -110; for
 // d < -110 (and -inf) about e^-110 < 2^-158; NaN gives NaN.
 inline double exp_f32_approx(double x) {
-  constexpr double kLog2e = 0x1.71547652b82fep+0;
-  constexpr double kLn2 = 0x1.62e42fefa39efp-1;
-  constexpr double kShifter = 0x1.8p52;
-  constexpr double kPoly[9] = {
-      0x1.a15b19c586d58p-16, 0x1.a1ab7bef5a48ep-13, 0x1.6c164d62635a8p-10, 0x1.11107ff794567p-7, 0x1.5555557463529p-5,
-      0x1.555555a300313p-3,  0x1.fffffffff7067p-2,  0x1.ffffffffd31b8p-1,  0x1.0000000000000p+0,
-  };
-  double xc = x < -110.0 ? -110.0 : x;  // NaN passes through
-  xc = xc > 89.0 ? 89.0 : xc;
+  using namespace exp_approx;
+  double xc = x < kLow ? kLow : x;  // NaN passes through
+  xc = xc > kHigh ? kHigh : xc;
   const double shifted = std::fma(xc, kLog2e, kShifter);  // 1.5*2^52 + k
   const double kd = shifted - kShifter;
   const double r = std::fma(kd, -kLn2, xc);
