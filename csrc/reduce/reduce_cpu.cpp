@@ -22,6 +22,7 @@
 #include "../dtypes.h"
 #include "../exact/decide_block.h"
 #include "../exact/fp_env.h"
+#include "../exact/widen_avx2.h"
 #include "../exact/widen_avx512.h"
 #include "chain_tree.h"
 #include "groups16_avx512.h"
@@ -285,9 +286,50 @@ bool use_v4() {
 
 #pragma GCC diagnostic pop
 
+// chain_sums_portable on AVX2 CPUs: chain l in lane l of the pair (s0, s1)
+// (lanes 0-3, 4-7), so each chain receives the same elements in the same
+// order and the tail and fold are the portable ones: the same sums. Written
+// out because GCC's AVX2 clone of the portable loop ran chain 0 as a scalar
+// chain beside the vectors (it also takes the tail) and widened bfloat16
+// element by element.
+template <typename T>
+__attribute__((target("avx2,fma,f16c"))) Sums chain_sums_avx2(const T* x, int64_t n) {
+  const __m256d magnitude = _mm256_castsi256_pd(_mm256_set1_epi64x(static_cast<long long>(~kSignBit)));
+  __m256d s0 = _mm256_setzero_pd(), s1 = s0, a0 = s0, a1 = s0;
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains) {
+    const Doubles8 v = widen8x2(x + k);
+    s0 = _mm256_add_pd(s0, v.lo);
+    s1 = _mm256_add_pd(s1, v.hi);
+    a0 = _mm256_add_pd(a0, _mm256_and_pd(v.lo, magnitude));
+    a1 = _mm256_add_pd(a1, _mm256_and_pd(v.hi, magnitude));
+  }
+  static_assert(kChains == 8, "two registers of four chains");
+  double s[kChains], a[kChains];
+  _mm256_storeu_pd(s, s0);
+  _mm256_storeu_pd(s + 4, s1);
+  _mm256_storeu_pd(a, a0);
+  _mm256_storeu_pd(a + 4, a1);
+  for (; k < n; ++k) {
+    const double v = element_value(x[k]);
+    s[0] = s[0] + v;
+    a[0] = a[0] + abs_value(v);
+  }
+  return {fold_chains(s), fold_chains(a), chain_depth(n)};
+}
+
+// AVX2 present and not switched off (CARBON_NORM_SCALAR=1 forces the
+// portable forms here too).
+bool use_avx2() {
+  static const bool yes = cpu::avx2() && std::getenv("CARBON_NORM_SCALAR") == nullptr;
+  return yes;
+}
+
 template <typename T>
 Sums chain_sums(const T* x, int64_t n) {
-  return use_v4() ? chain_sums_v4(x, n) : chain_sums_portable(x, n);
+  if (use_v4()) return chain_sums_v4(x, n);
+  if (use_avx2()) return chain_sums_avx2(x, n);
+  return chain_sums_portable(x, n);
 }
 
 // Tier 2 of x[0, n): a compensated sum (lanes on AVX-512, one chain

@@ -32,6 +32,7 @@
 #include <c10/util/Half.h>
 
 #include "../cpu_features.h"
+#include "../exact/widen_avx2.h"
 #include "softmax_exp_cpu.h"
 
 namespace carbon {
@@ -63,21 +64,6 @@ CARBON_SOFTMAX_AVX2 inline __attribute__((always_inline)) __m256d exp4_approx(__
   return _mm256_mul_pd(p, _mm256_castsi256_pd(scale));
 }
 
-// Eight elements as float32 values (exact: bfloat16 is a float32's high half,
-// float16 widens by vcvtph2ps).
-template <typename T>
-CARBON_SOFTMAX_AVX2 inline __attribute__((always_inline)) __m256 load8_floats(const T* x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return _mm256_loadu_ps(x);
-  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
-  } else {
-    static_assert(std::is_same_v<T, c10::Half>);
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
-  }
-}
-
 // For k in [0, len), len a multiple of 8: t[k] = exp_f32_approx(RN32(x_k - m))
 // and e[k] = round32_decided(t[k]) (the hardware conversion, RN32 in the
 // default MXCSR every op runs in).
@@ -85,7 +71,7 @@ template <typename T>
 CARBON_SOFTMAX_AVX2 inline void exp_approx_groups8(const T* x, float m, int64_t len, double* t, float* e) {
   const __m256 mv = _mm256_set1_ps(m);
   for (int64_t k = 0; k < len; k += 8) {
-    const __m256 d = _mm256_sub_ps(load8_floats(x + k), mv);  // RN32(x_k - m)
+    const __m256 d = _mm256_sub_ps(floats8(x + k), mv);  // RN32(x_k - m)
     const __m256d c0 = exp4_approx(_mm256_cvtps_pd(_mm256_castps256_ps128(d)));
     const __m256d c1 = exp4_approx(_mm256_cvtps_pd(_mm256_extractf128_ps(d, 1)));
     _mm256_storeu_pd(t + k, c0);
