@@ -1,4 +1,4 @@
-"""carbon.sum / carbon.mean's CPU row loops give the same bits on every path: AVX-512 (chains in
+"""carbon.sum / carbon.mean's CPU row and column loops give the same bits on every path: AVX-512 (chains in
 the lanes of 512-bit registers), AVX2 (two registers of four chains) and the portable compiled
 loop, each pair in two fresh processes (CARBON_NORM_SCALAR selects the portable loops,
 CARBON_CPU_NO_AVX512 the AVX2 ones). A pair whose faster path the CPU lacks runs the same loops
@@ -22,6 +22,12 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
         for fn in (carbon.sum, carbon.mean):
             results.append(fn(x, 1))
             results.append(fn(x, 1, dtype=torch.float32))
+            results.append(fn(x, 0))  # columns
+    for shape in ((1500, 37), (2100, 300)):  # column blocks of 16 and their tails, two row chunks
+        x = (torch.randn(*shape) * torch.logspace(-4, 3, shape[1])).to(dtype)
+        x[5, 3], x[7, 20] = float("inf"), -0.0
+        x[:, -1] = x[:, -1] - x[:, -1].flip(0)
+        results += [carbon.sum(x, 0), carbon.mean(x, 0)]
 torch.save(results, sys.argv[1])
 '''
 

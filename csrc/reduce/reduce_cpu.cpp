@@ -486,6 +486,52 @@ __attribute__((target_clones("avx2", "default"))) void column_chunk_sums(const T
 constexpr int64_t kRowStep = 64;       // rows per pass over the block's column groups
 constexpr int64_t kPrefetchRows = 8;   // how far ahead the column walk fetches
 
+// column_chunk_sums on AVX2 CPUs: 16 columns at a time held in registers
+// (sums and absolute sums, four of each) while kRowStep rows stream past,
+// then the next 16; the last width mod 16 columns as the portable loop does.
+// Each column's two chains take its elements in row order, exactly the
+// portable loop's additions (which keeps both in memory and loads and
+// stores them for every element): the same part[] and abs_part[].
+template <typename T>
+__attribute__((target("avx2,fma,f16c"))) void column_chunk_sums_avx2(const T* x, int64_t rows, int64_t cols,
+                                                                     int64_t width, double* part,
+                                                                     double* abs_part) {
+  const __m256d magnitude = _mm256_castsi256_pd(_mm256_set1_epi64x(static_cast<long long>(~kSignBit)));
+  const int64_t full = width & ~int64_t{15};
+  for (int64_t j = 0; j < width; ++j) part[j] = abs_part[j] = 0.0;
+  for (int64_t r0 = 0; r0 < rows; r0 += kRowStep) {
+    const int64_t r1 = std::min(rows, r0 + kRowStep);
+    for (int64_t j = 0; j < full; j += 16) {
+      __m256d s[4], a[4];
+      for (int i = 0; i < 4; ++i) {
+        s[i] = _mm256_loadu_pd(part + j + 4 * i);
+        a[i] = _mm256_loadu_pd(abs_part + j + 4 * i);
+      }
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* p = x + r * cols + j;
+        // Rows a stride apart: fetch a few ahead, as column_chunk_sums_v4.
+        _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchRows * cols), _MM_HINT_T0);
+        const Doubles8 v = widen8x2(p), w = widen8x2(p + 8);
+        const __m256d e[4] = {v.lo, v.hi, w.lo, w.hi};
+        for (int i = 0; i < 4; ++i) {
+          s[i] = _mm256_add_pd(s[i], e[i]);
+          a[i] = _mm256_add_pd(a[i], _mm256_and_pd(e[i], magnitude));
+        }
+      }
+      for (int i = 0; i < 4; ++i) {
+        _mm256_storeu_pd(part + j + 4 * i, s[i]);
+        _mm256_storeu_pd(abs_part + j + 4 * i, a[i]);
+      }
+    }
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t j = full; j < width; ++j) {
+        const double v = element_value(x[r * cols + j]);
+        part[j] = part[j] + v;
+        abs_part[j] = abs_part[j] + abs_value(v);
+      }
+  }
+}
+
 // column_chunk_sums on AVX-512, 32 columns at a time held in registers
 // while the rows stream past: each column's sum is the same one chain in
 // row order (so the same depth), and abs_part[j] is the bound
@@ -603,7 +649,7 @@ void reduce_columns(const T* x, int64_t n, int64_t cols, bool mean, typename F::
       const int64_t c = tile / blocks, j0 = (tile % blocks) * kColumnBlock;
       const int64_t rows = std::max<int64_t>(0, std::min(kRowChunk, n - c * kRowChunk));
       const int64_t width = std::min(kColumnBlock, cols - j0);
-      auto* chunk_sums = v4 ? column_chunk_sums_v4<T> : column_chunk_sums<T>;
+      auto* chunk_sums = v4 ? column_chunk_sums_v4<T> : (use_avx2() ? column_chunk_sums_avx2<T> : column_chunk_sums<T>);
       if constexpr (sizeof(T) == 2)
         if (v4) chunk_sums = column_chunk_sums16_v4<T>;
       chunk_sums(x + c * kRowChunk * cols + j0, rows, cols, width,
