@@ -653,8 +653,7 @@ template <typename T, typename F>
 void scatter_rows(const T* self, const T* source, const int64_t* order, const int64_t* offsets, int64_t outer,
                   int64_t N, int64_t S, int64_t inner, typename F::Bits* out) {
   constexpr FloatFormat f = F::get();
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(inner, 1));
-  carbon::parallel_for(0, outer * S, grain, [&](int64_t begin, int64_t end) {
+  auto destinations = [&](int64_t begin, int64_t end) {
     double s[kColumnBlock], a[kColumnBlock], m[kColumnBlock];
     uint8_t pending[kColumnBlock];
     const bool v4 = use_v4();
@@ -729,6 +728,34 @@ void scatter_rows(const T* self, const T* source, const int64_t* order, const in
         fp64_tier(c0, width);
       }
     }
+  };
+  // Destinations are split between threads by their work, not their number:
+  // with Zipf-like tokens (embedding backward) nearly all contributions go to
+  // the first rows, and an even split of the rows left one thread with ~95%
+  // of the work. Work before destination d = o * S + j is counted as
+  // o * (N * inner + S) + offsets[j] * inner + j (a term costs its row's
+  // columns, a destination a little), and each of `parts` chunks starts at
+  // the first destination whose work before it reaches its share. Each
+  // destination is computed alone, in the same way whichever thread takes
+  // it, so the split never shows in the bits.
+  const int64_t per_outer = N * inner + S, total = outer * per_outer, D = outer * S;
+  const int64_t parts = std::clamp<int64_t>(total / 16384, 1, at::get_num_threads());
+  auto first_destination = [&](int64_t part) -> int64_t {
+    if (part >= parts) return D;
+    const int64_t w = static_cast<int64_t>(static_cast<__int128>(total) * part / parts);
+    const int64_t o = w / per_outer, rem = w % per_outer;
+    int64_t lo = 0, hi = S;  // the first j with offsets[j] * inner + j >= rem (j = S qualifies)
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (offsets[mid] * inner + mid >= rem)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    return o * S + lo;
+  };
+  carbon::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
+    destinations(first_destination(begin), first_destination(end));
   });
 }
 
