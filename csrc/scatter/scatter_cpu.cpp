@@ -17,7 +17,9 @@
 //     of 8 columns rounded there, the rest to decide_columns;
 //   * AVX-512, float32 (bfloat16 / float16 segments of at most 32 terms):
 //     16 columns a vector, certified groups of 16 rounded, the rest redone
-//     by the fp64 form.
+//     by the fp64 form;
+//   * AVX2 (no AVX-512): the two AVX-512 forms with 4 doubles / 8 floats a
+//     vector, certified groups of 4 / 8 columns rounded in registers.
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
