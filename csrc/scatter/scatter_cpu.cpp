@@ -17,7 +17,9 @@
 //     of 8 columns rounded there, the rest to decide_columns;
 //   * AVX-512, float32 (bfloat16 / float16 segments of at most 32 terms):
 //     16 columns a vector, certified groups of 16 rounded, the rest redone
-//     by the fp64 form.
+//     by the fp64 form;
+//   * AVX2 (no AVX-512): the two AVX-512 forms with 4 doubles / 8 floats a
+//     vector, certified groups of 4 / 8 columns rounded in registers.
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
@@ -361,6 +363,271 @@ bool use_v4() {
   return yes;
 }
 
+// ---------------------------------------------------------------- AVX2 form
+//
+// The AVX-512 loops above, ported to AVX2 (+FMA, F16C) for CPUs without
+// AVX-512 (e.g. Zen 3), where tier 1 otherwise ran block_sums_portable:
+// three arrays loaded and stored per term and column, then a separate
+// decide_columns pass (the profile's hot spots). Each column still gets the
+// same sequential chain as block_sums_portable (self, then the terms in
+// segment order), so s and a are the same numbers, the bound argument of
+// scatter_bound_factor and the certificate of exact_scale hold unchanged,
+// and m is the same minimum. Groups of 4 columns (one __m256d) that are not
+// all certified with normal results go to decide_columns from s, a, m, as
+// with AVX-512. Only whole groups of 4 columns are vectorized here (no
+// masked 16-bit loads in AVX2); the caller hands a block's last width % 4
+// columns to block_sums_portable. No fma is used.
+#define CARBON_SCATTER_V3 __attribute__((target("avx2,fma,f16c")))
+
+// 4 consecutive elements as doubles (exact widenings).
+CARBON_SCATTER_V3 inline __m256d widen4(const float* p) { return _mm256_cvtps_pd(_mm_loadu_ps(p)); }
+CARBON_SCATTER_V3 inline __m256d widen4(const c10::BFloat16* p) {
+  const __m128i h = _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(h, 16)));
+}
+CARBON_SCATTER_V3 inline __m256d widen4(const c10::Half* p) {
+  return _mm256_cvtps_pd(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// 8 consecutive 16-bit elements as floats (exact widenings).
+CARBON_SCATTER_V3 inline __m256 widen8_ps(const c10::BFloat16* p) {
+  const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+}
+CARBON_SCATTER_V3 inline __m256 widen8_ps(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+CARBON_SCATTER_V3 inline __m256 widen8_ps(const float* p) { return _mm256_loadu_ps(p); }  // (never used: 16-bit only)
+
+// The lane sets of the AVX2 tier-1 loops, as Fp64Lanes / Fp32Lanes without
+// masks. The smallest nonzero |term| is kept branch-free: a zero term's
+// |x| is replaced by +inf (or-ing inf's bits into +0), then min(candidate,
+// m) -- vminpd returns its second operand when either is NaN, so a NaN term
+// leaves m as it was, as in block_sums_portable.
+struct Fp64Lanes2 {
+  using Vec = __m256d;
+  static constexpr int kLanes = 4;
+  template <typename T>
+  CARBON_SCATTER_V3 static Vec load(const T* p) { return widen4(p); }
+  CARBON_SCATTER_V3 static Vec inf() { return _mm256_set1_pd(kInf); }
+  CARBON_SCATTER_V3 static Vec abs(Vec x) {
+    return _mm256_and_pd(x, _mm256_castsi256_pd(_mm256_set1_epi64x(static_cast<int64_t>(~kSignBit))));
+  }
+  CARBON_SCATTER_V3 static Vec add(Vec x, Vec y) { return _mm256_add_pd(x, y); }
+  CARBON_SCATTER_V3 static Vec zero_to_inf(Vec x, Vec ax) {
+    return _mm256_or_pd(ax, _mm256_and_pd(_mm256_cmp_pd(x, _mm256_setzero_pd(), _CMP_EQ_OQ), inf()));
+  }
+  CARBON_SCATTER_V3 static Vec min(Vec candidate, Vec m) { return _mm256_min_pd(candidate, m); }
+};
+
+struct Fp32Lanes2 {
+  using Vec = __m256;
+  static constexpr int kLanes = 8;
+  template <typename T>
+  CARBON_SCATTER_V3 static Vec load(const T* p) { return widen8_ps(p); }
+  CARBON_SCATTER_V3 static Vec inf() { return _mm256_set1_ps(std::numeric_limits<float>::infinity()); }
+  CARBON_SCATTER_V3 static Vec abs(Vec x) { return _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF))); }
+  CARBON_SCATTER_V3 static Vec add(Vec x, Vec y) { return _mm256_add_ps(x, y); }
+  CARBON_SCATTER_V3 static Vec zero_to_inf(Vec x, Vec ax) {
+    return _mm256_or_ps(ax, _mm256_and_ps(_mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_EQ_OQ), inf()));
+  }
+  CARBON_SCATTER_V3 static Vec min(Vec candidate, Vec m) { return _mm256_min_ps(candidate, m); }
+};
+
+// accumulate_group for kVectors whole vectors of columns from c0: vs, va,
+// vm as there (self first, when present, then the terms in segment order).
+template <typename L, int kVectors, typename T>
+CARBON_SCATTER_V3 inline __attribute__((always_inline)) void accumulate_group_avx2(
+    const T* __restrict__ self, const T* __restrict__ source, const int64_t* __restrict__ order, int64_t count,
+    int64_t inner, int64_t c0, typename L::Vec* vs, typename L::Vec* va, typename L::Vec* vm) {
+  for (int v = 0; v < kVectors; ++v) {
+    vm[v] = L::inf();
+    if (self) {
+      const typename L::Vec x = L::load(self + c0 + L::kLanes * v);
+      vs[v] = x;
+      va[v] = L::abs(x);
+      vm[v] = L::min(L::zero_to_inf(x, va[v]), vm[v]);
+    } else {
+      vs[v] = va[v] = typename L::Vec{};
+    }
+  }
+  // The segment's rows are scattered through source (one cache line or two
+  // of each per group), and the whole segment is walked again for the next
+  // group: the loads wait on L2/L3 unless fetched ahead. (Speed only.)
+  constexpr int64_t kAhead = 8;
+  for (int64_t p = 0; p < count; ++p) {
+    if (p + kAhead < count) {
+      const char* next = reinterpret_cast<const char*>(source + order[p + kAhead] * inner + c0);
+      _mm_prefetch(next, _MM_HINT_T0);
+      _mm_prefetch(next + sizeof(T) * L::kLanes * kVectors - 1, _MM_HINT_T0);
+    }
+    const T* row = source + order[p] * inner + c0;
+    for (int v = 0; v < kVectors; ++v) {
+      const typename L::Vec x = L::load(row + L::kLanes * v);
+      const typename L::Vec ax = L::abs(x);
+      vs[v] = L::add(vs[v], x);
+      va[v] = L::add(va[v], ax);
+      vm[v] = L::min(L::zero_to_inf(x, ax), vm[v]);
+    }
+  }
+}
+
+// round_fp64_normal for 4 lanes: f's bits in 64-bit lanes, and all-ones in
+// the lanes whose result is a normal number of f. AVX2 has no unsigned
+// 64-bit compare; mag < 2^63, so min_bits <= mag < overflow - half (what the
+// unsigned compare of mag - min_bits tests) is two signed compares.
+template <typename F>
+CARBON_SCATTER_V3 inline __m256i round_fp64_normal_avx2(__m256d sum, __m256i* bits) {
+  constexpr FloatFormat f = F::get();
+  constexpr int drop = 53 - f.precision;
+  const uint64_t min_bits = normal_min_bits(f), overflow = overflow_bits(f), half = 1ull << (drop - 1);
+  const uint64_t rebias = static_cast<uint64_t>(1023 - f.max_exp) << (f.precision - 1);
+  const __m256i u = _mm256_castpd_si256(sum);
+  const __m256i mag = _mm256_and_si256(u, _mm256_set1_epi64x(static_cast<int64_t>(~kSignBit)));
+  const __m256i normal =
+      _mm256_and_si256(_mm256_cmpgt_epi64(mag, _mm256_set1_epi64x(static_cast<int64_t>(min_bits - 1))),
+                       _mm256_cmpgt_epi64(_mm256_set1_epi64x(static_cast<int64_t>(overflow - half)), mag));
+  const __m256i last = _mm256_and_si256(_mm256_srli_epi64(mag, drop), _mm256_set1_epi64x(1));
+  const __m256i rounded =
+      _mm256_and_si256(_mm256_add_epi64(_mm256_add_epi64(mag, _mm256_set1_epi64x(static_cast<int64_t>(half - 1))), last),
+                       _mm256_set1_epi64x(static_cast<int64_t>(~((1ull << drop) - 1))));
+  const __m256i encoded = _mm256_sub_epi64(_mm256_srli_epi64(rounded, drop), _mm256_set1_epi64x(static_cast<int64_t>(rebias)));
+  const __m256i sign = _mm256_slli_epi64(_mm256_srli_epi64(u, 63), f.total_bits - 1);
+  *bits = _mm256_or_si256(encoded, sign);
+  return normal;
+}
+
+// Stores 4 results (f's bits in 64-bit lanes; each fits its width).
+CARBON_SCATTER_V3 inline void store4(uint32_t* out, __m256i bits) {
+  const __m256i packed = _mm256_permutevar8x32_epi32(bits, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(packed));
+}
+CARBON_SCATTER_V3 inline void store4(uint16_t* out, __m256i bits) {
+  const __m128i lanes = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(bits, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6)));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packus_epi32(lanes, lanes));  // values < 2^16: no saturation
+}
+
+// kVectors vectors (4 columns each) of block_sums_avx2 from c0.
+template <int kVectors, typename T, typename F>
+CARBON_SCATTER_V3 inline __attribute__((always_inline)) uint64_t sums_group_avx2(
+    const T* __restrict__ self, const T* __restrict__ source, const int64_t* __restrict__ order, int64_t count,
+    int64_t inner, int64_t c0, double* __restrict__ s, double* __restrict__ a, double* __restrict__ m,
+    typename F::Bits* __restrict__ out) {
+  const __m256d scale = _mm256_set1_pd(exact_scale<T>());
+  __m256d vs[kVectors], va[kVectors], vm[kVectors];
+  accumulate_group_avx2<Fp64Lanes2, kVectors>(self, source, order, count, inner, c0, vs, va, vm);
+  uint64_t undecided = 0;
+  for (int v = 0; v < kVectors; ++v) {
+    const int64_t c = c0 + 4 * v;
+    __m256i bits;
+    const __m256d exact = _mm256_cmp_pd(va[v], _mm256_mul_pd(vm[v], scale), _CMP_LT_OQ);
+    const __m256d ok = _mm256_and_pd(exact, _mm256_castsi256_pd(round_fp64_normal_avx2<F>(vs[v], &bits)));
+    if (_mm256_movemask_pd(ok) == 0xF) {
+      store4(out + c, bits);
+      continue;
+    }
+    undecided |= uint64_t(1) << (c >> 2);
+    _mm256_storeu_pd(s + c, vs[v]);
+    _mm256_storeu_pd(a + c, va[v]);
+    _mm256_storeu_pd(m + c, vm[v]);
+  }
+  return undecided;
+}
+
+// block_sums_v4 on AVX2 for columns [0, width), width a multiple of 4 and
+// <= 256: 16 columns at a time in registers (12 accumulators), then 4.
+// Returns a bit per group of 4 columns left to decide_columns (s, a, m
+// written for those columns only).
+template <typename T, typename F>
+CARBON_SCATTER_V3 uint64_t block_sums_avx2(const T* __restrict__ self, const T* __restrict__ source,
+                                           const int64_t* __restrict__ order, int64_t count, int64_t inner,
+                                           int64_t width, double* __restrict__ s, double* __restrict__ a,
+                                           double* __restrict__ m, typename F::Bits* __restrict__ out) {
+  uint64_t undecided = 0;
+  int64_t c0 = 0;
+  for (; c0 + 16 <= width; c0 += 16)
+    undecided |= sums_group_avx2<4, T, F>(self, source, order, count, inner, c0, s, a, m, out);
+  for (; c0 + 4 <= width; c0 += 4)
+    undecided |= sums_group_avx2<1, T, F>(self, source, order, count, inner, c0, s, a, m, out);
+  return undecided;
+}
+
+// round_fp32_normal for 8 lanes: f's (16-bit) bits in 32-bit lanes, and
+// all-ones in the lanes whose result is a normal number of f. mag < 2^31
+// and the bounds are below 2^31, so signed compares test the range.
+template <typename F>
+CARBON_SCATTER_V3 inline __m256i round_fp32_normal_avx2(__m256 sum, __m256i* bits) {
+  constexpr FloatFormat f = F::get();
+  constexpr int drop = 24 - f.precision;
+  constexpr uint32_t min_bits = static_cast<uint32_t>(f.min_normal_exp + 127) << 23;
+  constexpr uint32_t overflow = static_cast<uint32_t>(f.max_exp + 128) << 23;
+  constexpr uint32_t half = 1u << (drop - 1);
+  constexpr uint32_t rebias = static_cast<uint32_t>(127 - f.max_exp) << (f.precision - 1);
+  static_assert(overflow - half <= 0x7FFFFFFFu, "signed compares");
+  const __m256i u = _mm256_castps_si256(sum);
+  const __m256i mag = _mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF));
+  const __m256i normal =
+      _mm256_and_si256(_mm256_cmpgt_epi32(mag, _mm256_set1_epi32(static_cast<int32_t>(min_bits - 1))),
+                       _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(overflow - half)), mag));
+  const __m256i last = _mm256_and_si256(_mm256_srli_epi32(mag, drop), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(mag, _mm256_set1_epi32(static_cast<int32_t>(half - 1))), last),
+                       _mm256_set1_epi32(static_cast<int32_t>(~((1u << drop) - 1u))));
+  const __m256i encoded = _mm256_sub_epi32(_mm256_srli_epi32(rounded, drop), _mm256_set1_epi32(static_cast<int32_t>(rebias)));
+  const __m256i sign =
+      _mm256_srli_epi32(_mm256_and_si256(u, _mm256_set1_epi32(static_cast<int32_t>(0x80000000u))), 32 - f.total_bits);
+  *bits = _mm256_or_si256(encoded, sign);
+  return normal;
+}
+
+// kVectors vectors (8 columns each) of block_fp32_avx2 from c0.
+template <int kVectors, typename T, typename F>
+CARBON_SCATTER_V3 inline __attribute__((always_inline)) uint32_t fp32_group_avx2(
+    const T* __restrict__ self, const T* __restrict__ source, const int64_t* __restrict__ order, int64_t count,
+    int64_t inner, int64_t c0, typename F::Bits* __restrict__ out) {
+  const __m256 scale = _mm256_set1_ps(exact_scale_fp32<T>());
+  __m256 vs[kVectors], va[kVectors], vm[kVectors];
+  accumulate_group_avx2<Fp32Lanes2, kVectors>(self, source, order, count, inner, c0, vs, va, vm);
+  uint32_t failed = 0;
+  for (int v = 0; v < kVectors; ++v) {
+    const int64_t c = c0 + 8 * v;
+    __m256i bits;
+    const __m256 exact = _mm256_cmp_ps(va[v], _mm256_mul_ps(vm[v], scale), _CMP_LT_OQ);
+    const __m256 ok = _mm256_and_ps(exact, _mm256_castsi256_ps(round_fp32_normal_avx2<F>(vs[v], &bits)));
+    if (_mm256_movemask_ps(ok) == 0xFF) {
+      const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + c), packed);  // values < 2^16: no saturation
+    } else {
+      failed |= 1u << (c >> 3);
+    }
+  }
+  return failed;
+}
+
+// block_fp32_v4 on AVX2 (the same float32 certificate and rounding) for
+// columns [0, width), width a multiple of 8 and <= 256: 32 columns at a
+// time, then 8. Returns a bit per group of 8 columns not written (for the
+// fp64 tier).
+template <typename T, typename F>
+CARBON_SCATTER_V3 uint32_t block_fp32_avx2(const T* __restrict__ self, const T* __restrict__ source,
+                                           const int64_t* __restrict__ order, int64_t count, int64_t inner,
+                                           int64_t width, typename F::Bits* __restrict__ out) {
+  static_assert(sizeof(typename F::Bits) == 2, "16-bit formats only");
+  uint32_t failed = 0;
+  int64_t c0 = 0;
+  for (; c0 + 32 <= width; c0 += 32) failed |= fp32_group_avx2<4, T, F>(self, source, order, count, inner, c0, out);
+  for (; c0 + 8 <= width; c0 += 8) failed |= fp32_group_avx2<1, T, F>(self, source, order, count, inner, c0, out);
+  return failed;
+}
+
+// AVX2 with FMA and F16C (cpu::avx2(), so CARBON_CPU_NO_AVX2=1 turns it off),
+// taken where the AVX-512 form is not; CARBON_SCATTER_PORTABLE=1 forces the
+// portable form here too.
+bool use_avx2() {
+  static const bool yes = cpu::avx2() && std::getenv("CARBON_SCATTER_PORTABLE") == nullptr;
+  return yes;
+}
+
 // Tier 1's decision for a block of columns, without branches (so the loop
 // vectorizes), restricted to results in f's normal range
 // (csrc/exact/decide_block.h). A column whose sum is certified exact
@@ -388,11 +655,11 @@ template <typename T, typename F>
 void scatter_rows(const T* self, const T* source, const int64_t* order, const int64_t* offsets, int64_t outer,
                   int64_t N, int64_t S, int64_t inner, typename F::Bits* out) {
   constexpr FloatFormat f = F::get();
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(inner, 1));
-  carbon::parallel_for(0, outer * S, grain, [&](int64_t begin, int64_t end) {
+  auto destinations = [&](int64_t begin, int64_t end) {
     double s[kColumnBlock], a[kColumnBlock], m[kColumnBlock];
     uint8_t pending[kColumnBlock];
     const bool v4 = use_v4();
+    const bool avx2 = !v4 && use_avx2();
     for (int64_t d = begin; d < end; ++d) {
       const int64_t o = d / S, j = d % S;
       const int64_t* seg = order + offsets[j];
@@ -420,6 +687,18 @@ void scatter_rows(const T* self, const T* source, const int64_t* order, const in
             const int64_t g = __builtin_ctz(undecided) * 8;
             decide(g, std::min<int64_t>(8, width - g));
           }
+        } else if (avx2) {
+          // Whole groups of 4 columns vectorized, the last width % 4 portable.
+          const int64_t whole = width & ~int64_t(3);
+          for (uint64_t undecided = block_sums_avx2<T, F>(self_row, src, seg, count, inner, whole, s, a, m, dst + c0);
+               undecided; undecided &= undecided - 1) {
+            decide(__builtin_ctzll(undecided) * 4, 4);
+          }
+          if (whole < width) {
+            block_sums_portable(self_row ? self_row + whole : nullptr, src + whole, seg, count, inner, width - whole,
+                                s + whole, a + whole, m + whole);
+            decide(whole, width - whole);
+          }
         } else {
           block_sums_portable(self_row, src, seg, count, inner, width, s, a, m);
           decide(0, width);
@@ -437,10 +716,48 @@ void scatter_rows(const T* self, const T* source, const int64_t* order, const in
             }
             continue;
           }
+          if (avx2 && count <= kFp32MaxTerms && width >= 8) {
+            // Whole groups of 8 columns in float32, the rest (failed groups,
+            // the last width % 8 columns) by the fp64 tier.
+            const int64_t whole = width & ~int64_t(7);
+            uint32_t failed = block_fp32_avx2<T, F>(self ? self + d * inner + c0 : nullptr, source + o * N * inner + c0,
+                                                    seg, count, inner, whole, dst + c0);
+            for (; failed; failed &= failed - 1) fp64_tier(c0 + __builtin_ctz(failed) * 8, 8);
+            if (whole < width) fp64_tier(c0 + whole, width - whole);
+            continue;
+          }
         }
         fp64_tier(c0, width);
       }
     }
+  };
+  // Destinations are split between threads by their work, not their number:
+  // with Zipf-like tokens (embedding backward) nearly all contributions go to
+  // the first rows, and an even split of the rows left one thread with ~95%
+  // of the work. Work before destination d = o * S + j is counted as
+  // o * (N * inner + S) + offsets[j] * inner + j (a term costs its row's
+  // columns, a destination a little), and each of `parts` chunks starts at
+  // the first destination whose work before it reaches its share. Each
+  // destination is computed alone, in the same way whichever thread takes
+  // it, so the split never shows in the bits.
+  const int64_t per_outer = N * inner + S, total = outer * per_outer, D = outer * S;
+  const int64_t parts = std::clamp<int64_t>(total / 16384, 1, at::get_num_threads());
+  auto first_destination = [&](int64_t part) -> int64_t {
+    if (part >= parts) return D;
+    const int64_t w = static_cast<int64_t>(static_cast<__int128>(total) * part / parts);
+    const int64_t o = w / per_outer, rem = w % per_outer;
+    int64_t lo = 0, hi = S;  // the first j with offsets[j] * inner + j >= rem (j = S qualifies)
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (offsets[mid] * inner + mid >= rem)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    return o * S + lo;
+  };
+  carbon::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
+    destinations(first_destination(begin), first_destination(end));
   });
 }
 
