@@ -33,6 +33,7 @@
 #include "../dtypes.h"
 #include "../exact/decide_block.h"
 #include "../exact/fp_env.h"
+#include "../exact/widen_avx2.h"
 #include "../exact/widen_avx512.h"
 #include "scatter.h"
 #include "scatter_kernel.h"
@@ -389,15 +390,7 @@ CARBON_SCATTER_V3 inline __m256d widen4(const c10::Half* p) {
   return _mm256_cvtps_pd(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
-// 8 consecutive 16-bit elements as floats (exact widenings).
-CARBON_SCATTER_V3 inline __m256 widen8_ps(const c10::BFloat16* p) {
-  const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
-}
-CARBON_SCATTER_V3 inline __m256 widen8_ps(const c10::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-CARBON_SCATTER_V3 inline __m256 widen8_ps(const float* p) { return _mm256_loadu_ps(p); }  // (never used: 16-bit only)
+// 8 consecutive elements as floats: floats8 (csrc/exact/widen_avx2.h).
 
 // The lane sets of the AVX2 tier-1 loops, as Fp64Lanes / Fp32Lanes without
 // masks. The smallest nonzero |term| is kept branch-free: a zero term's
@@ -424,7 +417,7 @@ struct Fp32Lanes2 {
   using Vec = __m256;
   static constexpr int kLanes = 8;
   template <typename T>
-  CARBON_SCATTER_V3 static Vec load(const T* p) { return widen8_ps(p); }
+  CARBON_SCATTER_V3 static Vec load(const T* p) { return floats8(p); }
   CARBON_SCATTER_V3 static Vec inf() { return _mm256_set1_ps(std::numeric_limits<float>::infinity()); }
   CARBON_SCATTER_V3 static Vec abs(Vec x) { return _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF))); }
   CARBON_SCATTER_V3 static Vec add(Vec x, Vec y) { return _mm256_add_ps(x, y); }
