@@ -240,23 +240,25 @@ CARBON_AVX2_TARGET __attribute__((always_inline)) inline void back(T* p, float* 
 
 // The last n < 4 elements: copied into zero-padded groups of four, stepped
 // there, the n results copied back (the padding lanes' results, NaN or not,
-// are dropped).
+// are dropped). Element by element: with variable-length memcpys instead,
+// gcc 12 (-O3 -g) stopped with an internal error in this function.
 template <typename T, Mode kMode, bool kMaximize, bool kAmsgrad, bool kC2sIsOne>
 CARBON_AVX2_TARGET __attribute__((noinline)) void step_tail(T* p, const T* g, float* m, float* v, float* w,
                                                              int64_t n, const Constants& c) {
-  T pb[4] = {}, gb[4] = {};
-  float mb[4] = {}, vb[4] = {}, wb[4] = {};
-  std::memcpy(pb, p, n * sizeof(T));
-  std::memcpy(gb, g, n * sizeof(T));
-  std::memcpy(mb, m, n * sizeof(float));
-  std::memcpy(vb, v, n * sizeof(float));
-  if constexpr (kAmsgrad) std::memcpy(wb, w, n * sizeof(float));
-  const Front f = front<T, kMode, kMaximize, kAmsgrad>(pb, gb, mb, vb, wb, c);
-  back<T, kC2sIsOne>(pb, mb, vb, kAmsgrad ? wb : nullptr, f, c);
-  std::memcpy(p, pb, n * sizeof(T));
-  std::memcpy(m, mb, n * sizeof(float));
-  std::memcpy(v, vb, n * sizeof(float));
-  if constexpr (kAmsgrad) std::memcpy(w, wb, n * sizeof(float));
+  struct Group {
+    T p[4], g[4];
+    float m[4], v[4], w[4];
+  } b{};
+  for (int64_t k = 0; k < n; ++k) {
+    b.p[k] = p[k], b.g[k] = g[k], b.m[k] = m[k], b.v[k] = v[k];
+    if constexpr (kAmsgrad) b.w[k] = w[k];
+  }
+  back<T, kC2sIsOne>(b.p, b.m, b.v, kAmsgrad ? b.w : nullptr,
+                     front<T, kMode, kMaximize, kAmsgrad>(b.p, b.g, b.m, b.v, b.w, c), c);
+  for (int64_t k = 0; k < n; ++k) {
+    p[k] = b.p[k], m[k] = b.m[k], v[k] = b.v[k];
+    if constexpr (kAmsgrad) w[k] = b.w[k];
+  }
 }
 
 // Software-pipelined: group k's front, then group k - 2's back (the
