@@ -39,9 +39,11 @@
 // fp64 divider bounds it as on AVX-512: a ymm square root ~9 cycles and a
 // division ~6 per 4 elements (~1.2 ns per element), the rest of the vector
 // work ~1.0 ns with both taken out; quotient_by_c2s instead of the division
-// by c2s saves ~0.3 ns. Not tried for lack of time: a division-free num /
-// denom (a float reciprocal refined in fp64 and checked as in
-// quotient_by_c2s), which would leave the divider to the square root.
+// by c2s saves ~0.3 ns. Tried and dropped: a division-free num / denom
+// (vrcpps widened, two Newton steps and one correction in fp64, checked as
+// in quotient_by_c2s; same bits in a C++ harness) ran at 3.0-3.6 ns per
+// element against 2.0-2.2 (why not investigated: the ~22 extra operations,
+// or lanes failing the check).
 #pragma once
 
 #include "adam_avx512.h"  // fix_nans, Mode, kIsFloat / kIsBFloat16 (and the includes)
