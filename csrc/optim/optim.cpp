@@ -16,7 +16,9 @@
 #include "../dtypes.h"
 #include "../exact/fp_env.h"
 #include "../reduce/chain_tree.h"
+#include "adam_avx2.h"
 #include "adam_avx512.h"
+#include "sgd_avx2.h"
 #include "sgd_avx512.h"
 
 namespace carbon {
@@ -187,6 +189,13 @@ void adam_range(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, c
     return adam_avx512::step<kAmsgrad>(pp + begin, gp + begin, mp + begin, vp + begin, wp ? wp + begin : nullptr,
                                        end - begin, c);
 #endif
+#ifdef CARBON_ADAM_AVX2
+  // No AVX-512 (or switched off): the AVX2 loop, the same operations and
+  // roundings four lanes at a time (adam_avx2.h); the same bits as below.
+  if (cpu::avx2())
+    return adam_avx2::step<kAmsgrad>(pp + begin, gp + begin, mp + begin, vp + begin, wp ? wp + begin : nullptr,
+                                     end - begin, c);
+#endif
   Bits<F> pb[kBlock];
   uint32_t mb[kBlock], vb[kBlock], wb[kAmsgrad ? kBlock : 1];
   for (int64_t b = begin; b < end; b += kBlock) {
@@ -264,6 +273,13 @@ void sgd_range(const at::Tensor& p, const at::Tensor& g, const at::Tensor* b, in
   if constexpr (std::is_same_v<T, float>) {
     if (adam_avx512::available())
       return sgd_avx512::step(pp + begin, gp + begin, bp ? bp + begin : nullptr, end - begin, c);
+  }
+#endif
+#ifdef CARBON_SGD_AVX2
+  // float32 without AVX-512 (or with it switched off): the AVX2 loop
+  // (sgd_avx2.h); the same bits as below.
+  if constexpr (std::is_same_v<T, float>) {
+    if (cpu::avx2()) return sgd_avx2::step(pp + begin, gp + begin, bp ? bp + begin : nullptr, end - begin, c);
   }
 #endif
   Bits<F> pbits[kBlock];
