@@ -712,6 +712,420 @@ CARBON_NORM_V4 bool backward_outputs_fast_hw(const double* xh, const double* g, 
 
 #pragma GCC diagnostic pop
 
+// ---------------------------------------------------------------- row loops, AVX2 (x86-64-v3)
+//
+// The AVX-512 loops above, rewritten for CPUs with AVX2 + FMA + F16C and no
+// AVX-512 (Zen 1-3, Haswell to Alder Lake), which otherwise run the portable
+// loops. The bits are the same because the operations are: the kChains = 8
+// chains are held as two registers of four doubles, lanes 0-3 and 4-7, so
+// element k still goes into chain k mod 8, each chain receives the same
+// additions in the same order, the tail goes into chain 0 afterwards and the
+// chains are folded by fold_chains (the same fp64 sums, hence the same tier-1
+// decisions). Every fused multiply-add below stands where the AVX-512 loop
+// has one, for the same reason (the product is exact, see centered_lanes).
+// The float32 roundings are the hardware conversions, IEEE round-to-nearest-
+// even in the default MXCSR state in which every op runs. AVX2 has no mask
+// registers and no per-instruction rounding mode: NaN lanes are found by
+// unordered compares, and round-to-odd (for bfloat16 / float16 outputs) is
+// built from the nearest-even conversion (round_to_odd32_avx2).
+#define CARBON_NORM_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define CARBON_AVX2_INLINE inline __attribute__((always_inline)) CARBON_NORM_AVX2
+
+// kChains lanes: lanes 0-3 and 4-7.
+struct Lanes2 {
+  __m256d lo, hi;
+};
+
+CARBON_AVX2_INLINE Lanes2 zero2() { return {_mm256_setzero_pd(), _mm256_setzero_pd()}; }
+CARBON_AVX2_INLINE Lanes2 load2(const double* p) { return {_mm256_loadu_pd(p), _mm256_loadu_pd(p + 4)}; }
+CARBON_AVX2_INLINE void store2(double* p, Lanes2 v) {
+  _mm256_storeu_pd(p, v.lo);
+  _mm256_storeu_pd(p + 4, v.hi);
+}
+CARBON_AVX2_INLINE __m256d abs4(__m256d v) { return _mm256_andnot_pd(_mm256_set1_pd(-0.0), v); }
+CARBON_AVX2_INLINE Lanes2 add2(Lanes2 a, Lanes2 b) { return {_mm256_add_pd(a.lo, b.lo), _mm256_add_pd(a.hi, b.hi)}; }
+CARBON_AVX2_INLINE Lanes2 abs2(Lanes2 v) { return {abs4(v.lo), abs4(v.hi)}; }
+// c (+) a b in one rounding: only where a b is exact (then the same value).
+CARBON_AVX2_INLINE Lanes2 fmadd2(Lanes2 a, Lanes2 b, Lanes2 c) {
+  return {_mm256_fmadd_pd(a.lo, b.lo, c.lo), _mm256_fmadd_pd(a.hi, b.hi, c.hi)};
+}
+// Lanes holding a NaN, as all-ones lanes (accumulated by OR, tested once).
+CARBON_AVX2_INLINE __m256d nan4(__m256d v) { return _mm256_cmp_pd(v, v, _CMP_UNORD_Q); }
+CARBON_AVX2_INLINE __m256 nan8(__m256 v) { return _mm256_cmp_ps(v, v, _CMP_UNORD_Q); }
+
+// 8 elements as float32 values (every supported format widens exactly:
+// bfloat16 is the top half of a float32, float16 by the F16C conversion).
+template <typename T>
+CARBON_AVX2_INLINE __m256 floats8_avx2(const T* p);
+template <>
+CARBON_AVX2_INLINE __m256 floats8_avx2(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+template <>
+CARBON_AVX2_INLINE __m256 floats8_avx2(const c10::BFloat16* p) {
+  const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+}
+template <>
+CARBON_AVX2_INLINE __m256 floats8_avx2(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// The exact widening of 8 float32 values: lanes 0-3 and 4-7.
+CARBON_AVX2_INLINE Lanes2 widen2(__m256 f) {
+  return {_mm256_cvtps_pd(_mm256_castps256_ps128(f)), _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1))};
+}
+
+// element_value of 8 consecutive elements.
+template <typename T>
+CARBON_AVX2_INLINE Lanes2 decode2(const T* p) {
+  return widen2(floats8_avx2(p));
+}
+
+// The partial chains of two registers as kChains doubles (for the tail and
+// fold_chains).
+CARBON_AVX2_INLINE void spill2(double* c, Lanes2 v) { store2(c, v); }
+
+// chain_sums_v4.
+CARBON_NORM_AVX2 Sums chain_sums_avx2(const double* v, int64_t n) {
+  Lanes2 s = zero2(), a = zero2();
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains) {
+    const Lanes2 e = load2(v + k);
+    s = add2(s, e);
+    a = add2(a, abs2(e));
+  }
+  double sc[kChains], ac[kChains];
+  spill2(sc, s);
+  spill2(ac, a);
+  for (; k < n; ++k) {
+    sc[0] = sc[0] + v[k];
+    ac[0] = ac[0] + abs_value(v[k]);
+  }
+  return {fold_chains(sc), fold_chains(ac)};
+}
+
+// chain_dot_v4 (exact products, added as separate operations like there).
+CARBON_NORM_AVX2 Sums chain_dot_avx2(const double* x, const double* y, int64_t n) {
+  Lanes2 s = zero2(), a = zero2();
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains) {
+    const Lanes2 xv = load2(x + k), yv = load2(y + k);
+    const Lanes2 p = {_mm256_mul_pd(xv.lo, yv.lo), _mm256_mul_pd(xv.hi, yv.hi)};
+    s = add2(s, p);
+    a = add2(a, abs2(p));
+  }
+  double sc[kChains], ac[kChains];
+  spill2(sc, s);
+  spill2(ac, a);
+  for (; k < n; ++k) {
+    const double p = x[k] * y[k];
+    sc[0] = sc[0] + p;
+    ac[0] = ac[0] + abs_value(p);
+  }
+  return {fold_chains(sc), fold_chains(ac)};
+}
+
+// chain_squares_v4: d = v (-) c, then s (+) d (x) d, two roundings (d d is
+// not exact for c != 0, so no fma here).
+CARBON_NORM_AVX2 double chain_squares_avx2(const double* v, double c, int64_t n) {
+  const __m256d vc = _mm256_set1_pd(c);
+  Lanes2 s = zero2();
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains) {
+    const Lanes2 e = load2(v + k);
+    const __m256d dl = _mm256_sub_pd(e.lo, vc), dh = _mm256_sub_pd(e.hi, vc);
+    s = add2(s, {_mm256_mul_pd(dl, dl), _mm256_mul_pd(dh, dh)});
+  }
+  double sc[kChains];
+  spill2(sc, s);
+  for (; k < n; ++k) {
+    const double d = v[k] - c;
+    sc[0] = sc[0] + d * d;
+  }
+  return fold_chains(sc);
+}
+
+// decode_sums_v4.
+template <typename T>
+CARBON_NORM_AVX2 Sums decode_sums_avx2(const T* x, int64_t n, double* v) {
+  Lanes2 s = zero2(), a = zero2();
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains) {
+    const Lanes2 e = decode2(x + k);
+    store2(v + k, e);
+    s = add2(s, e);
+    a = add2(a, abs2(e));
+  }
+  double sc[kChains], ac[kChains];
+  spill2(sc, s);
+  spill2(ac, a);
+  for (; k < n; ++k) {
+    const double e = element_value(x[k]);
+    v[k] = e;
+    sc[0] = sc[0] + e;
+    ac[0] = ac[0] + abs_value(e);
+  }
+  return {fold_chains(sc), fold_chains(ac)};
+}
+
+// decode_squares_v4: s (+) e e with e = e (-) 0.0 = e an element's value
+// (-0 - 0 = -0, and the square is +0 either way), so the square is exact and
+// one fma gives the same value as the product and the addition.
+template <typename T>
+CARBON_NORM_AVX2 double decode_squares_avx2(const T* x, int64_t n, double* v) {
+  Lanes2 s = zero2();
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains) {
+    const Lanes2 e = decode2(x + k);
+    store2(v + k, e);
+    s = fmadd2(e, e, s);
+  }
+  double sc[kChains];
+  spill2(sc, s);
+  for (; k < n; ++k) {
+    const double e = element_value(x[k]);
+    v[k] = e;
+    const double d = e - 0.0;
+    sc[0] = sc[0] + d * d;
+  }
+  return fold_chains(sc);
+}
+
+// decode_moments_v4, the same two sets of chains (set 0 and set 1, each
+// two registers) in the same order: for n >= 32, 16 elements per step into
+// set 0 then set 1, then 8 at a time into set 0, the sets added lane-wise,
+// the tail into chain 0, then fold_chains. So the sums, and the depth the
+// callers assume, are those of the AVX-512 loop.
+template <typename T>
+CARBON_NORM_AVX2 Sums decode_moments_avx2(const T* x, int64_t n, double* v, double* squares) {
+  Lanes2 s = zero2(), a = zero2(), q = zero2(), s1 = zero2(), a1 = zero2(), q1 = zero2();
+  int64_t k = 0;
+  auto step = [&](Lanes2& sum, Lanes2& abs_sum, Lanes2& square_sum, int64_t at) CARBON_NORM_AVX2 {
+    const Lanes2 e = decode2(x + at);
+    store2(v + at, e);
+    sum = add2(sum, e);
+    abs_sum = add2(abs_sum, abs2(e));
+    square_sum = fmadd2(e, e, square_sum);  // e e exact (as decode_moments_v4)
+  };
+  if (n >= 32)
+    for (; k + 2 * kChains <= n; k += 2 * kChains) {
+      step(s, a, q, k);
+      step(s1, a1, q1, k + kChains);
+    }
+  for (; k + kChains <= n; k += kChains) step(s, a, q, k);
+  s = add2(s, s1);
+  a = add2(a, a1);
+  q = add2(q, q1);
+  double sc[kChains], ac[kChains], qc[kChains];
+  spill2(sc, s);
+  spill2(ac, a);
+  spill2(qc, q);
+  for (; k < n; ++k) {
+    const double e = element_value(x[k]);
+    v[k] = e;
+    sc[0] = sc[0] + e;
+    ac[0] = ac[0] + abs_value(e);
+    qc[0] = qc[0] + e * e;
+  }
+  *squares = fold_chains(qc);
+  return {fold_chains(sc), fold_chains(ac)};
+}
+
+// Round to odd into float32 of 4 doubles, for bfloat16 / float16 outputs
+// (see round_to_odd32: the result rounded to nearest-even in either format
+// is RN of the double). Without a truncating conversion: z = RN32(y) by the
+// hardware; y is exact in float32 iff widening z gives y back, and then z is
+// the answer; otherwise the truncation is z when RN32 rounded toward zero
+// and the float32 next to z toward zero (its bits minus one: same sign,
+// magnitudes are ordered as their bits) when it rounded away, and round to
+// odd sets its last bit. This is exact on the whole range, float32
+// subnormals included (z and the test are IEEE there); above float32's
+// range z = +-inf rounded away, so the result is the largest finite value
+// (odd), which rounds to infinity in both formats as RN does; +-inf stay
+// themselves. NaN lanes give garbage and are flagged by the callers.
+// Returns 4 float32 bit patterns.
+CARBON_AVX2_INLINE __m128i round_to_odd32_avx2(__m256d y) {
+  const __m128 z = _mm256_cvtpd_ps(y);
+  const __m256d back = _mm256_cvtps_pd(z);
+  const __m256d inexact = _mm256_cmp_pd(back, y, _CMP_NEQ_OQ);
+  const __m256d away = _mm256_cmp_pd(abs4(back), abs4(y), _CMP_GT_OQ);
+  // The 64-bit masks narrowed to 32 bits (each lane all ones or all zeros).
+  const __m256i idx = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+  const __m128i inexact32 =
+      _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(_mm256_castpd_si256(inexact), idx));
+  const __m128i away32 = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(_mm256_castpd_si256(away), idx));
+  const __m128i t = _mm_add_epi32(_mm_castps_si128(z), away32);  // minus one where rounded away
+  return _mm_or_si128(t, _mm_and_si128(inexact32, _mm_set1_epi32(1)));
+}
+
+// RN_F of kChains doubles (lanes 0-3 in lo, 4-7 in hi), stored as F's bits;
+// NaN lanes (the hardware keeps a NaN's sign and payload, Carbon writes the
+// canonical NaN) and, for bfloat16, float32-subnormal lanes are OR-ed into
+// `bad` for the caller to redo the row by the general path (as
+// round_store_lanes flags them).
+template <typename F>
+CARBON_AVX2_INLINE void round_store2(typename F::Bits* out, Lanes2 y, __m256d& bad);
+template <>
+CARBON_AVX2_INLINE void round_store2<F32>(uint32_t* out, Lanes2 y, __m256d& bad) {
+  const __m128 lo = _mm256_cvtpd_ps(y.lo), hi = _mm256_cvtpd_ps(y.hi);
+  bad = _mm256_or_pd(bad, _mm256_or_pd(nan4(y.lo), nan4(y.hi)));
+  _mm_storeu_ps(reinterpret_cast<float*>(out), lo);
+  _mm_storeu_ps(reinterpret_cast<float*>(out) + 4, hi);
+}
+// bfloat16: round_normal_bits on the round-to-odd float32 bits (add 0x7FFF
+// plus the last kept bit, keep the top half), as round_store_lanes does; a
+// carry out of the largest finite value gives infinity's bits, RN's
+// overflow. Subnormal float32 lanes are flagged as there (the same rows
+// take the general path, whose bits are round_double's either way).
+template <>
+CARBON_AVX2_INLINE void round_store2<Format<FormatId::kBFloat16>>(uint16_t* out, Lanes2 y, __m256d& bad) {
+  const __m256i u = _mm256_set_m128i(round_to_odd32_avx2(y.hi), round_to_odd32_avx2(y.lo));
+  // |u| below float32's smallest normal and nonzero: a float32 subnormal.
+  const __m256i mag = _mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF));
+  const __m256i sub = _mm256_andnot_si256(_mm256_cmpeq_epi32(mag, _mm256_setzero_si256()),
+                                          _mm256_cmpgt_epi32(_mm256_set1_epi32(0x00800000), mag));
+  bad = _mm256_or_pd(bad, _mm256_or_pd(nan4(y.lo), nan4(y.hi)));
+  bad = _mm256_or_pd(bad, _mm256_castsi256_pd(sub));
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd), 16);
+  // r < 2^16 in every lane: the unsigned saturation of the pack keeps it.
+  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), packed);
+}
+// float16: the F16C conversion of the round-to-odd float32, to nearest-even
+// (float16 subnormals included; a float32-subnormal or zero input is below
+// half float16's smallest subnormal and gives a zero of its sign either way).
+template <>
+CARBON_AVX2_INLINE void round_store2<Format<FormatId::kFloat16>>(uint16_t* out, Lanes2 y, __m256d& bad) {
+  const __m256i u = _mm256_set_m128i(round_to_odd32_avx2(y.hi), round_to_odd32_avx2(y.lo));
+  bad = _mm256_or_pd(bad, _mm256_or_pd(nan4(y.lo), nan4(y.hi)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
+                   _mm256_cvtps_ph(_mm256_castsi256_ps(u), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+// centered_lanes on 4 lanes: v (-) mu as fmsub(v, 1, mu).
+CARBON_AVX2_INLINE __m256d centered4(__m256d v, __m256d mu) { return _mm256_fmsub_pd(v, _mm256_set1_pd(1.0), mu); }
+
+// affine_lanes on 4 lanes (the fma only with both: xhat w exact).
+template <bool kW, bool kB>
+CARBON_AVX2_INLINE __m256d affine4(__m256d xh, const double* w, const double* b) {
+  if (kW && kB) return _mm256_fmadd_pd(xh, _mm256_loadu_pd(w), _mm256_loadu_pd(b));
+  if (kW) return _mm256_mul_pd(xh, _mm256_loadu_pd(w));
+  if (kB) return _mm256_add_pd(xh, _mm256_loadu_pd(b));
+  return xh;
+}
+
+// forward_outputs_fast_v4 on AVX2: x-hat = RN32 by the hardware conversion
+// (4 doubles to 4 floats, IEEE), widened back exactly, y = affine, rounded
+// by round_store2; the tail as forward_outputs_fast. A NaN x-hat makes y
+// NaN, so only y is checked.
+template <typename F, bool kRms, bool kW, bool kB>
+CARBON_NORM_AVX2 bool forward_outputs_fast_avx2(const double* v, int64_t n, double mu, double rs, const double* w,
+                                                const double* b, typename F::Bits* out) {
+  const __m256d vmu = _mm256_set1_pd(mu), vrs = _mm256_set1_pd(rs);
+  __m256d bad_lanes = _mm256_setzero_pd();
+  int64_t k = 0;
+  auto half = [&](int64_t at) CARBON_NORM_AVX2 {
+    const __m256d e = _mm256_loadu_pd(v + at);
+    const __m256d p = kRms ? _mm256_mul_pd(e, vrs) : _mm256_mul_pd(centered4(e, vmu), vrs);
+    const __m256d xh = _mm256_cvtps_pd(_mm256_cvtpd_ps(p));
+    return affine4<kW, kB>(xh, w + at, b + at);
+  };
+  for (; k + kChains <= n; k += kChains) round_store2<F>(out + k, {half(k), half(k + 4)}, bad_lanes);
+  uint64_t bad = _mm256_movemask_pd(bad_lanes) != 0;
+  for (; k < n; ++k) {
+    const double xh = round_fast<F32>(kRms ? v[k] * rs : (v[k] - mu) * rs, bad);
+    double y = kW ? xh * w[k] : xh;
+    if (kB) y = y + b[k];
+    out[k] = encode_fast<F>(round_fast<F>(y, bad));
+  }
+  return bad == 0;
+}
+
+// backward_row_fast_hw on AVX2: the same operations lane by lane (x-hat and
+// g by the hardware's float32 roundings; g = dy w as one float32 product,
+// exact in fp64 before its rounding; the sums of g x-hat as fmas, g x-hat
+// exact), the same chains (element k into lane k mod kChains, the tail into
+// chain 0, fold_chains), NaN x-hat or g flagged.
+template <typename T, bool kRms, bool kW>
+CARBON_NORM_AVX2 bool backward_row_fast_avx2(const T* __restrict__ x, const T* __restrict__ dy, int64_t n,
+                                             double mu, double rs, const double* __restrict__ w,
+                                             const float* __restrict__ wf, double* __restrict__ xh,
+                                             double* __restrict__ g, Sums* gs, Sums* gd) {
+  constexpr bool kSums = !kRms;
+  const __m256d vmu = _mm256_set1_pd(mu), vrs = _mm256_set1_pd(rs);
+  Lanes2 ss = zero2(), sa = zero2(), ds = zero2(), da = zero2();
+  __m256 bad_lanes = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains) {
+    const Lanes2 v = decode2(x + k);
+    const __m256d pl = kRms ? _mm256_mul_pd(v.lo, vrs) : _mm256_mul_pd(centered4(v.lo, vmu), vrs);
+    const __m256d ph = kRms ? _mm256_mul_pd(v.hi, vrs) : _mm256_mul_pd(centered4(v.hi, vmu), vrs);
+    const __m256 h32 = _mm256_set_m128(_mm256_cvtpd_ps(ph), _mm256_cvtpd_ps(pl));
+    bad_lanes = _mm256_or_ps(bad_lanes, nan8(h32));
+    const Lanes2 h = widen2(h32);
+    store2(xh + k, h);
+    __m256 q32 = floats8_avx2(dy + k);
+    if (kW) {
+      q32 = _mm256_mul_ps(q32, _mm256_loadu_ps(wf + k));
+      bad_lanes = _mm256_or_ps(bad_lanes, nan8(q32));
+    }
+    const Lanes2 q = widen2(q32);
+    store2(g + k, q);
+    if (kSums) {
+      ss = add2(ss, q);
+      sa = add2(sa, abs2(q));
+    }
+    ds = fmadd2(q, h, ds);
+    da = fmadd2(abs2(q), abs2(h), da);
+  }
+  double ssc[kChains], sac[kChains], dsc[kChains], dac[kChains];
+  spill2(ssc, ss);
+  spill2(sac, sa);
+  spill2(dsc, ds);
+  spill2(dac, da);
+  uint64_t bad = _mm256_movemask_ps(bad_lanes) != 0;
+  for (; k < n; ++k) {
+    const double v = element_value(x[k]), d = element_value(dy[k]);
+    const double h = round_fast<F32>(kRms ? v * rs : (v - mu) * rs, bad);
+    const double q = kW ? round_fast<F32>(d * w[k], bad) : d;
+    xh[k] = h;
+    g[k] = q;
+    if (kSums) {
+      ssc[0] = ssc[0] + q;
+      sac[0] = sac[0] + abs_value(q);
+    }
+    const double p = q * h;
+    dsc[0] = dsc[0] + p;
+    dac[0] = dac[0] + abs_value(p);
+  }
+  if (bad != 0) return false;
+  if (kSums) *gs = {fold_chains(ssc), fold_chains(sac)};
+  *gd = {fold_chains(dsc), fold_chains(dac)};
+  return true;
+}
+
+// backward_outputs_fast_hw on AVX2: dx = r (x) fnmadd(xhat, B, g (-) A)
+// (xhat B exact), rounded by round_store2.
+template <typename F, bool kRms>
+CARBON_NORM_AVX2 bool backward_outputs_fast_avx2(const double* xh, const double* g, int64_t n, double A, double B,
+                                                 double rs, typename F::Bits* out) {
+  const __m256d vA = _mm256_set1_pd(A), vB = _mm256_set1_pd(B), vrs = _mm256_set1_pd(rs);
+  __m256d bad_lanes = _mm256_setzero_pd();
+  auto half = [&](int64_t at) CARBON_NORM_AVX2 {
+    const __m256d h = _mm256_loadu_pd(xh + at), q = _mm256_loadu_pd(g + at);
+    const __m256d c = kRms ? q : centered4(q, vA);
+    return _mm256_mul_pd(vrs, _mm256_fnmadd_pd(h, vB, c));
+  };
+  int64_t k = 0;
+  for (; k + kChains <= n; k += kChains) round_store2<F>(out + k, {half(k), half(k + 4)}, bad_lanes);
+  uint64_t bad = _mm256_movemask_pd(bad_lanes) != 0;
+  for (; k < n; ++k)
+    out[k] = encode_fast<F>(round_fast<F>(kRms ? rms_dx(g[k], xh[k], B, rs) : ln_dx(g[k], xh[k], A, B, rs), bad));
+  return bad == 0;
+}
+
 // ---------------------------------------------------------------- dispatch
 
 // The scalar forms of the row loops (the previous code, which GCC
@@ -879,47 +1293,65 @@ bool use_lanes() {
   return yes;
 }
 
-Sums chain_sums(const double* v, int64_t n) { return use_lanes() ? chain_sums_v4(v, n) : chain_sums_portable(v, n); }
+// Otherwise the AVX2 loops where the CPU has AVX2 + FMA + F16C (and neither
+// CARBON_CPU_NO_AVX2 nor CARBON_NORM_SCALAR is set), else the portable ones.
+bool use_avx2() {
+  static const bool yes = !use_lanes() && cpu::avx2() && std::getenv("CARBON_NORM_SCALAR") == nullptr;
+  return yes;
+}
+
+Sums chain_sums(const double* v, int64_t n) {
+  if (use_lanes()) return chain_sums_v4(v, n);
+  return use_avx2() ? chain_sums_avx2(v, n) : chain_sums_portable(v, n);
+}
 
 Sums chain_dot(const double* x, const double* y, int64_t n) {
-  return use_lanes() ? chain_dot_v4(x, y, n) : chain_dot_portable(x, y, n);
+  if (use_lanes()) return chain_dot_v4(x, y, n);
+  return use_avx2() ? chain_dot_avx2(x, y, n) : chain_dot_portable(x, y, n);
 }
 
 double chain_squares(const double* v, double c, int64_t n) {
-  return use_lanes() ? chain_squares_v4(v, c, n) : chain_squares_portable(v, c, n);
+  if (use_lanes()) return chain_squares_v4(v, c, n);
+  return use_avx2() ? chain_squares_avx2(v, c, n) : chain_squares_portable(v, c, n);
 }
 
 template <typename T>
 Sums decode_sums(const T* x, int64_t n, double* v) {
-  return use_lanes() ? decode_sums_v4(x, n, v) : decode_sums_portable(x, n, v);
+  if (use_lanes()) return decode_sums_v4(x, n, v);
+  return use_avx2() ? decode_sums_avx2(x, n, v) : decode_sums_portable(x, n, v);
 }
 
 template <typename T>
 double decode_squares(const T* x, int64_t n, double* v) {
-  return use_lanes() ? decode_squares_v4(x, n, v) : decode_squares_portable(x, n, v);
+  if (use_lanes()) return decode_squares_v4(x, n, v);
+  return use_avx2() ? decode_squares_avx2(x, n, v) : decode_squares_portable(x, n, v);
 }
 
 template <typename T, bool kRms, bool kW>
 bool backward_row_fast(const T* x, const T* dy, int64_t n, double mu, double rs, const double* w, const float* wf,
                        double* xh, double* g, Sums* gs, Sums* gd) {
-  if (!use_lanes()) return backward_row_fast_portable<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd);
-  return backward_row_fast_hw<T, kRms, kW>(x, dy, n, mu, rs, w, wf, xh, g, gs, gd);
+  if (use_lanes()) return backward_row_fast_hw<T, kRms, kW>(x, dy, n, mu, rs, w, wf, xh, g, gs, gd);
+  if (use_avx2()) return backward_row_fast_avx2<T, kRms, kW>(x, dy, n, mu, rs, w, wf, xh, g, gs, gd);
+  return backward_row_fast_portable<T, kRms, kW>(x, dy, n, mu, rs, w, xh, g, gs, gd);
 }
 
 template <typename F, bool kRms>
 bool backward_outputs_fast(const double* xh, const double* g, int64_t n, double A, double B, double rs,
                            typename F::Bits* out) {
-  if (!use_lanes()) return backward_outputs_fast_portable<F, kRms>(xh, g, n, A, B, rs, out);
-  return backward_outputs_fast_hw<F, kRms>(xh, g, n, A, B, rs, out);
+  if (use_lanes()) return backward_outputs_fast_hw<F, kRms>(xh, g, n, A, B, rs, out);
+  if (use_avx2()) return backward_outputs_fast_avx2<F, kRms>(xh, g, n, A, B, rs, out);
+  return backward_outputs_fast_portable<F, kRms>(xh, g, n, A, B, rs, out);
 }
 
+// hw: use_lanes() (AVX-512), else use_avx2() picks the AVX2 loop.
 template <typename F, bool kRms, bool kW, bool kB>
 bool forward_outputs_any(bool hw, const double* v, int64_t n, double mu, double rs, const double* w, const double* b,
                          typename F::Bits* out) {
   if constexpr (std::is_same_v<F, Format<FormatId::kBFloat16>>)
     if (hw && has_avx512_bf16()) return forward_outputs_bf16_native<kRms, kW, kB>(v, n, mu, rs, w, b, out);
-  return hw ? forward_outputs_fast_v4<F, kRms, kW, kB>(v, n, mu, rs, w, b, out)
-                     : forward_outputs_fast<F, kRms, kW, kB>(v, n, mu, rs, w, b, out);
+  if (hw) return forward_outputs_fast_v4<F, kRms, kW, kB>(v, n, mu, rs, w, b, out);
+  if (use_avx2()) return forward_outputs_fast_avx2<F, kRms, kW, kB>(v, n, mu, rs, w, b, out);
+  return forward_outputs_fast<F, kRms, kW, kB>(v, n, mu, rs, w, b, out);
 }
 
 // hw: use_lanes() (AVX-512 present).
@@ -952,21 +1384,25 @@ void forward_rows(const NormArgs& a, at::Tensor& y_tensor) {
   constexpr int kBits = F::get().precision;  // significant bits of an element
   carbon::parallel_for(0, rows, grain_for(n), [&](int64_t begin, int64_t end) {
     std::vector<double> v(n);
-    const bool lanes = use_lanes(), hw = lanes;
+    const bool lanes = use_lanes(), hw = lanes, avx2 = use_avx2();
     for (int64_t r = begin; r < end; ++r) {
       double mu = 0.0, var;
       if (a.rms) {
         const double squares = decode_squares(x + r * n, n, v.data());
         if (!mean_of_squares_fast(squares, n, depth, 0, &var)) var = exact_mean_of_squares(v.data(), n, squares, kBits);
       } else {
-        // With AVX-512 the first pass also sums the squares, and most rows'
-        // variance is decided from those moments without the centred pass.
+        // With AVX-512 or AVX2 the first pass also sums the squares, and most
+        // rows' variance is decided from those moments without the centred
+        // pass (both loops form the same sums).
         double squares = 0.0;
-        const Sums s = lanes ? decode_moments_v4(x + r * n, n, v.data(), &squares) : decode_sums(x + r * n, n, v.data());
+        const bool moments = lanes || avx2;
+        const Sums s = lanes  ? decode_moments_v4(x + r * n, n, v.data(), &squares)
+                       : avx2 ? decode_moments_avx2(x + r * n, n, v.data(), &squares)
+                              : decode_sums(x + r * n, n, v.data());
         if (!mean_fast(s.sum, s.abs_sum, n, depth, &mu)) mu = exact_mean_of_values(v.data(), n, s.sum, s.abs_sum, kBits);
         if (!is_finite(mu))  // a row with an inf or a NaN
           var = canonical_nan();
-        else if (lanes && variance_from_moments(s.sum, s.abs_sum, squares, mu, n, depth, &var))
+        else if (moments && variance_from_moments(s.sum, s.abs_sum, squares, mu, n, depth, &var))
           ;
         else if (!mean_of_squares_fast(chain_squares(v.data(), mu, n), n, depth, 3, &var))
           var = exact_mean_centered_squares(v.data(), mu, n);
@@ -1331,6 +1767,44 @@ CARBON_NORM_V4 void add_rows_to_columns_v4(const T* dy, int64_t stride, const do
   add_rows_to_columns<T, kW, kB>(dy + j, stride, xh + j, n, rows, n - j, sw + j, aw + j, sb + j, ab + j);
 }
 
+// add_rows_to_columns_v4 on AVX2, the same values: 8 columns at a time (two
+// registers of four per partial, eight accumulators), held in registers
+// while the block's rows pass; each column's partial is the sum of its rows'
+// terms in row order from +0, as in every form (dy x-hat exact, so the fma
+// is the product and the addition). The last n mod 8 columns by
+// add_rows_to_columns.
+template <typename T, bool kW, bool kB>
+CARBON_NORM_AVX2 void add_rows_to_columns_avx2(const T* dy, int64_t stride, const double* xh, int64_t rows,
+                                               int64_t n, double* sw, double* aw, double* sb, double* ab) {
+  int64_t j = 0;
+  for (; j + kChains <= n; j += kChains) {
+    Lanes2 s = zero2(), a = zero2(), t = zero2(), c = zero2();
+    for (int64_t r = 0; r < rows; ++r) {
+      const Lanes2 v = decode2(dy + r * stride + j);
+      if (kW) {
+        const Lanes2 e = load2(xh + r * n + j);
+        s = fmadd2(v, e, s);
+        a = fmadd2(abs2(v), abs2(e), a);
+      }
+      if (kB) {
+        t = add2(t, v);
+        c = add2(c, abs2(v));
+      }
+    }
+    if (kW) {
+      store2(sw + j, s);
+      store2(aw + j, a);
+    }
+    if (kB) {
+      store2(sb + j, t);
+      store2(ab + j, c);
+    }
+  }
+  if (j == n) return;
+  for (int64_t k = j; k < n; ++k) sw[k] = aw[k] = sb[k] = ab[k] = 0.0;
+  add_rows_to_columns<T, kW, kB>(dy + j, stride, xh + j, n, rows, n - j, sw + j, aw + j, sb + j, ab + j);
+}
+
 // The column partials of `rows` rows from +0: partials[j] = the rows' terms
 // of column j added in row order.
 template <typename T>
@@ -1340,6 +1814,11 @@ void block_partials(const T* dy, int64_t stride, const double* xh, int64_t rows,
     if (want_w && want_b) return add_rows_to_columns_v4<T, true, true>(dy, stride, xh, rows, n, sw, aw, sb, ab);
     if (want_w) return add_rows_to_columns_v4<T, true, false>(dy, stride, xh, rows, n, sw, aw, sb, ab);
     return add_rows_to_columns_v4<T, false, true>(dy, stride, xh, rows, n, sw, aw, sb, ab);
+  }
+  if (use_avx2()) {
+    if (want_w && want_b) return add_rows_to_columns_avx2<T, true, true>(dy, stride, xh, rows, n, sw, aw, sb, ab);
+    if (want_w) return add_rows_to_columns_avx2<T, true, false>(dy, stride, xh, rows, n, sw, aw, sb, ab);
+    return add_rows_to_columns_avx2<T, false, true>(dy, stride, xh, rows, n, sw, aw, sb, ab);
   }
   std::fill(sw, sw + n, 0.0);
   std::fill(aw, aw + n, 0.0);
