@@ -369,7 +369,7 @@ void reduce_many_rows(const T* x, int64_t rows, int64_t n, bool mean, typename F
     store<F>(value, out + r);
   };
   carbon::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    const bool v4 = use_v4();
+    const bool v4 = use_v4(), avx2 = use_avx2();  // chain_sums_avx2's tree is the portable one
     const int64_t depth = v4 ? chain_depth<kRowChains>(n) : chain_depth(n);
     const double factor = gamma_n(depth) * kBoundSlack;  // reduce_round_fast's beta / abs_sum
     double sum[kRowBlock], abs_sum[kRowBlock];
@@ -378,7 +378,7 @@ void reduce_many_rows(const T* x, int64_t rows, int64_t n, bool mean, typename F
       const int64_t width = std::min(kRowBlock, end - r0);
       for (int64_t i = 0; i < width; ++i) {
         const T* row = x + (r0 + i) * n;
-        const Sums t1 = v4 ? chain_sums_v4(row, n) : chain_sums_portable(row, n);
+        const Sums t1 = v4 ? chain_sums_v4(row, n) : (avx2 ? chain_sums_avx2(row, n) : chain_sums_portable(row, n));
         sum[i] = t1.sum;
         abs_sum[i] = t1.abs_sum;
       }
