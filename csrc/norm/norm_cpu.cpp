@@ -411,7 +411,43 @@ inline typename F::Bits encode_fast(double v) {
   return static_cast<typename F::Bits>(sign | (mag == 0 ? 0u : encode_normal(mag, f)));
 }
 
+// One element of the backward rows: xhat_k and g_k (ln_xhat / rms_xhat and
+// scaled_grad by round_fast, bad set where it does not apply) into xh and g,
+// g into chain l of ss / sa (layer_norm only) and g xhat into chain l of ds /
+// da: the portable loop's body, and the vector loops' tails (l = 0).
+template <typename T, bool kRms, bool kW>
+inline __attribute__((always_inline)) void backward_row_element(const T* x, const T* dy, int64_t k, int l, double mu,
+                                                                double rs, const double* w, double* xh, double* g,
+                                                                double* ss, double* sa, double* ds, double* da,
+                                                                uint64_t& bad) {
+  const double v = element_value(x[k]), d = element_value(dy[k]);
+  const double h = round_fast<F32>(kRms ? v * rs : (v - mu) * rs, bad);
+  const double q = kW ? round_fast<F32>(d * w[k], bad) : d;
+  xh[k] = h;
+  g[k] = q;
+  if (!kRms) {
+    ss[l] = ss[l] + q;
+    sa[l] = sa[l] + abs_value(q);
+  }
+  const double p = q * h;
+  ds[l] = ds[l] + p;
+  da[l] = da[l] + abs_value(p);
+}
+
 // ---------------------------------------------------------------- row outputs, portable loop
+
+// One forward output, y_k = RN_F(affine(xhat_k)), by round_fast (bad set
+// where it does not apply): the portable loop's body, and the vector loops'
+// tails.
+template <typename F, bool kRms, bool kW, bool kB>
+inline __attribute__((always_inline)) void forward_output_element(const double* v, int64_t k, double mu, double rs,
+                                                                  const double* w, const double* b,
+                                                                  typename F::Bits* out, uint64_t& bad) {
+  const double xh = round_fast<F32>(kRms ? v[k] * rs : (v[k] - mu) * rs, bad);
+  double y = kW ? xh * w[k] : xh;
+  if (kB) y = y + b[k];
+  out[k] = encode_fast<F>(round_fast<F>(y, bad));
+}
 
 // Outputs of one row, vectorized: y_k = RN_F(affine(xhat_k)) (forward) into
 // out. Returns false (out partly written) if some value needs the general
@@ -422,10 +458,7 @@ CARBON_NORM_CLONES bool forward_outputs_fast(const double* v, int64_t n, double 
                                              const double* b, typename F::Bits* out) {
   uint64_t bad = 0;
   for (int64_t k = 0; k < n; ++k) {
-    const double xh = round_fast<F32>(kRms ? v[k] * rs : (v[k] - mu) * rs, bad);
-    double y = kW ? xh * w[k] : xh;
-    if (kB) y = y + b[k];
-    out[k] = encode_fast<F>(round_fast<F>(y, bad));
+    forward_output_element<F, kRms, kW, kB>(v, k, mu, rs, w, b, out, bad);
   }
   return bad == 0;
 }
@@ -550,10 +583,7 @@ CARBON_NORM_V4 bool forward_outputs_fast_v4(const double* v, int64_t n, double m
   }
   uint64_t bad = bad_lanes != 0;
   for (; k < n; ++k) {
-    const double xh = round_fast<F32>(kRms ? v[k] * rs : (v[k] - mu) * rs, bad);
-    double y = kW ? xh * w[k] : xh;
-    if (kB) y = y + b[k];
-    out[k] = encode_fast<F>(round_fast<F>(y, bad));
+    forward_output_element<F, kRms, kW, kB>(v, k, mu, rs, w, b, out, bad);
   }
   return bad == 0;
 }
@@ -584,10 +614,7 @@ CARBON_NORM_V4_BF16 bool forward_outputs_bf16_native(const double* v, int64_t n,
   using BF16 = Format<FormatId::kBFloat16>;
   uint64_t bad = bad_lanes != 0;
   for (; k < n; ++k) {
-    const double xh = round_fast<F32>(kRms ? v[k] * rs : (v[k] - mu) * rs, bad);
-    double y = kW ? xh * w[k] : xh;
-    if (kB) y = y + b[k];
-    out[k] = encode_fast<BF16>(round_fast<BF16>(y, bad));
+    forward_output_element<BF16, kRms, kW, kB>(v, k, mu, rs, w, b, out, bad);
   }
   return bad == 0;
 }
@@ -667,20 +694,7 @@ CARBON_NORM_V4 bool backward_row_fast_hw(const T* __restrict__ x, const T* __res
   _mm512_storeu_pd(dsc, ds);
   _mm512_storeu_pd(dac, da);
   uint64_t bad = bad_lanes != 0;
-  for (; k < n; ++k) {
-    const double v = element_value(x[k]), d = element_value(dy[k]);
-    const double h = round_fast<F32>(kRms ? v * rs : (v - mu) * rs, bad);
-    const double q = kW ? round_fast<F32>(d * w[k], bad) : d;
-    xh[k] = h;
-    g[k] = q;
-    if (kSums) {
-      ssc[0] = ssc[0] + q;
-      sac[0] = sac[0] + abs_value(q);
-    }
-    const double p = q * h;
-    dsc[0] = dsc[0] + p;
-    dac[0] = dac[0] + abs_value(p);
-  }
+  for (; k < n; ++k) backward_row_element<T, kRms, kW>(x, dy, k, 0, mu, rs, w, xh, g, ssc, sac, dsc, dac, bad);
   if (bad != 0) return false;
   if (kSums) *gs = {fold_chains(ssc), fold_chains(sac)};
   *gd = {fold_chains(dsc), fold_chains(dac)};
@@ -1035,10 +1049,7 @@ CARBON_NORM_AVX2 bool forward_outputs_fast_avx2(const double* v, int64_t n, doub
   for (; k + kChains <= n; k += kChains) round_store2<F>(out + k, {half(k), half(k + 4)}, bad_lanes);
   uint64_t bad = _mm256_movemask_pd(bad_lanes) != 0;
   for (; k < n; ++k) {
-    const double xh = round_fast<F32>(kRms ? v[k] * rs : (v[k] - mu) * rs, bad);
-    double y = kW ? xh * w[k] : xh;
-    if (kB) y = y + b[k];
-    out[k] = encode_fast<F>(round_fast<F>(y, bad));
+    forward_output_element<F, kRms, kW, kB>(v, k, mu, rs, w, b, out, bad);
   }
   return bad == 0;
 }
@@ -1086,20 +1097,7 @@ CARBON_NORM_AVX2 bool backward_row_fast_avx2(const T* __restrict__ x, const T* _
   spill2(dsc, ds);
   spill2(dac, da);
   uint64_t bad = _mm256_movemask_ps(bad_lanes) != 0;
-  for (; k < n; ++k) {
-    const double v = element_value(x[k]), d = element_value(dy[k]);
-    const double h = round_fast<F32>(kRms ? v * rs : (v - mu) * rs, bad);
-    const double q = kW ? round_fast<F32>(d * w[k], bad) : d;
-    xh[k] = h;
-    g[k] = q;
-    if (kSums) {
-      ssc[0] = ssc[0] + q;
-      sac[0] = sac[0] + abs_value(q);
-    }
-    const double p = q * h;
-    dsc[0] = dsc[0] + p;
-    dac[0] = dac[0] + abs_value(p);
-  }
+  for (; k < n; ++k) backward_row_element<T, kRms, kW>(x, dy, k, 0, mu, rs, w, xh, g, ssc, sac, dsc, dac, bad);
   if (bad != 0) return false;
   if (kSums) *gs = {fold_chains(ssc), fold_chains(sac)};
   *gd = {fold_chains(dsc), fold_chains(dac)};
@@ -1240,34 +1238,9 @@ CARBON_NORM_PORTABLE bool backward_row_fast_portable(const T* x, const T* dy, in
   double ss[kChains] = {}, sa[kChains] = {}, ds[kChains] = {}, da[kChains] = {};
   int64_t k = 0;
   for (; k + kChains <= n; k += kChains)
-    for (int l = 0; l < kChains; ++l) {
-      const double v = element_value(x[k + l]), d = element_value(dy[k + l]);
-      const double h = round_fast<F32>(kRms ? v * rs : (v - mu) * rs, bad);
-      const double q = kW ? round_fast<F32>(d * w[k + l], bad) : d;
-      xh[k + l] = h;
-      g[k + l] = q;
-      if (!kRms) {
-        ss[l] = ss[l] + q;
-        sa[l] = sa[l] + abs_value(q);
-      }
-      const double p = q * h;
-      ds[l] = ds[l] + p;
-      da[l] = da[l] + abs_value(p);
-    }
-  for (; k < n; ++k) {
-    const double v = element_value(x[k]), d = element_value(dy[k]);
-    const double h = round_fast<F32>(kRms ? v * rs : (v - mu) * rs, bad);
-    const double q = kW ? round_fast<F32>(d * w[k], bad) : d;
-    xh[k] = h;
-    g[k] = q;
-    if (!kRms) {
-      ss[0] = ss[0] + q;
-      sa[0] = sa[0] + abs_value(q);
-    }
-    const double p = q * h;
-    ds[0] = ds[0] + p;
-    da[0] = da[0] + abs_value(p);
-  }
+    for (int l = 0; l < kChains; ++l)
+      backward_row_element<T, kRms, kW>(x, dy, k + l, l, mu, rs, w, xh, g, ss, sa, ds, da, bad);
+  for (; k < n; ++k) backward_row_element<T, kRms, kW>(x, dy, k, 0, mu, rs, w, xh, g, ss, sa, ds, da, bad);
   if (!kRms) *gs = {fold_chains(ss), fold_chains(sa)};
   *gd = {fold_chains(ds), fold_chains(da)};
   return bad == 0;

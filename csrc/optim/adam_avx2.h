@@ -315,28 +315,10 @@ CARBON_AVX2_TARGET void step_loop(T* p, const T* g, float* m, float* v, float* w
 // AMSGrad's max_exp_avg_sq (kAmsgrad), else null.
 template <bool kAmsgrad, typename T>
 inline void step(T* p, const T* g, float* m, float* v, float* w, int64_t n, const AdamConstants& c) {
-  const bool maximize = c.grad_sign != 0;
-  const Mode mode = c.decoupled_mask ? Mode::kDecoupled : (c.l2_mask ? Mode::kL2 : Mode::kPlain);
-  const bool c2s_is_one = c.bias_correction2_sqrt == 1.0;
-  auto run = [&](auto mode_constant, auto maximize_constant) {
-    constexpr Mode kMode = decltype(mode_constant)::value;
-    constexpr bool kMaximize = decltype(maximize_constant)::value;
-    return c2s_is_one ? step_loop<T, kMode, kMaximize, kAmsgrad, true>(p, g, m, v, w, n, c)
-                      : step_loop<T, kMode, kMaximize, kAmsgrad, false>(p, g, m, v, w, n, c);
-  };
-  using Max = std::true_type;
-  using Min = std::false_type;
-  switch (mode) {
-    case Mode::kDecoupled:
-      return maximize ? run(std::integral_constant<Mode, Mode::kDecoupled>{}, Max{})
-                      : run(std::integral_constant<Mode, Mode::kDecoupled>{}, Min{});
-    case Mode::kL2:
-      return maximize ? run(std::integral_constant<Mode, Mode::kL2>{}, Max{})
-                      : run(std::integral_constant<Mode, Mode::kL2>{}, Min{});
-    case Mode::kPlain:
-      return maximize ? run(std::integral_constant<Mode, Mode::kPlain>{}, Max{})
-                      : run(std::integral_constant<Mode, Mode::kPlain>{}, Min{});
-  }
+  adam_avx512::with_step_mode(c, [&](auto mode, auto maximize, auto c2s_is_one) {
+    step_loop<T, decltype(mode)::value, decltype(maximize)::value, kAmsgrad, decltype(c2s_is_one)::value>(
+        p, g, m, v, w, n, c);
+  });
 }
 
 #undef CARBON_AVX2_TARGET
