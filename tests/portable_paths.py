@@ -12,7 +12,23 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+import pytest
 import torch
+
+
+def cpu_has_avx512() -> bool:
+    """Whether the CPU has AVX-512 (Linux: /proc/cpuinfo's flags), i.e. whether the fastest loops differ
+    from the AVX2 ones."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx512f" in line for line in f)
+    except OSError:
+        return False
+
+
+# For the comparisons of the AVX-512 loops with the next ones: without AVX-512 both runs would take the
+# same loops (the AVX2-vs-portable comparisons still run).
+needs_avx512 = pytest.mark.skipif(not cpu_has_avx512(), reason="no AVX-512: both runs would take the same loops")
 
 _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 

@@ -9,7 +9,7 @@ without the faster loops both runs take the same ones and the test checks determ
 
 from __future__ import annotations
 
-from portable_paths import assert_portable_gives_the_same_bits
+from portable_paths import assert_portable_gives_the_same_bits, needs_avx512
 
 SCRIPT = r'''
 import sys, torch, carbon
@@ -79,5 +79,6 @@ def test_avx2_and_portable_norm_loops_give_the_same_bits(tmp_path):
     assert_portable_gives_the_same_bits(SCRIPT, tmp_path, ("CARBON_CPU_NO_AVX2",), fixed=("CARBON_CPU_NO_AVX512",))
 
 
+@needs_avx512
 def test_fastest_and_next_norm_loops_give_the_same_bits(tmp_path):
     assert_portable_gives_the_same_bits(SCRIPT, tmp_path, ("CARBON_CPU_NO_AVX512",))

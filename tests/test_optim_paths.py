@@ -9,7 +9,7 @@ gradients and states, and steps whose 16-bit results land on or next to midpoint
 
 from __future__ import annotations
 
-from portable_paths import assert_portable_gives_the_same_bits
+from portable_paths import assert_portable_gives_the_same_bits, needs_avx512
 
 SCRIPT = r'''
 import math, sys, torch, carbon
@@ -69,6 +69,7 @@ def test_avx2_and_portable_optimizer_steps_give_the_same_bits(tmp_path):
     assert_portable_gives_the_same_bits(SCRIPT, tmp_path, ("CARBON_CPU_NO_AVX2",), fixed=("CARBON_CPU_NO_AVX512",))
 
 
+@needs_avx512
 def test_fastest_and_avx2_optimizer_steps_give_the_same_bits(tmp_path):
     # The CPU's fastest loops against those without AVX-512 (AVX2, or portable on a CPU without it).
     assert_portable_gives_the_same_bits(SCRIPT, tmp_path, ("CARBON_CPU_NO_AVX512",))

@@ -10,7 +10,7 @@ same loops, and the comparison checks only that they are deterministic."""
 
 from __future__ import annotations
 
-from portable_paths import assert_portable_gives_the_same_bits
+from portable_paths import assert_portable_gives_the_same_bits, needs_avx512
 
 SCRIPT = r'''
 import sys, torch, carbon
@@ -60,5 +60,6 @@ def test_avx2_and_portable_scatter_loops_give_the_same_bits(tmp_path):
     assert_portable_gives_the_same_bits(SCRIPT, tmp_path, ("CARBON_CPU_NO_AVX2",), fixed=("CARBON_CPU_NO_AVX512",))
 
 
+@needs_avx512
 def test_fastest_and_slower_scatter_loops_give_the_same_bits(tmp_path):
     assert_portable_gives_the_same_bits(SCRIPT, tmp_path, ("CARBON_CPU_NO_AVX512",))

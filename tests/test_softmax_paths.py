@@ -7,7 +7,7 @@ deterministic."""
 
 from __future__ import annotations
 
-from portable_paths import assert_portable_gives_the_same_bits
+from portable_paths import assert_portable_gives_the_same_bits, needs_avx512
 
 SCRIPT = r'''
 import sys, torch, carbon
@@ -51,5 +51,6 @@ def test_avx2_and_portable_softmax_kernels_give_the_same_bits(tmp_path):
     assert_portable_gives_the_same_bits(SCRIPT, tmp_path, ("CARBON_SOFTMAX_PORTABLE",), fixed=("CARBON_CPU_NO_AVX512",))
 
 
+@needs_avx512
 def test_avx512_and_avx2_softmax_kernels_give_the_same_bits(tmp_path):
     assert_portable_gives_the_same_bits(SCRIPT, tmp_path, ("CARBON_CPU_NO_AVX512",))
