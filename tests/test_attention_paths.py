@@ -1,12 +1,13 @@
-"""Causal attention's and the matmul's two CPU implementations give the same bits: the AVX-512
-kernels (tier 1's rounding rows of the matmul, attention's logits rows, the fused widening of
-float32 / bfloat16 rows) against the compiled portable loops, which CARBON_MATMUL_PORTABLE and
-CARBON_ATTENTION_PORTABLE select in a fresh process. On a CPU without AVX-512 both runs take the
-portable loops and the test checks only that they are deterministic."""
+"""Causal attention's and the matmul's CPU implementations give the same bits: the AVX-512 kernels
+(tier 1's rounding rows of the matmul, attention's logits rows, the fused widening of float32 /
+bfloat16 rows, the transposing copy) against the AVX2 ones (CARBON_CPU_NO_AVX512), and the AVX2
+ones against the compiled portable loops (CARBON_MATMUL_PORTABLE and CARBON_ATTENTION_PORTABLE),
+each pair in two fresh processes. On a CPU without AVX2 both runs take the portable loops and the
+test checks only that they are deterministic."""
 
 from __future__ import annotations
 
-from portable_paths import assert_portable_gives_the_same_bits
+from portable_paths import assert_portable_gives_the_same_bits, needs_avx512
 
 SCRIPT = r'''
 import sys, torch, carbon
@@ -32,11 +33,33 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
     for out_dtype in (torch.float32, torch.bfloat16, torch.float16):
         results.append(carbon.bmm(a, b, out_dtype=out_dtype))
         results.append(carbon.baddbmm(torch.randn(90, generator=gen).to(dtype), a, b, out_dtype=out_dtype))
+    # Tier 1's edges: small integers (exact GEMM values, many ties of the 16-bit outputs), products
+    # that overflow the 16-bit formats or fall below float32's normal range, an operand whose rows
+    # are strided (the transposing copy on both sides), rows with zero ends (the spans).
+    ints = torch.randint(-20, 21, (2, 37, 45), generator=gen).to(dtype)
+    ints_b = torch.randint(-20, 21, (2, 45, 29), generator=gen).to(dtype)
+    big = 2.0 ** (6 if dtype == torch.float16 else 60)
+    tiny = 2.0 ** (-7 if dtype == torch.float16 else -70)
+    at = torch.randn(2, 45, 37, generator=gen).to(dtype).transpose(1, 2)
+    ends = torch.randn(2, 37, 45, generator=gen).to(dtype)
+    ends[:, :, :9] = 0.0
+    ends[:, :, -5:] = -0.0
+    for out_dtype in (torch.float32, torch.bfloat16, torch.float16):
+        results.append(carbon.bmm(ints, ints_b, out_dtype=out_dtype))
+        results.append(carbon.bmm(ints * big, ints_b * big, out_dtype=out_dtype))
+        results.append(carbon.bmm(a[:2, :37, :45] * tiny, b[:2, :45, :29] * tiny, out_dtype=out_dtype))
+        results.append(carbon.bmm(at, b[:2, :45, :29], out_dtype=out_dtype))
+        results.append(carbon.bmm(ends, ints_b, out_dtype=out_dtype))
 torch.save(results, sys.argv[1])
 '''
 
-VARIABLES = ("CARBON_MATMUL_PORTABLE", "CARBON_ATTENTION_PORTABLE")
+PORTABLE = ("CARBON_MATMUL_PORTABLE", "CARBON_ATTENTION_PORTABLE")
 
 
-def test_portable_and_avx512_attention_kernels_give_the_same_bits(tmp_path):
-    assert_portable_gives_the_same_bits(SCRIPT, tmp_path, VARIABLES)
+@needs_avx512
+def test_avx512_and_avx2_attention_kernels_give_the_same_bits(tmp_path):
+    assert_portable_gives_the_same_bits(SCRIPT, tmp_path, ("CARBON_CPU_NO_AVX512",))
+
+
+def test_avx2_and_portable_attention_kernels_give_the_same_bits(tmp_path):
+    assert_portable_gives_the_same_bits(SCRIPT, tmp_path, PORTABLE, fixed=("CARBON_CPU_NO_AVX512",))

@@ -143,10 +143,46 @@ __attribute__((target("avx512f,avx512dq,avx512vl"))) bool logits_row_avx512(cons
 }
 #pragma GCC diagnostic pop
 
-// logits_row without a mask: on AVX-512 by logits_row_avx512.
+// The AVX2 loop (CPUs without AVX-512): off with CARBON_ATTENTION_PORTABLE
+// or CARBON_CPU_NO_AVX2 (cpu_features.h).
+bool logits_avx2_available() {
+  static const bool yes = !logits_avx512_available() && cpu::avx2() &&
+                          std::getenv("CARBON_ATTENTION_PORTABLE") == nullptr;
+  return yes;
+}
+
+// logits_row's first pass without a mask on AVX2, 4 logits per step: the
+// exact float -> double conversion, the product by scale and + -0 in fp64
+// as attention_logit, then RN32 by vcvtpd2ps, which under the default MXCSR
+// of every op (fp_env.h: round to nearest-even, no flush-to-zero) is
+// round_double(z, float32) for every double but NaN -- signed zeros kept,
+// gradual underflow to float32's subnormals, overflow to +-inf -- so the
+// same bits as attention_logit. A NaN lane returns false (the caller redoes
+// the row by attention_logit, which writes the canonical NaN).
+__attribute__((target("avx2,fma"))) bool logits_row_avx2(const float* in, double scale, int64_t limit, float* o) {
+  const __m256d sc = _mm256_set1_pd(scale), minus_zero = _mm256_set1_pd(-0.0);
+  __m256d nan = _mm256_setzero_pd();
+  int64_t j = 0;
+  for (; j + 4 <= limit; j += 4) {
+    const __m256d z = _mm256_add_pd(_mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(in + j)), sc), minus_zero);
+    nan = _mm256_or_pd(nan, _mm256_cmp_pd(z, z, _CMP_UNORD_Q));
+    _mm_storeu_ps(o + j, _mm256_cvtpd_ps(z));
+  }
+  if (_mm256_movemask_pd(nan) != 0) return false;
+  for (; j < limit; ++j) {
+    const double z = static_cast<double>(in[j]) * scale + -0.0;
+    if (z != z) return false;
+    o[j] = static_cast<float>(round_double(z, Format<FormatId::kFloat32>::get()));
+  }
+  return true;
+}
+
+// logits_row without a mask: on AVX-512 by logits_row_avx512, on AVX2 by
+// logits_row_avx2.
 void logits_row(const float* in, double scale, NoMask mask_at, int64_t limit, int64_t Tk, float* o) {
-  if (!logits_avx512_available()) return logits_row<NoMask>(in, scale, mask_at, limit, Tk, o);
-  if (!logits_row_avx512(in, scale, limit, o))
+  const bool avx512 = logits_avx512_available();
+  if (!avx512 && !logits_avx2_available()) return logits_row<NoMask>(in, scale, mask_at, limit, Tk, o);
+  if (!(avx512 ? logits_row_avx512(in, scale, limit, o) : logits_row_avx2(in, scale, limit, o)))
     for (int64_t j = 0; j < limit; ++j) o[j] = static_cast<float>(attention_logit(in[j], scale, -0.0, false));
   for (int64_t j = limit; j < Tk; ++j) o[j] = -INFINITY;  // attention_logit's causal case
 }

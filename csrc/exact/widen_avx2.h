@@ -33,6 +33,17 @@ CARBON_WIDEN_AVX2 inline __m256 floats8(const c10::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// 4 consecutive elements as doubles (element_value of each).
+CARBON_WIDEN_AVX2 inline __m256d widen4(const double* p) { return _mm256_loadu_pd(p); }
+CARBON_WIDEN_AVX2 inline __m256d widen4(const float* p) { return _mm256_cvtps_pd(_mm_loadu_ps(p)); }
+CARBON_WIDEN_AVX2 inline __m256d widen4(const c10::BFloat16* p) {
+  const __m128i h = _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(h, 16)));
+}
+CARBON_WIDEN_AVX2 inline __m256d widen4(const c10::Half* p) {
+  return _mm256_cvtps_pd(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
 CARBON_WIDEN_AVX2 inline Doubles8 widen8x2(const double* p) { return {_mm256_loadu_pd(p), _mm256_loadu_pd(p + 4)}; }
 template <typename T>
 CARBON_WIDEN_AVX2 inline Doubles8 widen8x2(const T* p) {

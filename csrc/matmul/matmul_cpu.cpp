@@ -15,6 +15,7 @@
 #include "../cpu_features.h"
 #include "../dtypes.h"
 #include "../exact/compensated_dot_avx512.h"
+#include "../exact/widen_avx2.h"
 #include "../exact/fp_env.h"
 #include "../reduce/reduce_kernel.h"
 #include "matmul.h"
@@ -149,12 +150,24 @@ bool has_avx512_bw() {
   return yes;
 }
 
+// The AVX2 loops (CPUs without AVX-512: Zen 1-3, Haswell to Alder Lake),
+// where no AVX-512 kernel runs; off with CARBON_MATMUL_PORTABLE or
+// CARBON_CPU_NO_AVX2 (cpu_features.h).
+bool has_avx2() {
+  static const bool yes = !has_avx512() && cpu::avx2() && std::getenv("CARBON_MATMUL_PORTABLE") == nullptr;
+  return yes;
+}
+
 void stats_of_row_avx512(const double* row, int64_t K, int precision, double scale, double* norm, uint8_t* sign,
                          double* quantum, int32_t* span);
+void stats_of_row_avx2(const double* row, int64_t K, int precision, double scale, double* norm, uint8_t* sign,
+                       double* quantum, int32_t* span);
 
 void stats_of_row(const double* row, int64_t K, int precision, double scale, double* norm, uint8_t* sign,
                   double* quantum, int32_t* span) {
-  (has_avx512() ? stats_of_row_avx512 : stats_of_row_generic)(row, K, precision, scale, norm, sign, quantum, span);
+  (has_avx512() ? stats_of_row_avx512
+   : has_avx2() ? stats_of_row_avx2
+                : stats_of_row_generic)(row, K, precision, scale, norm, sign, quantum, span);
 }
 
 // Eight consecutive elements as doubles, exactly (as element_value: the
@@ -238,6 +251,93 @@ void stats_of_row_avx512(const double* row, int64_t K, int precision, double sca
   widen_stats_row_avx512<double>(row, const_cast<double*>(row), K, precision, scale, norm, sign, quantum, span);
 }
 
+// stats_of_row_generic on AVX2 with the same eight lanes, as two registers
+// of four (lanes 0-3, 4-7): the same products and additions per lane, so
+// the same sums. The other statistics are exact whatever the order:
+// - sign bits: only bit 63 of the ORs is read, so `clear` (the OR of the
+//   complements) is kept as the AND of the elements (its complement).
+// - the smallest nonzero exponent field: the exponent field of the smallest
+//   magnitude among the elements whose field is not 0 (magnitudes order as
+//   their fields); those with field 0 (zeros; subnormal doubles, which no
+//   widened element is) are replaced by +inf, whose field 0x7FF is the
+//   generic loop's "none", as is a NaN's or an infinity's (vminpd returns
+//   its second operand, the running minimum, for a NaN first operand).
+// - the span, from each 8-block's compare x != 0 (unordered: NaN counts as
+//   nonzero, as in the generic loop).
+// T = double: the statistics of `row`; float, bfloat16, float16: also widens
+// src into row (widen8x2: element_value's exact conversions).
+template <typename T>
+__attribute__((target("avx2,fma,f16c"))) void widen_stats_row_avx2(const T* src, double* row, int64_t K,
+                                                                 int precision, double scale, double* norm,
+                                                                 uint8_t* sign, double* quantum, int32_t* span) {
+  __m256d acc_lo = _mm256_setzero_pd(), acc_hi = _mm256_setzero_pd();
+  __m256d set = _mm256_setzero_pd(), all = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
+  const __m256d sign_bit = _mm256_set1_pd(-0.0), smallest_normal = _mm256_set1_pd(0x1p-1022);
+  const __m256d inf = _mm256_set1_pd(INFINITY), zero = _mm256_setzero_pd();
+  __m256d least = inf;
+  int64_t nonzero_first = K, nonzero_end = 0;
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    Doubles8 x;
+    if constexpr (std::is_same_v<T, double>) {
+      x = widen8x2(row + k);
+    } else {
+      x = widen8x2(src + k);
+      _mm256_storeu_pd(row + k, x.lo);
+      _mm256_storeu_pd(row + k + 4, x.hi);
+    }
+    acc_lo = _mm256_add_pd(acc_lo, _mm256_mul_pd(x.lo, x.lo));
+    acc_hi = _mm256_add_pd(acc_hi, _mm256_mul_pd(x.hi, x.hi));
+    set = _mm256_or_pd(set, _mm256_or_pd(x.lo, x.hi));
+    all = _mm256_and_pd(all, _mm256_and_pd(x.lo, x.hi));
+    for (const __m256d h : {x.lo, x.hi}) {
+      const __m256d mag = _mm256_andnot_pd(sign_bit, h);
+      const __m256d candidate = _mm256_blendv_pd(mag, inf, _mm256_cmp_pd(mag, smallest_normal, _CMP_LT_OQ));
+      least = _mm256_min_pd(candidate, least);
+    }
+    const unsigned nonzero = static_cast<unsigned>(_mm256_movemask_pd(_mm256_cmp_pd(x.lo, zero, _CMP_NEQ_UQ))) |
+                             (static_cast<unsigned>(_mm256_movemask_pd(_mm256_cmp_pd(x.hi, zero, _CMP_NEQ_UQ))) << 4);
+    if (nonzero != 0) {
+      if (nonzero_first == K) nonzero_first = k + __builtin_ctz(nonzero);
+      nonzero_end = k + 32 - __builtin_clz(nonzero);
+    }
+  }
+  alignas(32) double part[8], leasts[4];
+  alignas(32) uint64_t sets[4], alls[4];
+  _mm256_store_pd(part, acc_lo);
+  _mm256_store_pd(part + 4, acc_hi);
+  _mm256_store_pd(leasts, least);
+  _mm256_store_pd(reinterpret_cast<double*>(sets), set);
+  _mm256_store_pd(reinterpret_cast<double*>(alls), all);
+  uint64_t any_set = 0, any_clear = 0;
+  int64_t e = 0x7FF;
+  for (int l = 0; l < 4; ++l) {
+    any_set |= sets[l], any_clear |= ~alls[l];
+    e = std::min<int64_t>(e, static_cast<int64_t>(double_to_bits(leasts[l]) >> 52));
+  }
+  for (; k < K; ++k) {  // the rest in lane 0, as stats_of_row_generic
+    if constexpr (!std::is_same_v<T, double>) row[k] = element_value(src[k]);
+    const double x = row[k];
+    part[0] = part[0] + x * x;
+    const uint64_t u = double_to_bits(x);
+    any_set |= u;
+    any_clear |= ~u;
+    const int64_t ek = static_cast<int64_t>((u >> 52) & 0x7FF);
+    e = std::min(e, ek == 0 ? int64_t{0x7FF} : ek);
+    if ((u & ~kSignBit) != 0) {
+      nonzero_first = std::min(nonzero_first, k);
+      nonzero_end = k + 1;
+    }
+  }
+  finish_row_stats(part, any_set, any_clear, e, nonzero_first, nonzero_end, precision, scale, norm, sign, quantum,
+                   span);
+}
+
+void stats_of_row_avx2(const double* row, int64_t K, int precision, double scale, double* norm, uint8_t* sign,
+                       double* quantum, int32_t* span) {
+  widen_stats_row_avx2<double>(row, const_cast<double*>(row), K, precision, scale, norm, sign, quantum, span);
+}
+
 // transpose_panel for a unit row stride (x's rows are the columns of a
 // contiguous tensor) on AVX-512: each 8 x 8 block is eight vector loads of
 // eight consecutive rows at one k, transposed in registers (unpack, then
@@ -286,11 +386,46 @@ __attribute__((target("avx512f"))) void transpose_panel_avx512(const T* x, int64
     for (int64_t rr = r0; rr < r1; ++rr) dst[rr * K + k] = element_value(x[rr + k * sk]);
 }
 
+// transpose_panel for a unit row stride on AVX2: blocks of eight rows by
+// eight k, as four 4 x 4 transposes in registers (unpack, then swaps of
+// 128-bit halves), each row of the block getting its eight k as two
+// consecutive stores of four. A plain copy, exact (widen4).
+template <typename T>
+__attribute__((target("avx2,fma,f16c"))) void transpose_panel_avx2(const T* x, int64_t sk, int64_t r0, int64_t r1,
+                                                                  int64_t K, double* dst) {
+  constexpr int64_t kB = 8;
+  const int64_t kv = K / kB * kB;
+  int64_t r = r0;
+  for (; r + kB <= r1; r += kB) {
+    for (int64_t k = 0; k < kv; k += kB) {
+      for (int64_t r4 = r; r4 < r + kB; r4 += 4) {      // rows r.. r + 3, then r + 4.. r + 7
+        for (int64_t k4 = k; k4 < k + kB; k4 += 4) {   // k.. k + 3, then k + 4.. k + 7
+          __m256d a[4];  // a[i] = rows r4.. r4 + 3 at k4 + i
+          for (int i = 0; i < 4; ++i) a[i] = widen4(x + r4 + (k4 + i) * sk);
+          // t0 = (a0[0], a1[0], a0[2], a1[2]), t1 = (a0[1], a1[1], a0[3], a1[3]); t2, t3 of a2, a3.
+          const __m256d t0 = _mm256_unpacklo_pd(a[0], a[1]), t1 = _mm256_unpackhi_pd(a[0], a[1]);
+          const __m256d t2 = _mm256_unpacklo_pd(a[2], a[3]), t3 = _mm256_unpackhi_pd(a[2], a[3]);
+          double* row = dst + r4 * K + k4;
+          _mm256_storeu_pd(row, _mm256_permute2f128_pd(t0, t2, 0x20));          // row r4: (a0[0], .., a3[0])
+          _mm256_storeu_pd(row + K, _mm256_permute2f128_pd(t1, t3, 0x20));      // row r4 + 1
+          _mm256_storeu_pd(row + 2 * K, _mm256_permute2f128_pd(t0, t2, 0x31));  // row r4 + 2
+          _mm256_storeu_pd(row + 3 * K, _mm256_permute2f128_pd(t1, t3, 0x31));  // row r4 + 3
+        }
+      }
+    }
+  }
+  for (; r < r1; ++r)
+    for (int64_t k = 0; k < kv; ++k) dst[r * K + k] = element_value(x[r + k * sk]);
+  for (int64_t k = kv; k < K; ++k)
+    for (int64_t rr = r0; rr < r1; ++rr) dst[rr * K + k] = element_value(x[rr + k * sk]);
+}
+
 template <typename T>
 void transpose_panel_unit(const T* x, int64_t sk, int64_t r0, int64_t r1, int64_t K, double* dst) {
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
     if (has_avx512()) return transpose_panel_avx512(x, sk, r0, r1, K, dst);
   }
+  if (has_avx2()) return transpose_panel_avx2(x, sk, r0, r1, K, dst);
   transpose_panel<T, true>(x, 1, sk, r0, r1, K, dst);
 }
 
@@ -322,6 +457,10 @@ void widen_operand_cpu(const at::Tensor& x, at::Tensor& out, at::Tensor& norms, 
                                      span + 2 * r);
               continue;
             }
+          }
+          if (has_avx2()) {
+            widen_stats_row_avx2(src, o + r * K, K, precision, scale, norm + r, sign + r, quantum + r, span + 2 * r);
+            continue;
           }
           widen_row(src, K, o + r * K);  // exact (element_value)
           summarize(r);
@@ -823,6 +962,107 @@ CARBON_ROUND_V4 static int64_t round_row_normal_avx512(const double* approx, con
   return count;
 }
 
+// round_row_normal<F, false> on AVX2, 4 outputs per step: round8_normal_avx512
+// with AVX2's instructions for the missing AVX-512 ones -- the signed 64-bit
+// minimum and maximum of mag_lo, mag_hi by a compare and blends, a >= b as
+// not b > a, mask registers as compare results and movemasks, and the
+// narrowing stores as a permute of 32-bit lanes (and an unsigned-saturating
+// pack, exact for values below 2^16, for 16-bit formats). The same
+// operations on the same values per output, so the same bits and the same
+// outputs left to the general path. The last N mod 4 outputs go through
+// round_row_normal itself.
+#define CARBON_ROUND_V3 __attribute__((target("avx2,fma")))
+
+template <int kDrop>
+CARBON_ROUND_V3 __attribute__((always_inline)) static inline __m256i round_normal_bits4(__m256i mag) {
+  const __m256i last_kept = _mm256_and_si256(_mm256_srli_epi64(mag, kDrop), _mm256_set1_epi64x(1));
+  const __m256i half_less_one = _mm256_set1_epi64x(static_cast<int64_t>((1ull << (kDrop - 1)) - 1));
+  const __m256i keep = _mm256_set1_epi64x(static_cast<int64_t>(~((1ull << kDrop) - 1)));
+  return _mm256_and_si256(_mm256_add_epi64(_mm256_add_epi64(mag, half_less_one), last_kept), keep);
+}
+
+// Outputs j.. j + 3 of the row; returns the lanes left to the general path
+// (bit l: output j + l).
+template <typename F>
+CARBON_ROUND_V3 __attribute__((always_inline)) static inline unsigned round4_normal_avx2(
+    const double* approx, const double* b_norm, __m256d a_norm, __m256d gamma, const double* b_quantum,
+    __m256d a_quantum53, int64_t j, typename F::Bits* out) {
+  constexpr FloatFormat f = F::get();
+  constexpr int drop = 53 - f.precision;
+  const __m256i sign_bit = _mm256_set1_epi64x(static_cast<int64_t>(kSignBit));
+  const __m256i normal_min = _mm256_set1_epi64x(static_cast<int64_t>(normal_min_bits(f)));
+  const __m256i overflow = _mm256_set1_epi64x(static_cast<int64_t>(overflow_bits(f)));
+  const __m256i one = _mm256_set1_epi64x(1), zero_i = _mm256_setzero_si256();
+  const __m256i rebias = _mm256_set1_epi64x(static_cast<int64_t>(static_cast<uint64_t>(1023 - f.max_exp)
+                                                                 << (f.precision - 1)));
+  const __m256d zero = _mm256_setzero_pd();
+  const __m256d y = _mm256_add_pd(_mm256_loadu_pd(approx + j), zero);
+  const __m256d prod = _mm256_mul_pd(a_norm, _mm256_loadu_pd(b_norm + j));
+  const __m256d beta = _mm256_mul_pd(gamma, _mm256_add_pd(prod, zero));
+  const __m256i lo = _mm256_castpd_si256(_mm256_sub_pd(y, beta)), hi = _mm256_castpd_si256(_mm256_add_pd(y, beta));
+  const __m256i mag_lo = _mm256_andnot_si256(sign_bit, lo), mag_hi = _mm256_andnot_si256(sign_bit, hi);
+  const __m256i lo_above = _mm256_cmpgt_epi64(mag_lo, mag_hi);
+  const __m256i inner = _mm256_sub_epi64(_mm256_blendv_epi8(mag_lo, mag_hi, lo_above), one);
+  const __m256i outer = _mm256_add_epi64(_mm256_blendv_epi8(mag_hi, mag_lo, lo_above), one);
+  const __m256i r_inner = round_normal_bits4<drop>(inner), r_outer = round_normal_bits4<drop>(outer);
+  // Not bounded: the ends' signs differ, or inner < normal_min; bounded
+  // needs outer < overflow, r_inner == r_outer and r_outer < overflow.
+  const __m256i unbounded = _mm256_or_si256(_mm256_cmpgt_epi64(zero_i, _mm256_xor_si256(lo, hi)),
+                                            _mm256_cmpgt_epi64(normal_min, inner));
+  const __m256i in_range = _mm256_and_si256(
+      _mm256_and_si256(_mm256_cmpgt_epi64(overflow, outer), _mm256_cmpeq_epi64(r_inner, r_outer)),
+      _mm256_cmpgt_epi64(overflow, r_outer));
+  const __m256i bounded = _mm256_andnot_si256(unbounded, in_range);
+  const __m256i y_bits = _mm256_castpd_si256(y);
+  __m256i decided = bounded, r = r_inner;
+  // Outputs that the bound leaves may still be exact GEMM values (inputs of
+  // few bits); when every lane is bounded that test cannot change anything.
+  if (_mm256_movemask_pd(_mm256_castsi256_pd(bounded)) != 0xF) {
+    const __m256i mag_y = _mm256_andnot_si256(sign_bit, y_bits);
+    const __m256i r_y = round_normal_bits4<drop>(mag_y);
+    const __m256d quanta = _mm256_mul_pd(a_quantum53, _mm256_loadu_pd(b_quantum + j));
+    const __m256d slack2 = _mm256_set1_pd(kBoundSlack * kBoundSlack);
+    __m256i exact = _mm256_castpd_si256(_mm256_cmp_pd(_mm256_mul_pd(prod, slack2), quanta, _CMP_LT_OQ));
+    exact = _mm256_andnot_si256(_mm256_cmpgt_epi64(normal_min, mag_y), exact);
+    exact = _mm256_and_si256(exact, _mm256_cmpgt_epi64(overflow, r_y));
+    decided = _mm256_or_si256(bounded, exact);
+    r = _mm256_blendv_epi8(r_y, r_inner, bounded);
+  }
+  const __m256i sign = _mm256_slli_epi64(_mm256_srli_epi64(y_bits, 63), f.total_bits - 1);
+  const __m256i bits =
+      _mm256_and_si256(decided, _mm256_or_si256(sign, _mm256_sub_epi64(_mm256_srli_epi64(r, drop), rebias)));
+  // The low 32 bits of the four lanes (each value < 2^32), in order.
+  const __m128i bits32 =
+      _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(bits, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6)));
+  if constexpr (sizeof(typename F::Bits) == 4) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), bits32);
+  } else {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + j), _mm_packus_epi32(bits32, bits32));
+  }
+  return static_cast<unsigned>(_mm256_movemask_pd(_mm256_castsi256_pd(decided))) ^ 0xFu;
+}
+
+// Returns the number of outputs left to the general path, their indices in
+// `pending`; flags: scratch of N bytes (the tail's).
+template <typename F>
+CARBON_ROUND_V3 static int64_t round_row_normal_avx2(const double* approx, const double* b_norm, double a_norm,
+                                                     double gamma, const double* b_quantum, double a_quantum53,
+                                                     int64_t N, typename F::Bits* out, int32_t* pending,
+                                                     uint8_t* flags) {
+  const __m256d a_n = _mm256_set1_pd(a_norm), g = _mm256_set1_pd(gamma), a_q = _mm256_set1_pd(a_quantum53);
+  int64_t count = 0;
+  int64_t j = 0;
+  for (; j + 4 <= N; j += 4) {
+    unsigned left = round4_normal_avx2<F>(approx, b_norm, a_n, g, b_quantum, a_q, j, out);
+    for (; left != 0; left &= left - 1) pending[count++] = static_cast<int32_t>(j + __builtin_ctz(left));
+  }
+  if (j < N && round_row_normal<F, false>(approx + j, b_norm + j, a_norm, gamma, nullptr, 0, b_quantum + j,
+                                          a_quantum53, N - j, out + j, flags))
+    for (int64_t t = 0; t < N - j; ++t)
+      if (flags[t]) pending[count++] = static_cast<int32_t>(j + t);
+  return count;
+}
+
 // Tier 1's fast path for one row without a bias: the outputs it decides are
 // written; returns how many it left, their indices in `pending` (N of
 // them at most); flags: scratch of N bytes.
@@ -832,6 +1072,8 @@ static int64_t round_row_normal_no_bias(const double* approx, const double* b_no
                                         int32_t* pending, uint8_t* flags) {
   if (has_avx512_bw())
     return round_row_normal_avx512<F>(approx, b_norm, a_norm, gamma, b_quantum, a_quantum53, N, out, pending);
+  if (has_avx2())
+    return round_row_normal_avx2<F>(approx, b_norm, a_norm, gamma, b_quantum, a_quantum53, N, out, pending, flags);
   int64_t count = 0;
   if (round_row_normal<F, false>(approx, b_norm, a_norm, gamma, nullptr, 0, b_quantum, a_quantum53, N, out, flags))
     for (int64_t j = 0; j < N; ++j)

@@ -380,17 +380,8 @@ bool use_v4() {
 // columns to block_sums_portable. No fma is used.
 #define CARBON_SCATTER_V3 __attribute__((target("avx2,fma,f16c")))
 
-// 4 consecutive elements as doubles (exact widenings).
-CARBON_SCATTER_V3 inline __m256d widen4(const float* p) { return _mm256_cvtps_pd(_mm_loadu_ps(p)); }
-CARBON_SCATTER_V3 inline __m256d widen4(const c10::BFloat16* p) {
-  const __m128i h = _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(h, 16)));
-}
-CARBON_SCATTER_V3 inline __m256d widen4(const c10::Half* p) {
-  return _mm256_cvtps_pd(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
-
-// 8 consecutive elements as floats: floats8 (csrc/exact/widen_avx2.h).
+// 4 consecutive elements as doubles: widen4; 8 as floats: floats8
+// (csrc/exact/widen_avx2.h).
 
 // The lane sets of the AVX2 tier-1 loops, as Fp64Lanes / Fp32Lanes without
 // masks. The smallest nonzero |term| is kept branch-free: a zero term's
