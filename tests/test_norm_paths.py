@@ -42,9 +42,14 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
         w[0] = -0.0
         if n > 2:
             w[2] = 1e-30 if dtype == F32 else 0.0    # x-hat w (+) b underflows / subnormal outputs
+        if n > 4 and dtype == torch.bfloat16:
+            w[3] = 2.0e38     # x-hat w near and past bfloat16's largest value (RN's overflow to inf)
+            w[4] = 3.0e-38    # outputs about 2^-126: bfloat16 normals and subnormals (the general path)
         b = (0.1 * torch.randn(n, generator=g)).to(dtype)
         if n > 1:
             b[1] = -0.0
+        if n > 4 and dtype == torch.bfloat16:
+            b[4] = 0.0
         dy = torch.randn(x.shape, generator=g).to(dtype)
         dy[0, 0] = -0.0
         dy[1] *= 1e-38 if dtype == F32 else 1e-4     # small gradients: subnormal g and dx
