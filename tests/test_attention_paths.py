@@ -50,6 +50,14 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
         results.append(carbon.bmm(a[:2, :37, :45] * tiny, b[:2, :45, :29] * tiny, out_dtype=out_dtype))
         results.append(carbon.bmm(at, b[:2, :45, :29], out_dtype=out_dtype))
         results.append(carbon.bmm(ends, ints_b, out_dtype=out_dtype))
+    # Near-cancellations (the two halves of k cancel but for one term): tier 1's bound leaves these
+    # outputs to tier 2's compensated dot product (16 lanes on AVX-512 and AVX2) and tier 3.
+    u = torch.randn(2, 16, 1030, generator=gen).to(dtype)
+    w = torch.randn(2, 1030, 12, generator=gen).to(dtype)
+    halves_a, halves_b = torch.cat([u, u], dim=2), torch.cat([w, -w], dim=1)
+    halves_b[:, 7, :] += (1e-2 * torch.randn(2, 12, generator=gen)).to(dtype)
+    for out_dtype in (torch.float32, torch.bfloat16):
+        results.append(carbon.bmm(halves_a, halves_b, out_dtype=out_dtype))
 torch.save(results, sys.argv[1])
 '''
 

@@ -14,6 +14,7 @@
 
 #include "../cpu_features.h"
 #include "../dtypes.h"
+#include "../exact/compensated_dot_avx2.h"
 #include "../exact/compensated_dot_avx512.h"
 #include "../exact/widen_avx2.h"
 #include "../exact/fp_env.h"
@@ -1103,13 +1104,18 @@ static bool zero_products_sum(const MatmulView& v, int64_t b, int64_t i, int64_t
 }
 
 // Tiers 2 and 3 for one output (matmul_round_exact): tier 2 in 16 lanes on
-// AVX-512 (compensated_dot_avx512.h: the scalar chain's ~16 cycles per term
-// dominated products with a long inner dimension), with the bound for that
-// summation tree's depth; the same RN_f(c) either way.
+// AVX-512 or AVX2 (compensated_dot_avx512.h, compensated_dot_avx2.h: the
+// scalar chain's ~16 cycles per term dominated products with a long inner
+// dimension), with the bound for that summation tree's depth; the same
+// RN_f(c) either way.
 static double matmul_round_exact_cpu(const MatmulView& v, int64_t b, int64_t i, int64_t j, const FloatFormat& f) {
-  if (!has_avx512()) return matmul_round_exact(v, b, i, j, f);
-  const CompensatedSum acc = compensated_dot_avx512(v.a + (b * v.M + i) * v.K, v.bt + (b * v.N + j) * v.K, v.K);
-  return matmul_round_compensated(v, b, i, j, acc, compensated_dot_depth(v.K), f);
+  const double* a = v.a + (b * v.M + i) * v.K;
+  const double* bt = v.bt + (b * v.N + j) * v.K;
+  if (has_avx512())
+    return matmul_round_compensated(v, b, i, j, compensated_dot_avx512(a, bt, v.K), compensated_dot_depth(v.K), f);
+  if (has_avx2())
+    return matmul_round_compensated(v, b, i, j, compensated_dot_avx2(a, bt, v.K), compensated_dot_depth(v.K), f);
+  return matmul_round_exact(v, b, i, j, f);
 }
 
 // Rows [begin, end) of the B * M output rows, on this thread. lower_only:
