@@ -3,7 +3,7 @@ layout: pre-LayerNorm blocks, causal SDPA, GELU MLP, tied-free LM head,
 cross-entropy, clip_grad_norm_, AdamW) under carbon.enable against plain
 PyTorch: float32 (TF32 off), TF32 (CUDA) and bfloat16 autocast.
 
-    python benchmarks/bench_enable.py [--device cpu|cuda|all] [--budget S] [--size small|tiny]
+    python benchmarks/bench_enable.py [--device cpu|cuda|all] [--budget S] [--size small|tiny] [--modes M,M]
 
 CUDA: the GPT-2 small configuration (124M parameters, 12 layers, d = 768,
 batch 8 x 1024 tokens). CPU: a smaller configuration (4 layers, d = 256,
@@ -18,6 +18,7 @@ import contextlib
 import os
 import statistics
 import sys
+from typing import List, Optional
 
 import torch
 import torch.nn as nn
@@ -98,10 +99,12 @@ def make_step(cfg: dict, device: str, mode: str, model: nn.Module):
     return step
 
 
-def run(device: str, size: str, budget: float) -> None:
+def run(device: str, size: str, budget: float, only: Optional[List[str]] = None) -> None:
     cfg = CONFIGS[size if device == "cuda" or size == "tiny" else "cpu"]
     modes = ["fp32", "tf32", "bf16 autocast", "carbon.enable"] if device == "cuda" else \
         ["fp32", "bf16 autocast", "carbon.enable"]
+    if only:
+        modes = ["fp32"] + [m for m in modes[1:] if m in only]
     torch.manual_seed(0)
     with torch.device(device):  # built on the device (fast on a GPU); every mode trains the same model
         model = GPT(**cfg)
@@ -122,13 +125,18 @@ def main() -> None:
     parser.add_argument("--device", default="all", choices=["cpu", "cuda", "all"])
     parser.add_argument("--budget", type=float, default=30.0, help="seconds of timing per device")
     parser.add_argument("--size", default="small", choices=["small", "tiny"])
+    parser.add_argument("--modes", default=None,
+                        help="comma-separated subset of: tf32, bf16 autocast, carbon.enable (fp32 always runs); "
+                             "on CPUs without bfloat16 instructions torch's bf16 autocast step takes ~40x fp32 and "
+                             "leaves the budget a few rounds")
     args = parser.parse_args()
+    only = [m.strip() for m in args.modes.split(",")] if args.modes else None
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
     for device in devices:
         if device == "cuda" and not torch.cuda.is_available():
             print("cuda: no GPU, skipped")
             continue
-        run(device, args.size, args.budget)
+        run(device, args.size, args.budget, only)
 
 
 if __name__ == "__main__":
