@@ -181,6 +181,32 @@ __attribute__((target("avx512f"))) inline __m512d widen8(const c10::BFloat16* x)
   return _mm512_cvtps_pd(_mm256_castsi256_ps(bits));
 }
 
+// The vector loops' end: elements [k, K) in lane 0 of the statistics, as
+// stats_of_row_generic's tail (widened from src into row first unless
+// T = double), then finish_row_stats.
+template <typename T>
+inline void finish_widened_row(const T* src, double* row, int64_t k, int64_t K, double part[8], uint64_t any_set,
+                               uint64_t any_clear, int64_t e, int64_t nonzero_first, int64_t nonzero_end,
+                               int precision, double scale, double* norm, uint8_t* sign, double* quantum,
+                               int32_t* span) {
+  for (; k < K; ++k) {
+    if constexpr (!std::is_same_v<T, double>) row[k] = element_value(src[k]);
+    const double x = row[k];
+    part[0] = part[0] + x * x;
+    const uint64_t u = double_to_bits(x);
+    any_set |= u;
+    any_clear |= ~u;
+    const int64_t ek = static_cast<int64_t>((u >> 52) & 0x7FF);
+    e = std::min(e, ek == 0 ? int64_t{0x7FF} : ek);
+    if ((u & ~kSignBit) != 0) {
+      nonzero_first = std::min(nonzero_first, k);
+      nonzero_end = k + 1;
+    }
+  }
+  finish_row_stats(part, any_set, any_clear, e, nonzero_first, nonzero_end, precision, scale, norm, sign, quantum,
+                   span);
+}
+
 // stats_of_row_generic on AVX-512 with the same lanes (so the same sums:
 // a product, then an addition, per element, no fma), 512-bit vectors, and
 // the span from each 8-block's mask of nonzero elements (the compiler's
@@ -229,22 +255,8 @@ __attribute__((target("avx512f"))) void widen_stats_row_avx512(const T* src, dou
   uint64_t any_set = 0, any_clear = 0;
   int64_t e = 0x7FF;
   for (int l = 0; l < 8; ++l) any_set |= sets[l], any_clear |= clears[l], e = std::min<int64_t>(e, emins[l]);
-  for (; k < K; ++k) {  // the rest in lane 0, as stats_of_row_generic
-    if constexpr (!std::is_same_v<T, double>) row[k] = element_value(src[k]);
-    const double x = row[k];
-    part[0] = part[0] + x * x;
-    const uint64_t u = double_to_bits(x);
-    any_set |= u;
-    any_clear |= ~u;
-    const int64_t ek = static_cast<int64_t>((u >> 52) & 0x7FF);
-    e = std::min(e, ek == 0 ? int64_t{0x7FF} : ek);
-    if ((u & ~kSignBit) != 0) {
-      nonzero_first = std::min(nonzero_first, k);
-      nonzero_end = k + 1;
-    }
-  }
-  finish_row_stats(part, any_set, any_clear, e, nonzero_first, nonzero_end, precision, scale, norm, sign, quantum,
-                   span);
+  finish_widened_row(src, row, k, K, part, any_set, any_clear, e, nonzero_first, nonzero_end, precision, scale, norm,
+                     sign, quantum, span);
 }
 
 void stats_of_row_avx512(const double* row, int64_t K, int precision, double scale, double* norm, uint8_t* sign,
@@ -316,22 +328,8 @@ __attribute__((target("avx2,fma,f16c"))) void widen_stats_row_avx2(const T* src,
     any_set |= sets[l], any_clear |= ~alls[l];
     e = std::min<int64_t>(e, static_cast<int64_t>(double_to_bits(leasts[l]) >> 52));
   }
-  for (; k < K; ++k) {  // the rest in lane 0, as stats_of_row_generic
-    if constexpr (!std::is_same_v<T, double>) row[k] = element_value(src[k]);
-    const double x = row[k];
-    part[0] = part[0] + x * x;
-    const uint64_t u = double_to_bits(x);
-    any_set |= u;
-    any_clear |= ~u;
-    const int64_t ek = static_cast<int64_t>((u >> 52) & 0x7FF);
-    e = std::min(e, ek == 0 ? int64_t{0x7FF} : ek);
-    if ((u & ~kSignBit) != 0) {
-      nonzero_first = std::min(nonzero_first, k);
-      nonzero_end = k + 1;
-    }
-  }
-  finish_row_stats(part, any_set, any_clear, e, nonzero_first, nonzero_end, precision, scale, norm, sign, quantum,
-                   span);
+  finish_widened_row(src, row, k, K, part, any_set, any_clear, e, nonzero_first, nonzero_end, precision, scale, norm,
+                     sign, quantum, span);
 }
 
 void stats_of_row_avx2(const double* row, int64_t K, int precision, double scale, double* norm, uint8_t* sign,
