@@ -131,6 +131,9 @@ def main() -> None:
                              "leaves the budget a few rounds")
     args = parser.parse_args()
     only = [m.strip() for m in args.modes.split(",")] if args.modes else None
+    unknown = sorted(set(only or []) - {"fp32", "tf32", "bf16 autocast", "carbon.enable"})
+    if unknown:
+        parser.error(f"--modes: unknown {unknown}; choose from tf32, bf16 autocast, carbon.enable")
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
     for device in devices:
         if device == "cuda" and not torch.cuda.is_available():

@@ -740,8 +740,9 @@ CARBON_NORM_V4 bool backward_outputs_fast_hw(const double* xh, const double* g, 
 // The float32 roundings are the hardware conversions, IEEE round-to-nearest-
 // even in the default MXCSR state in which every op runs. AVX2 has no mask
 // registers and no per-instruction rounding mode: NaN lanes are found by
-// unordered compares, and round-to-odd (for bfloat16 / float16 outputs) is
-// built from the nearest-even conversion (round_to_odd32_avx2).
+// unordered compares; float16 outputs take a round-to-odd float32 built from
+// the nearest-even conversion (round_to_odd32_avx2), bfloat16 outputs an
+// 8-bit rounding by Veltkamp's split (round_to_8_bits).
 #define CARBON_NORM_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define CARBON_AVX2_INLINE inline __attribute__((always_inline)) CARBON_NORM_AVX2
 
