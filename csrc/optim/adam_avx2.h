@@ -46,6 +46,7 @@
 // or lanes failing the check).
 #pragma once
 
+#include "../exact/widen_avx2.h"
 #include "adam_avx512.h"  // fix_nans, Mode, kIsFloat / kIsBFloat16 (and the includes)
 
 #ifdef CARBON_ADAM_AVX512  // x86-64 with GCC / Clang
@@ -116,27 +117,9 @@ CARBON_AVX2_TARGET __attribute__((always_inline)) inline __m256d quotient_by_c2s
   return q1;
 }
 
-// Four floats widened exactly to doubles.
-CARBON_AVX2_TARGET __attribute__((always_inline)) inline __m256d load4(const float* x) {
-  return _mm256_cvtps_pd(_mm_loadu_ps(x));
-}
-
-// Four parameters (or gradients) widened exactly: bfloat16 is the top half
-// of a float32 (a shift), float16 widens with vcvtph2ps, float32 with
-// vcvtps2pd.
-template <typename T>
-CARBON_AVX2_TARGET __attribute__((always_inline)) inline __m256d load_param4(const T* x) {
-  if constexpr (kIsFloat<T>) {
-    return load4(x);
-  } else {
-    const __m128i h = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(x));
-    if constexpr (kIsBFloat16<T>) {
-      return _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16)));
-    } else {
-      return _mm256_cvtps_pd(_mm_cvtph_ps(h));
-    }
-  }
-}
+// Four parameters, gradients or states widened exactly: widen4
+// (csrc/exact/widen_avx2.h; bfloat16 is the top half of a float32, float16
+// widens with vcvtph2ps, float32 with vcvtps2pd).
 
 // A group with a possible midpoint lane: each lane by round_double + encode
 // (store_value), the portable loop's rounding (NaN lanes get T's one NaN).
@@ -210,10 +193,10 @@ struct Front {
 template <typename T, Mode kMode, bool kMaximize, bool kAmsgrad>
 CARBON_AVX2_TARGET __attribute__((always_inline)) inline Front front(const T* p, const T* g, float* m, float* v,
                                                                      float* w, const Constants& c) {
-  const __m256d pd = load_param4(p);
-  __m256d gp = load_param4(g);
-  const __m256d md = load4(m);
-  const __m256d vd = load4(v);
+  const __m256d pd = widen4(p);
+  __m256d gp = widen4(g);
+  const __m256d md = widen4(m);
+  const __m256d vd = widen4(v);
   if constexpr (kMaximize) gp = _mm256_xor_pd(gp, c.sign);                                      // g' = -g
   if constexpr (kMode == Mode::kL2) gp = _mm256_add_pd(gp, _mm256_mul_pd(c.weight_decay, pd));  // g' + wd p
   Front out;

@@ -26,7 +26,6 @@ namespace sgd_avx2 {
 
 #define CARBON_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
 
-using adam_avx2::load4;
 
 struct Constants {
   __m256d sign, lr, momentum, one_minus_dampening, weight_decay;
@@ -56,8 +55,8 @@ CARBON_AVX2_TARGET __attribute__((always_inline)) inline __m128 canonical_nans(_
 template <typename C, bool kL2>
 CARBON_AVX2_TARGET __attribute__((always_inline)) inline void update4(float* p, const float* g, float* b,
                                                                       const Constants& c) {
-  const __m256d pd = load4(p);
-  __m256d gp = _mm256_xor_pd(load4(g), c.sign);
+  const __m256d pd = widen4(p);
+  __m256d gp = _mm256_xor_pd(widen4(g), c.sign);
   if constexpr (kL2) gp = _mm256_add_pd(gp, _mm256_mul_pd(c.weight_decay, pd));  // g' + wd p
   __m256d d = gp;
   if constexpr (C::has_momentum) {
@@ -65,7 +64,7 @@ CARBON_AVX2_TARGET __attribute__((always_inline)) inline void update4(float* p, 
     if constexpr (C::first_step) {
       b1 = _mm256_cvtpd_ps(gp);  // RN32(g')
     } else {
-      const __m256d b_a = _mm256_mul_pd(c.momentum, load4(b));
+      const __m256d b_a = _mm256_mul_pd(c.momentum, widen4(b));
       const __m256d b_b = _mm256_mul_pd(c.one_minus_dampening, gp);
       b1 = _mm256_cvtpd_ps(_mm256_add_pd(b_a, b_b));  // RN32(mu b + (1 - tau) g')
     }
