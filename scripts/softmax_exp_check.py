@@ -10,7 +10,9 @@ bits of round32_decided(exp_f32_approx(d)) (as in the kernels) must equal
 RN32(exp_f32_core(d)), carbon.exp's (mismatches: must be 0; exit status 1
 otherwise); the same for every lane exp16_table_round decides (AVX-512 CPUs,
 whatever --march: the function has its own target attribute), whose
-kNonPositive variant must also agree with it on every d <= 0 and NaN. --ftz runs it with flush-to-zero and denormals-are-zero set
+kNonPositive variant must also agree with it on every d <= 0 and NaN; and on AVX2 CPUs every pattern
+exp_group8_tested's lighter in-register test passes (softmax_exp_avx2.h) must be one exp_f32_approx_decided
+decides, with the same bits. --ftz runs it with flush-to-zero and denormals-are-zero set
 (as torch.set_flush_denormal(True) does): the same bits. Also prints how many patterns are decided, how
 many in [-87, 88] are not (the kernels compute exp32 for those) and the
 largest relative difference of the two doubles. --march as in
@@ -27,7 +29,9 @@ import sys
 
 from native_check import ROOT, build_check  # scripts/ is on sys.path when a script runs
 
-HEADERS = [os.path.join(ROOT, "csrc", "softmax", "softmax_exp_cpu.h"),
+HEADERS = [os.path.join(ROOT, "csrc", "cpu_features.h"),
+           os.path.join(ROOT, "csrc", "softmax", "softmax_exp_cpu.h"),
+           os.path.join(ROOT, "csrc", "softmax", "softmax_exp_avx2.h"),
            os.path.join(ROOT, "csrc", "softmax", "softmax_exp_avx512.h"),
            os.path.join(ROOT, "csrc", "elementwise", "elementwise_math.h")]
 

@@ -14,12 +14,14 @@
 
 #include "../dtypes.h"
 #include "../exact/fp_env.h"
+#include "../exact/widen_avx2.h"
 #include "../reduce/chain_tree.h"
 #include "softmax.h"
 #include "../convert/round_to.h"
 #include "softmax_exp_avx2.h"
 #include "softmax_exp_avx512.h"
 #include "softmax_exp_cpu.h"
+#include "softmax_grad_avx2.h"
 #include "softmax_kernel.h"
 
 namespace carbon {
@@ -57,8 +59,10 @@ inline typename F::Bits round_encode_nonneg(double v, uint32_t* ok) {
 // so the bits are the same.
 #define CARBON_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
-// The row's maximum and NaN flag from order-preserving integer keys of the
-// float32 values (float_order_key): integer max / min reductions vectorize
+// The row's maximum and NaN flag (and, without a NaN, its least value into
+// *least: softmax_row's choice of AVX2 EXP loop) from order-preserving
+// integer keys of the float32 values (float_order_key): integer max / min
+// reductions vectorize
 // (a float max with NaN semantics does not, without -ffast-math). Keys order
 // the non-NaN floats as the floats, with -0 below +0; a NaN has a key above
 // +inf's (sign 0) or below -inf's (sign 1). The maximum of a set does not
@@ -77,7 +81,7 @@ constexpr int32_t kKeyPosInf = 0x7f800000;    // key of +inf
 constexpr int32_t kKeyNegInf = -0x7f800001;   // key of -inf (bits 0xff800000)
 
 template <typename T>
-CARBON_CPU_CLONES RowMax row_max_keys(const T* row, int64_t n) {
+CARBON_CPU_CLONES RowMax row_max_keys(const T* row, int64_t n, float* least) {
   int32_t hi = INT32_MIN, lo = INT32_MAX;
   for (int64_t j = 0; j < n; ++j) {
     const int32_t k = float_order_key(static_cast<float>(element_value(row[j])));
@@ -88,7 +92,11 @@ CARBON_CPU_CLONES RowMax row_max_keys(const T* row, int64_t n) {
   if (n == 0) return r;
   r.nan = hi > kKeyPosInf || lo < kKeyNegInf;
   const int32_t bits = hi ^ ((hi >> 31) & 0x7fffffff);  // the key map is its own inverse
-  if (!r.nan) std::memcpy(&r.m, &bits, sizeof bits);
+  const int32_t least_bits = lo ^ ((lo >> 31) & 0x7fffffff);
+  if (!r.nan) {
+    std::memcpy(&r.m, &bits, sizeof bits);
+    std::memcpy(least, &least_bits, sizeof least_bits);
+  }
   return r;
 }
 
@@ -153,36 +161,108 @@ CARBON_CPU_CLONES void exp_row_f32(const T* x, float m, int64_t n, double* t, fl
   }
 }
 
-// exp_row_f32 on AVX2 CPUs (softmax_exp_avx2.h): the same blocks, the same
-// t and e (exp4_approx is exp_f32_approx lane by lane), the same decisions
-// and the same undecided path; the last len mod 8 values of the row by
-// exp_f32_approx itself.
+// For k in [0, len), len a multiple of 8: t[k] = exp_f32_approx(RN32(x_k - m))
+// and e[k] = round32_decided(t[k]) (the hardware conversion, RN32 in the
+// default MXCSR every op runs in).
 template <typename T>
-CARBON_SOFTMAX_AVX2 void exp_row_avx2(const T* x, float m, int64_t n, double* t, float* e) {
-  for (int64_t b = 0; b < n; b += kExpBlock) {
-    const int64_t len = std::min(kExpBlock, n - b);
-    const int64_t vec = len & ~int64_t{7};
-    const T* xb = x + b;
-    float* eb = e + b;
-    exp_approx_groups8(xb, m, vec, t, eb);
-    for (int64_t k = vec; k < len; ++k) {
-      t[k] = exp_f32_approx(static_cast<float>(element_value(xb[k])) - m);
-      eb[k] = round32_decided(t[k]);
-    }
-    uint64_t all_decided = 1;
-    for (int64_t k = 0; k < len; ++k) all_decided &= exp_f32_approx_decided(t[k]);
-    if (!all_decided) exp_block_undecided(xb, m, len, t, eb);
+CARBON_SOFTMAX_AVX2 inline void exp_approx_groups8(const T* x, float m, int64_t len, double* t, float* e) {
+  const __m256 mv = _mm256_set1_ps(m);
+  for (int64_t k = 0; k < len; k += 8) {
+    const __m256 d = _mm256_sub_ps(floats8(x + k), mv);  // RN32(x_k - m)
+    const __m256d c0 = exp4_approx(_mm256_cvtps_pd(_mm256_castps256_ps128(d)));
+    const __m256d c1 = exp4_approx(_mm256_cvtps_pd(_mm256_extractf128_ps(d, 1)));
+    _mm256_storeu_pd(t + k, c0);
+    _mm256_storeu_pd(t + k + 4, c1);
+    _mm256_storeu_ps(e + k, _mm256_set_m128(_mm256_cvtpd_ps(c1), _mm256_cvtpd_ps(c0)));
   }
 }
 
-// exp_row_f32's results by the fastest loop the CPU has but AVX-512's (which
-// also sums; see softmax_row).
+// One block of exp_row_f32 on AVX2 CPUs (softmax_exp_avx2.h): the same t
+// and e (exp4_approx is exp_f32_approx lane by lane; the last len mod 8
+// values by exp_f32_approx itself), the same decisions and the same
+// undecided path.
 template <typename T>
-inline void exp_row_portable_or_avx2(const T* x, float m, int64_t n, double* t, float* e) {
-  if (softmax_avx2_available())
-    exp_row_avx2(x, m, n, t, e);
-  else
-    exp_row_f32(x, m, n, t, e);
+CARBON_SOFTMAX_AVX2 void exp_block_full_avx2(const T* x, float m, int64_t len, double* t, float* e) {
+  const int64_t vec = len & ~int64_t{7};
+  exp_approx_groups8(x, m, vec, t, e);
+  for (int64_t k = vec; k < len; ++k) {
+    t[k] = exp_f32_approx(static_cast<float>(element_value(x[k])) - m);
+    e[k] = round32_decided(t[k]);
+  }
+  uint64_t all_decided = 1;
+  for (int64_t k = 0; k < len; ++k) all_decided &= exp_f32_approx_decided(t[k]);
+  if (!all_decided) exp_block_undecided(x, m, len, t, e);
+}
+
+CARBON_SOFTMAX_AVX2 inline void add_floats8(const float* e, __m256d* s0, __m256d* s1) {
+  const __m256 v = _mm256_loadu_ps(e);
+  *s0 = _mm256_add_pd(*s0, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+  *s1 = _mm256_add_pd(*s1, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+}
+
+// exp_row_f32's e on AVX2 CPUs, blocks of kExpBlock values tested in
+// registers (exp_group8_tested's light test: no fp64 scratch, no second
+// pass over it); a block where some lane fails the light test is redone by
+// exp_block_full_avx2, so every lane gets exp_row_f32's result. Groups of
+// eight d <= -110 (softmax's masked -inf entries) store their zeros without
+// an evaluation (exp_group8_all_clamped). The last n mod 8 values by
+// exp_f32_approx and its test, lane by lane.
+// kRange: some d may lie outside [-87, 88] (softmax's rows pass false when
+// their least d is >= -87: d <= 0 there). kForward: also returns the fp64
+// sum of the e_j for S (see sum_of_exps: any tree gives the same S), in
+// eight lanes: each block's in two registers of its own (at most 32
+// additions per lane; from e when the block was redone), added to the row's
+// two, then row0 + row1, a 4-lane reduction (2) and the tail's own sum (at
+// most 7 additions, then 1): no value passes through more than
+// exp_row_avx2_sum_depth(n) additions.
+constexpr int64_t exp_row_avx2_sum_depth(int64_t n) { return n / kExpBlock + 38; }
+
+template <typename T, bool kForward, bool kRange>
+CARBON_SOFTMAX_AVX2 double exp_row_avx2(const T* x, float m, int64_t n, double* t, float* e) {
+  const __m256 mv = _mm256_set1_ps(m);
+  const int64_t vec_n = n & ~int64_t{7};
+  __m256d row0 = _mm256_setzero_pd(), row1 = _mm256_setzero_pd();
+  for (int64_t b = 0; b < vec_n; b += kExpBlock) {
+    const int64_t len = std::min(kExpBlock, vec_n - b);  // a multiple of 8
+    __m256i near = _mm256_setzero_si256();
+    __m256 outside = _mm256_setzero_ps();
+    __m256d b0 = _mm256_setzero_pd(), b1 = _mm256_setzero_pd();
+    for (int64_t k = b; k < b + len; k += 8) {
+      const __m256 d = _mm256_sub_ps(floats8(x + k), mv);  // RN32(x_k - m)
+      if (kRange && exp_group8_all_clamped(d)) {
+        _mm256_storeu_ps(e + k, _mm256_setzero_ps());
+        continue;
+      }
+      __m128 r0, r1;
+      exp_group8_tested<kRange>(d, e + k, &near, &outside, &r0, &r1);
+      if (kForward) {
+        b0 = _mm256_add_pd(b0, _mm256_cvtps_pd(r0));
+        b1 = _mm256_add_pd(b1, _mm256_cvtps_pd(r1));
+      }
+    }
+    if (!_mm256_testz_si256(near, near) || (kRange && !_mm256_testz_ps(outside, outside))) {
+      exp_block_full_avx2(x + b, m, len, t, e + b);
+      if (kForward) {
+        b0 = b1 = _mm256_setzero_pd();
+        for (int64_t k = b; k < b + len; k += 8) add_floats8(e + k, &b0, &b1);
+      }
+    }
+    if (kForward) {
+      row0 = _mm256_add_pd(row0, b0);
+      row1 = _mm256_add_pd(row1, b1);
+    }
+  }
+  double tail = 0.0;
+  for (int64_t k = vec_n; k < n; ++k) {
+    const float d = static_cast<float>(element_value(x[k])) - m;
+    const double c = exp_f32_approx(d);
+    e[k] = exp_f32_approx_decided(c) ? round32_decided(c) : exp32(d);
+    if (kForward) tail = tail + e[k];
+  }
+  if (!kForward) return 0.0;
+  double lanes[4];
+  _mm256_storeu_pd(lanes, _mm256_add_pd(row0, row1));
+  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + tail;
 }
 
 // The same e_j on CPUs with AVX-512: exp16_table_round (softmax_exp_avx512.h)
@@ -280,14 +360,16 @@ CARBON_SOFTMAX_AVX512 double exp_row_avx512(const T* x, float m, int64_t n, floa
   return kForward ? _mm512_reduce_add_pd(_mm512_add_pd(row0, row1)) : 0.0;
 }
 
-// exp_row_f32's results, by exp_row_avx512 where the CPU has AVX-512 (t is
-// then unused).
+// exp_row_f32's results, by exp_row_avx512 or exp_row_avx2 where the CPU
+// has them (t is then unused, or scratch).
 template <typename T>
 inline void exp_row(const T* x, float m, int64_t n, double* t, float* e) {
   if (softmax_avx512_available())
     exp_row_avx512<T, false>(x, m, n, e);
+  else if (softmax_avx2_available())
+    exp_row_avx2<T, false, true>(x, m, n, t, e);
   else
-    exp_row_portable_or_avx2(x, m, n, t, e);
+    exp_row_f32(x, m, n, t, e);
 }
 
 // The fp64 sum of the e_j (all >= +0) for S, in kSumChains interleaved
@@ -368,7 +450,8 @@ template <typename T, typename F, bool kLog>
 CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, double* t, float* e, typename F::Bits* o,
                                    bool masked_nan = false) {
   constexpr FloatFormat f = F::get();
-  const RowMax mx = row_max_keys(row, n);
+  float least = -INFINITY;
+  const RowMax mx = row_max_keys(row, n, &least);
   const RowCase c = row_case(mx);
   if (c != RowCase::kNormal) {
     const double fill = special_row_fill(c, kLog, masked_nan);
@@ -381,8 +464,15 @@ CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, double* t, float* e,
   if (softmax_avx512_available()) {
     sum = exp_row_avx512<T, true>(row, m, n, e);
     depth = exp_row_sum_depth(n);
+  } else if (softmax_avx2_available()) {
+    // Every d = RN32(x_j - m) is >= RN32(least - m) (RN32 is monotone).
+    if (least - m >= kLightLow)
+      sum = exp_row_avx2<T, true, false>(row, m, n, t, e);
+    else
+      sum = exp_row_avx2<T, true, true>(row, m, n, t, e);
+    depth = exp_row_avx2_sum_depth(n);
   } else {
-    exp_row_portable_or_avx2(row, m, n, t, e);
+    exp_row_f32(row, m, n, t, e);
     sum = sum_of_exps(e, n);
     depth = sum_chains_depth(n);
   }
@@ -491,6 +581,9 @@ CARBON_SOFTMAX_AVX512 void grad_sums_avx512(const float* g, const float* y, int6
   *abs_sum = _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
 }
 
+// Whether the gradients take softmax_grad_avx2.h's loops (AVX2 but no AVX-512).
+inline bool avx2_grad_loops() { return !softmax_avx512_available() && softmax_avx2_available(); }
+
 // D = RN32(sum g_k y_k) for softmax, G = RN32(sum g_k) for log_softmax.
 template <typename T, bool kLog>
 CARBON_CPU_CLONES double grad_row_sum(const T* g, const T* y, int64_t n) {
@@ -504,6 +597,12 @@ CARBON_CPU_CLONES double grad_row_sum(const T* g, const T* y, int64_t n) {
       if (grad_sum_if_decided(sum, abs_sum, grad_sums_avx512_depth(n), &value)) return value;
       return reduce_exact_values(n, term, abs_sum, false, float32_format());
     }
+  }
+  if (avx2_grad_loops()) {
+    double sum, abs_sum, value;
+    grad_sums_avx2<kLog>(g, y, n, &sum, &abs_sum);
+    if (grad_sum_if_decided(sum, abs_sum, grad_sums_avx2_depth(n), &value)) return value;
+    return reduce_exact_values(n, term, abs_sum, false, float32_format());
   }
   double s[kSumChains] = {}, a[kSumChains] = {};
   int64_t j = 0;
@@ -636,14 +735,22 @@ CARBON_CPU_CLONES void softmax_backward_row(const T* gr, const T* yr, int64_t n,
   // the whole row when some value needs them.
   if (kLog) {
     exp_row(yr, 0.0f, n, t, p);  // p_k = EXP(y_k)
-    if (round_row_out_staged<F>(
-            n, [&](int64_t k) { return log_softmax_grad_unrounded(p[k], element_value(gr[k]), D); }, t, o))
-      return;
+    auto value = [&](int64_t k) { return log_softmax_grad_unrounded(p[k], element_value(gr[k]), D); };
+    bool ok;
+    if constexpr (F::get().precision == 24)  // float32 outputs
+      ok = avx2_grad_loops() ? log_softmax_grad_out_avx2(gr, p, D, n, o) : round_row_out_staged<F>(n, value, t, o);
+    else
+      ok = round_row_out_staged<F>(n, value, t, o);
+    if (ok) return;
     for (int64_t k = 0; k < n; ++k) o[k] = bits_of<F>(log_softmax_grad_from_p(p[k], element_value(gr[k]), D, f));
   } else {
-    if (round_row_out<F>(
-            n, [&](int64_t k) { return softmax_grad_unrounded(element_value(yr[k]), element_value(gr[k]), D); }, o))
-      return;
+    auto value = [&](int64_t k) { return softmax_grad_unrounded(element_value(yr[k]), element_value(gr[k]), D); };
+    bool ok;
+    if constexpr (F::get().precision == 24)
+      ok = avx2_grad_loops() ? softmax_grad_out_avx2(gr, yr, D, n, o) : round_row_out<F>(n, value, o);
+    else
+      ok = round_row_out<F>(n, value, o);
+    if (ok) return;
     for (int64_t k = 0; k < n; ++k)
       o[k] = bits_of<F>(softmax_grad_value(element_value(yr[k]), element_value(gr[k]), D, f));
   }
@@ -687,9 +794,13 @@ CARBON_CPU_CLONES void cross_entropy_grad_row(double coef, const float* lsm, int
   constexpr FloatFormat f = F::get();
   exp_row(lsm, 0.0f, C, scratch, p);  // p_j = EXP(lsm_j)
   // Branch-free roundings (vectorized), the general ones if some value needs them.
-  if (round_row_out_staged<F>(
-          C, [&](int64_t j) { return cross_entropy_grad_unrounded(coef, p[j], j == t, eps, C); }, scratch, o))
-    return;
+  auto value = [&](int64_t j) { return cross_entropy_grad_unrounded(coef, p[j], j == t, eps, C); };
+  bool ok;
+  if constexpr (F::get().precision == 24)
+    ok = avx2_grad_loops() ? cross_entropy_grad_out_avx2(coef, p, t, C, eps, o) : round_row_out_staged<F>(C, value, scratch, o);
+  else
+    ok = round_row_out_staged<F>(C, value, scratch, o);
+  if (ok) return;
   for (int64_t j = 0; j < C; ++j) o[j] = bits_of<F>(cross_entropy_grad_from_p(coef, p[j], j == t, eps, C, f));
 }
 
