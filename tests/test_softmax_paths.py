@@ -43,12 +43,13 @@ for x in cases():
 # midpoint (its light test fails them, so their block is redone), results in the subnormal range
 # (d in (-110, -87): the range test), runs of masked entries (groups of eight -inf stored as zeros),
 # finite d <= -110, and rows whose least d is >= -87 (the loop without the range test); widths with and
-# without a tail of n mod 8 values. The backward of log_softmax also takes a y of the caller's (not
-# a log_softmax output): NaN, +-inf and d > 88 reach its EXP.
+# without a tail of n mod 8 values, in float32 and 16-bit formats (the AVX2 roundings into bfloat16 /
+# float16). The backward of log_softmax also takes a y of the caller's (not a log_softmax output):
+# NaN, +-inf and d > 88 reach its EXP.
 # float32 arguments in [-87, 0] that exp_f32_approx_decided leaves undecided (tests/test_elementwise_exp_f32.py)
 undecided = torch.tensor([0xB2FFFC01, 0xBF294118, 0xC03359CB, 0xC1A526CE, 0xC258D1C9], dtype=torch.int64)
 undecided = torch.where(undecided >= 1 << 31, undecided - (1 << 32), undecided).to(torch.int32).view(torch.float32)
-for n in (5, 13, 256, 1003):
+for dtype, n in [(torch.float32, n) for n in (5, 13, 256, 1003)] + [(torch.bfloat16, 261), (torch.float16, 261)]:
     x = torch.randn(6, n) * 3 - 20
     x[:, 0] = 0.0  # the maximum, so d = x
     k = min(n, 6)
@@ -57,21 +58,24 @@ for n in (5, 13, 256, 1003):
     x[2, n // 2:] = float("-inf")
     x[3, 1:k] = torch.tensor([-110.0, -120.0, -1e10, -3e38, float("-inf")])[: k - 1]
     x[4, 1:] = torch.rand(n - 1) * 86 - 86  # every d in [-87, 0]
+    x = x.to(dtype)  # (16-bit types: outputs and gradients in that format, subnormal ones included)
     for fn in (carbon.softmax, carbon.log_softmax):
         y = x.clone().requires_grad_()
         out = fn(y, -1)
-        out.backward(torch.randn(out.shape))
+        out.backward(torch.randn(out.shape).to(dtype))
         results += [out.detach(), y.grad]
-    ycustom = torch.randn(6, n) * 40
-    ycustom[0, :k] = torch.tensor([float("nan"), float("inf"), 88.5, 89.0, 100.0, -95.0])[:k]
-    ycustom[1, : n // 2] = float("-inf")
-    ycustom[2, 1:k] = undecided[: k - 1].float()
-    results.append(torch.ops.carbon.log_softmax_backward(torch.randn(6, n), ycustom, -1, torch.float32))
     target = torch.arange(6) % n
     for smoothing in (0.0, 0.1):
         y = x.clone().requires_grad_()
         carbon.cross_entropy(y, target, "sum", -100, smoothing).backward()
         results.append(y.grad)
+    if dtype != torch.float32:
+        continue
+    ycustom = torch.randn(6, n) * 40
+    ycustom[0, :k] = torch.tensor([float("nan"), float("inf"), 88.5, 89.0, 100.0, -95.0])[:k]
+    ycustom[1, : n // 2] = float("-inf")
+    ycustom[2, 1:k] = undecided[: k - 1].float()
+    results.append(torch.ops.carbon.log_softmax_backward(torch.randn(6, n), ycustom, -1, torch.float32))
 torch.save(results, sys.argv[1])
 '''
 

@@ -21,7 +21,7 @@
 #include "softmax_exp_avx2.h"
 #include "softmax_exp_avx512.h"
 #include "softmax_exp_cpu.h"
-#include "softmax_grad_avx2.h"
+#include "softmax_rows_avx2.h"
 #include "softmax_kernel.h"
 
 namespace carbon {
@@ -445,6 +445,9 @@ CARBON_CPU_CLONES bool softmax_outputs_f32(const T* row, int64_t n, const float*
   }
 }
 
+// Whether the rows take softmax_rows_avx2.h's loops (AVX2 but no AVX-512).
+inline bool avx2_row_loops() { return !softmax_avx512_available() && softmax_avx2_available(); }
+
 // One row of n values into o[0, n); t and e are scratch for n values.
 template <typename T, typename F, bool kLog>
 CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, double* t, float* e, typename F::Bits* o,
@@ -484,14 +487,20 @@ CARBON_CPU_CLONES void softmax_row(const T* row, int64_t n, double* t, float* e,
     if (softmax_outputs_f32<T, kLog>(row, n, e, m, S, o)) return;
   }
   // The outputs: log_softmax_value / softmax_value in two passes, the fp64
-  // value (vectorizes), then the rounding by the normal-range path, or in
-  // general when some output is not a normal number.
+  // value (vectorizes), then the rounding by the normal-range path (on AVX2
+  // CPUs softmax_rows_avx2.h's), or in general when some output is not a
+  // normal number.
   if (kLog) {
     const double L = log32(static_cast<float>(S));
     for (int64_t k = 0; k < n; ++k) t[k] = log_softmax_difference(static_cast<float>(element_value(row[k])), m, L);
   } else {
     const double y = 1.0 / S;
     for (int64_t k = 0; k < n; ++k) t[k] = softmax_quotient_by_reciprocal(e[k], S, y);
+  }
+  if (avx2_row_loops()) {
+    if (!round_row_avx2<F>(t, n, o))
+      for (int64_t k = 0; k < n; ++k) o[k] = bits_of<F>(round_double(t[k], f));
+    return;
   }
   uint32_t all_normal_out = 1;
   if (kLog) {
@@ -581,9 +590,6 @@ CARBON_SOFTMAX_AVX512 void grad_sums_avx512(const float* g, const float* y, int6
   *abs_sum = _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
 }
 
-// Whether the gradients take softmax_grad_avx2.h's loops (AVX2 but no AVX-512).
-inline bool avx2_grad_loops() { return !softmax_avx512_available() && softmax_avx2_available(); }
-
 // D = RN32(sum g_k y_k) for softmax, G = RN32(sum g_k) for log_softmax.
 template <typename T, bool kLog>
 CARBON_CPU_CLONES double grad_row_sum(const T* g, const T* y, int64_t n) {
@@ -598,7 +604,7 @@ CARBON_CPU_CLONES double grad_row_sum(const T* g, const T* y, int64_t n) {
       return reduce_exact_values(n, term, abs_sum, false, float32_format());
     }
   }
-  if (avx2_grad_loops()) {
+  if (avx2_row_loops()) {
     double sum, abs_sum, value;
     grad_sums_avx2<kLog>(g, y, n, &sum, &abs_sum);
     if (grad_sum_if_decided(sum, abs_sum, grad_sums_avx2_depth(n), &value)) return value;
@@ -736,21 +742,12 @@ CARBON_CPU_CLONES void softmax_backward_row(const T* gr, const T* yr, int64_t n,
   if (kLog) {
     exp_row(yr, 0.0f, n, t, p);  // p_k = EXP(y_k)
     auto value = [&](int64_t k) { return log_softmax_grad_unrounded(p[k], element_value(gr[k]), D); };
-    bool ok;
-    if constexpr (F::get().precision == 24)  // float32 outputs
-      ok = avx2_grad_loops() ? log_softmax_grad_out_avx2(gr, p, D, n, o) : round_row_out_staged<F>(n, value, t, o);
-    else
-      ok = round_row_out_staged<F>(n, value, t, o);
-    if (ok) return;
+    if (avx2_row_loops() ? log_softmax_grad_out_avx2<F>(gr, p, D, n, o) : round_row_out_staged<F>(n, value, t, o))
+      return;
     for (int64_t k = 0; k < n; ++k) o[k] = bits_of<F>(log_softmax_grad_from_p(p[k], element_value(gr[k]), D, f));
   } else {
     auto value = [&](int64_t k) { return softmax_grad_unrounded(element_value(yr[k]), element_value(gr[k]), D); };
-    bool ok;
-    if constexpr (F::get().precision == 24)
-      ok = avx2_grad_loops() ? softmax_grad_out_avx2(gr, yr, D, n, o) : round_row_out<F>(n, value, o);
-    else
-      ok = round_row_out<F>(n, value, o);
-    if (ok) return;
+    if (avx2_row_loops() ? softmax_grad_out_avx2<F>(gr, yr, D, n, o) : round_row_out<F>(n, value, o)) return;
     for (int64_t k = 0; k < n; ++k)
       o[k] = bits_of<F>(softmax_grad_value(element_value(yr[k]), element_value(gr[k]), D, f));
   }
@@ -795,12 +792,9 @@ CARBON_CPU_CLONES void cross_entropy_grad_row(double coef, const float* lsm, int
   exp_row(lsm, 0.0f, C, scratch, p);  // p_j = EXP(lsm_j)
   // Branch-free roundings (vectorized), the general ones if some value needs them.
   auto value = [&](int64_t j) { return cross_entropy_grad_unrounded(coef, p[j], j == t, eps, C); };
-  bool ok;
-  if constexpr (F::get().precision == 24)
-    ok = avx2_grad_loops() ? cross_entropy_grad_out_avx2(coef, p, t, C, eps, o) : round_row_out_staged<F>(C, value, scratch, o);
-  else
-    ok = round_row_out_staged<F>(C, value, scratch, o);
-  if (ok) return;
+  if (avx2_row_loops() ? cross_entropy_grad_out_avx2<F>(coef, p, t, C, eps, o)
+                        : round_row_out_staged<F>(C, value, scratch, o))
+    return;
   for (int64_t j = 0; j < C; ++j) o[j] = bits_of<F>(cross_entropy_grad_from_p(coef, p[j], j == t, eps, C, f));
 }
 
