@@ -211,6 +211,14 @@ void check_block(uint64_t first, Counts& k, float* d, double* c, uint32_t* bits,
   }
 }
 
+// The first mismatching pattern, if any.
+void print_first_mismatch(uint64_t mismatches, uint32_t first) {
+  if (mismatches == 0) return;
+  float x;
+  std::memcpy(&x, &first, 4);
+  std::printf("  first mismatch: d = %.9g (0x%08x)\n", static_cast<double>(x), first);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -267,11 +275,7 @@ int main(int argc, char** argv) {
   std::printf("  undecided with d in [-87, 88]:          %llu\n", static_cast<unsigned long long>(total.undecided_main));
   std::printf("  max |approx - core| / core (normal):    2^%.2f\n", std::log2(total.max_rel));
   std::printf("  MISMATCHES (decided, float32 bits differ): %llu\n", static_cast<unsigned long long>(total.mismatches));
-  if (total.mismatches) {
-    float x;
-    std::memcpy(&x, &total.first_mismatch, 4);
-    std::printf("  first mismatch: d = %.9g (0x%08x)\n", static_cast<double>(x), total.first_mismatch);
-  }
+  print_first_mismatch(total.mismatches, total.first_mismatch);
   if (avx512) {
     std::printf("exp16_table_round (AVX-512):\n");
     std::printf("  decided by the rounding test:          %llu\n", static_cast<unsigned long long>(total.t_decided));
@@ -280,11 +284,7 @@ int main(int argc, char** argv) {
     std::printf("  max |table - core| / core (normal):     2^%.2f\n", std::log2(total.t_max_rel));
     std::printf("  MISMATCHES (decided, float32 bits differ): %llu\n",
                 static_cast<unsigned long long>(total.t_mismatches));
-    if (total.t_mismatches) {
-      float x;
-      std::memcpy(&x, &total.t_first_mismatch, 4);
-      std::printf("  first mismatch: d = %.9g (0x%08x)\n", static_cast<double>(x), total.t_first_mismatch);
-    }
+    print_first_mismatch(total.t_mismatches, total.t_first_mismatch);
   } else {
     std::printf("exp16_table_round not checked: this CPU has no AVX-512\n");
   }
@@ -297,11 +297,7 @@ int main(int argc, char** argv) {
     std::printf("  all clamped (stored as +0):             %llu\n", static_cast<unsigned long long>(total.l_clamped));
     std::printf("  MISMATCHES (passed, undecided or other bits): %llu\n",
                 static_cast<unsigned long long>(total.l_mismatches));
-    if (total.l_mismatches) {
-      float x;
-      std::memcpy(&x, &total.l_first_mismatch, 4);
-      std::printf("  first mismatch: d = %.9g (0x%08x)\n", static_cast<double>(x), total.l_first_mismatch);
-    }
+    print_first_mismatch(total.l_mismatches, total.l_first_mismatch);
   } else {
     std::printf("exp_group8_tested not checked: this CPU has no AVX2\n");
   }
