@@ -177,18 +177,12 @@ CARBON_SOFTMAX_AVX2 inline void exp_approx_groups8(const T* x, float m, int64_t 
   }
 }
 
-// One block of exp_row_f32 on AVX2 CPUs (softmax_exp_avx2.h): the same t
-// and e (exp4_approx is exp_f32_approx lane by lane; the last len mod 8
-// values by exp_f32_approx itself), the same decisions and the same
-// undecided path.
+// One block of exp_row_f32 on AVX2 CPUs (softmax_exp_avx2.h), len a
+// multiple of 8: the same t and e (exp4_approx is exp_f32_approx lane by
+// lane), the same decisions and the same undecided path.
 template <typename T>
 CARBON_SOFTMAX_AVX2 void exp_block_full_avx2(const T* x, float m, int64_t len, double* t, float* e) {
-  const int64_t vec = len & ~int64_t{7};
-  exp_approx_groups8(x, m, vec, t, e);
-  for (int64_t k = vec; k < len; ++k) {
-    t[k] = exp_f32_approx(static_cast<float>(element_value(x[k])) - m);
-    e[k] = round32_decided(t[k]);
-  }
+  exp_approx_groups8(x, m, len, t, e);
   uint64_t all_decided = 1;
   for (int64_t k = 0; k < len; ++k) all_decided &= exp_f32_approx_decided(t[k]);
   if (!all_decided) exp_block_undecided(x, m, len, t, e);
