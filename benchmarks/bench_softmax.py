@@ -10,7 +10,7 @@ tested in tests/test_softmax.py and tests/test_cross_entropy.py).
 
 Shapes: softmax and log_softmax over the last dim of [4096, 1024],
 [rows, 50257] (a GPT-2 vocabulary) and [B*12*256, 256] (attention scores),
-float32; cross_entropy over [N, 50257] logits, float32 and bfloat16. The CPU
+float32, and the attention-score shape in bfloat16 too; cross_entropy over [N, 50257] logits, float32 and bfloat16. The CPU
 uses fewer rows for the two largest shapes (see CPU_CASES).
 """
 
@@ -43,6 +43,8 @@ CPU_CASES: List[Case] = [
     ("log_softmax", (128, 50257), torch.float32),
     ("softmax", (4 * 12 * 256, 256), torch.float32),
     ("log_softmax", (4 * 12 * 256, 256), torch.float32),
+    ("softmax", (4 * 12 * 256, 256), torch.bfloat16),
+    ("log_softmax", (4 * 12 * 256, 256), torch.bfloat16),
     ("cross_entropy", (256, 50257), torch.float32),
     ("cross_entropy", (256, 50257), torch.bfloat16),
 ]
@@ -53,6 +55,8 @@ CUDA_CASES: List[Case] = [
     ("log_softmax", (1024, 50257), torch.float32),
     ("softmax", (64 * 12 * 256, 256), torch.float32),
     ("log_softmax", (64 * 12 * 256, 256), torch.float32),
+    ("softmax", (64 * 12 * 256, 256), torch.bfloat16),
+    ("log_softmax", (64 * 12 * 256, 256), torch.bfloat16),
     ("cross_entropy", (4096, 50257), torch.float32),
     ("cross_entropy", (4096, 50257), torch.bfloat16),
 ]
@@ -97,9 +101,13 @@ def bench_case(device: str, case: Case, budget_s: float) -> dict:
     target = torch.randint(0, shape[-1], shape[:1], generator=g).to(device)
     grad = torch.randn(shape, generator=g).to(dtype).to(device)
     fns, outs = _fns(op, x, target, grad)
+    # torch's 16-bit log_softmax rounds its intermediates to the format (it
+    # gives 0 where the exact value is -0.0025), hence the absolute tolerance
+    # of a few bfloat16 ulps of 1 there.
+    wide = dtype == torch.float32
     with torch.no_grad():
-        torch.testing.assert_close(outs[1].float(), outs[0].float(), rtol=2e-2 if dtype != torch.float32 else 1e-4,
-                                   atol=1e-5)
+        torch.testing.assert_close(outs[1].float(), outs[0].float(), rtol=1e-4 if wide else 2e-2,
+                                   atol=1e-5 if wide else 2e-2)
     times = time_interleaved(fns, device, budget_s, 20)
     ms = [statistics.median(t) for t in times]
     return {"case": f"{op} {'x'.join(map(str, shape))} {str(dtype).replace('torch.', '')}",
