@@ -12,6 +12,7 @@
 #include "../dtypes.h"
 #include "../exact/fp_env.h"
 #include "matmul_cpu.h"
+#include "matmul_few_rows.h"
 #include "matmul_small_k.h"
 
 namespace carbon {
@@ -121,6 +122,10 @@ void matmul_into_cpu(const at::Tensor& a3, const at::Tensor& b3, const at::Tenso
   // A short inner dimension and few rows (a depthwise convolution): the
   // direct path, without the copies and row statistics below.
   if (!lower_only && matmul_small_k_cpu(a3, b3, bias, out)) return;
+  // Few rows per batch (a decoding step, a small batch through a linear
+  // layer): straight from b, without its fp64 copy and statistics, which
+  // would cost more than the products.
+  if (!lower_only && matmul_few_rows_cpu(a3, b3, bias, out)) return;
   const int64_t B = a3.size(0), M = a3.size(1), K = a3.size(2), N = b3.size(2);
   // Exact copies in double (every supported value is a double), laid out so
   // that a row of a and a column of b are contiguous for the exact tiers,
