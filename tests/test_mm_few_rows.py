@@ -38,7 +38,7 @@ def check(a, b, out_dtype=None, bias=None, context=""):
 @pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 8, 13, 32])
 @pytest.mark.parametrize("a_dtype,b_dtype,out_dtype", COMBOS)
 def test_random_products_against_the_oracle(M, layout, a_dtype, b_dtype, out_dtype):
-    # K = 70: a chunk of 64 rows of b and a rest, and a k tail of 2 past the
+    # K = 70: two chunks of 32 rows of b and a rest, and a k tail of 2 past the
     # vector loops' steps of 4; N = 77: a block of 64 columns and one of 13
     # (an 8-column strip or three 4-column groups, then single columns).
     g = generator(1000 * M + len(layout) + 10 * COMBOS.index((a_dtype, b_dtype, out_dtype)))

@@ -5,9 +5,9 @@
 // before its GEMM: ~0.8-1.4 ns per element of b on the 2-core Zen 3 VM,
 // which for one row of a was 6-13x torch's whole product (measured
 // 1 x 768 x 768: 456 us against 70 us for x W^T; 808 us against 70 for x W).
-// Here each element of b is read once per group of rows, widened in
-// registers, and multiplied into fp64 sums; nothing is written but the
-// outputs.
+// Here b is read where it lies, widened in registers (with more than four
+// rows, a chunk at a time into a 16 KB buffer first) and multiplied into
+// fp64 sums; nothing else of size K x N is written.
 //
 // For output (i, j), c = bias_ij + sum_k a_ik b_kj, the result is RN_f(c) by
 // the general path's tier 1 (matmul_kernel.h): s = an fp64 evaluation of the
@@ -20,7 +20,9 @@
 // columns by the sign rule, the general interval test) and then the exact
 // accumulator, one output at a time. Whichever decides, the output is
 // RN_f(c), so this path, the general one and any thread count give the same
-// bits (tests/test_mm_exact.py runs every case through both).
+// bits (tests/test_mm_few_rows.py: the oracle, the general path, rows alone
+// against rows in large products, AVX2 against the portable loop; and
+// tests/test_mm_exact.py runs its cases through both paths).
 //
 // b's layouts: rows contiguous (x W with W [K, N], HF's Conv1D) -- eight
 // columns at a time as a row of eight values per k (axpy form); columns
@@ -47,7 +49,7 @@ namespace carbon {
 namespace {
 
 constexpr int64_t kBlock = 64;  // columns of one task: outputs decided together
-constexpr int64_t kRowChunk = 64;  // rows of b (rows contiguous) a task reads at a time: 16 KB of float32
+constexpr int64_t kRowChunk = 32;  // rows of b (rows contiguous) a task takes at a time
 
 // What a task computes for its block of columns: s[i * kBlock + c] the fp64
 // sum for row i, column c (without the bias), and each column's 2-norm. The
@@ -127,11 +129,10 @@ CARBON_AVX2_INLINE double sum4(__m256d x) {
 
 // Rows contiguous: columns c .. c + 7 over rows k0 .. k0 + kc - 1 of b,
 // added to the running sums s (zero when first) of R <= 4 rows of a (lda
-// apart), and with kNorms the squares to the running sums q[0, 8). block_avx2
-// runs the block in chunks of kRowChunk rows of b, each chunk 64 columns
-// wide, so that every group of columns and rows finds its chunk in L1 (rows
-// of b are N elements apart, 3 KB for N = 768). R <= 2: two sets of
-// accumulators (even and odd k), so that enough fma chains are in flight.
+// apart), and with kNorms the squares to the running sums q[0, 8); b's rows
+// sk elements apart (b itself, or block_avx2's packed chunk). R <= 2: two
+// sets of accumulators (even and odd k), so that enough fma chains are in
+// flight.
 template <int R, bool kNorms>
 struct Rows8 {
   __m256d lo[R], hi[R], q_lo, q_hi;
@@ -243,6 +244,18 @@ CARBON_AVX2 void products_columns4(const double* a, int64_t lda, int64_t K, cons
   }
 }
 
+// Rows [0, kc) of b's chunk, columns [0, strips) (a multiple of 8),
+// widened into packed[k * kBlock + c].
+template <typename TB>
+CARBON_AVX2 void pack_rows(const TB* b, int64_t sk, int64_t kc, int64_t strips, double* packed) {
+  for (int64_t k = 0; k < kc; ++k)
+    for (int64_t c = 0; c < strips; c += 8) {
+      const Doubles8 x = widen8x2(b + k * sk + c);
+      _mm256_store_pd(packed + k * kBlock + c, x.lo);
+      _mm256_store_pd(packed + k * kBlock + c + 4, x.hi);
+    }
+}
+
 template <typename TB>
 CARBON_AVX2 void block_avx2(const double* a, int64_t M, int64_t K, const BlockOperand<TB>& b, int64_t width,
                             BlockSums& out) {
@@ -250,23 +263,30 @@ CARBON_AVX2 void block_avx2(const double* a, int64_t M, int64_t K, const BlockOp
   if (b.sc == 1) {
     const int64_t strips = width / 8 * 8;
     double squares[kBlock] = {};
+    alignas(64) double packed[kRowChunk * kBlock];
+    // More than one group of rows: each chunk widened once into `packed`
+    // (rows kBlock doubles apart, 16 KB), which every group then reads from
+    // L1. Read in place instead, rows of b N elements apart fall into a few
+    // of L1's sets (N = 768: 3 KB apart, 4 of 64 sets; N = 3072: 12 KB, one
+    // set), so the chunk did not stay in L1 across the groups (measured, one
+    // thread, 8 x 768 x 768: 605 -> 428 us). One group reads b once either
+    // way, and packing would be a pass more (1 x 3072 x 768: 815 -> 1534 us).
+    const bool pack = M > 4;
     for (int64_t k0 = 0; k0 < K; k0 += kRowChunk) {
       const int64_t kc = std::min(kRowChunk, K - k0);
       const TB* bk = b.b + k0 * b.sk;
-      // The next chunk's lines, requested now: its rows lie a page or more
-      // apart, where the hardware's prefetchers do not follow, and fetched
-      // on demand they were about half of the time (1 x 768 x 768: 180 us).
-      const int64_t next = std::min(kRowChunk, K - k0 - kc);
-      const char* bn = reinterpret_cast<const char*>(bk + kc * b.sk);
-      const int64_t row_bytes = width * static_cast<int64_t>(sizeof(TB));
-      for (int64_t k = 0; k < next; ++k)
-        for (int64_t at = 0; at < row_bytes; at += 64) _mm_prefetch(bn + k * b.sk * sizeof(TB) + at, _MM_HINT_T0);
+      if (pack) pack_rows(bk, b.sk, kc, strips, packed);
+      const double* src = pack ? packed : nullptr;
       for (c = 0; c < strips; c += 8) {
         double* s_cols = out.s + c;
-        products_rows8_any<true>(std::min<int64_t>(4, M), a + k0, K, kc, bk + c, b.sk, k0 == 0, s_cols, squares + c);
-        for (int64_t r = 4; r < M; r += 4)
-          products_rows8_any<false>(std::min<int64_t>(4, M - r), a + r * K + k0, K, kc, bk + c, b.sk, k0 == 0,
-                                    s_cols + r * kBlock, nullptr);
+        if (pack) {
+          products_rows8_any<true>(4, a + k0, K, kc, src + c, kBlock, k0 == 0, s_cols, squares + c);
+          for (int64_t r = 4; r < M; r += 4)
+            products_rows8_any<false>(std::min<int64_t>(4, M - r), a + r * K + k0, K, kc, src + c, kBlock, k0 == 0,
+                                      s_cols + r * kBlock, nullptr);
+        } else {
+          products_rows8_any<true>(M, a + k0, K, kc, bk + c, b.sk, k0 == 0, s_cols, squares + c);
+        }
       }
     }
     for (c = 0; c < strips; ++c) out.b_norm[c] = std::sqrt(squares[c]);
