@@ -43,6 +43,7 @@
 #include "../exact/fp_env.h"
 #include "../exact/widen_avx2.h"
 #include "../reduce/reduce_kernel.h"
+#include "matmul_cpu.h"
 #include "matmul_kernel.h"
 
 namespace carbon {
@@ -276,13 +277,12 @@ CARBON_AVX2 void block_avx2(const double* a, int64_t M, int64_t K, const BlockOp
       const int64_t kc = std::min(kRowChunk, K - k0);
       const TB* bk = b.b + k0 * b.sk;
       if (pack) pack_rows(bk, b.sk, kc, strips, packed);
-      const double* src = pack ? packed : nullptr;
       for (c = 0; c < strips; c += 8) {
         double* s_cols = out.s + c;
         if (pack) {
-          products_rows8_any<true>(4, a + k0, K, kc, src + c, kBlock, k0 == 0, s_cols, squares + c);
+          products_rows8_any<true>(4, a + k0, K, kc, packed + c, kBlock, k0 == 0, s_cols, squares + c);
           for (int64_t r = 4; r < M; r += 4)
-            products_rows8_any<false>(std::min<int64_t>(4, M - r), a + r * K + k0, K, kc, src + c, kBlock, k0 == 0,
+            products_rows8_any<false>(std::min<int64_t>(4, M - r), a + r * K + k0, K, kc, packed + c, kBlock, k0 == 0,
                                       s_cols + r * kBlock, nullptr);
         } else {
           products_rows8_any<true>(M, a + k0, K, kc, bk + c, b.sk, k0 == 0, s_cols, squares + c);
@@ -404,32 +404,17 @@ bool matmul_few_rows_cpu(const at::Tensor& a3, const at::Tensor& b3, const at::T
   // CARBON_MATMUL_GENERAL set: the general path for every shape (read per
   // call, so that tests can run each case through both paths).
   if (std::getenv("CARBON_MATMUL_GENERAL") != nullptr) return false;
-  // a is small (at most kFewRows rows per batch): widened here, with its
-  // rows' norms and signs, as the general path's statistics.
+  // a is small (at most kFewRows rows per batch): widened by the general
+  // path's widen_operand_cpu, whose row norms and signs the bound and the
+  // sign rule read (its quanta and spans are not used here).
   at::Tensor a64 = at::empty({B, M, K}, a3.options().dtype(at::kDouble));
   at::Tensor a_norms = at::empty({B * M}, a64.options());
   at::Tensor a_signs = at::empty({B * M}, a64.options().dtype(at::kByte));
-  with_element_type(a3.scalar_type(), [&](auto element) {
-    using T = decltype(element);
-    const T* src = a3.const_data_ptr<T>();
-    double* dst = a64.mutable_data_ptr<double>();
-    double* norm = a_norms.mutable_data_ptr<double>();
-    uint8_t* sign = a_signs.mutable_data_ptr<uint8_t>();
-    for (int64_t bi = 0; bi < B; ++bi)
-      for (int64_t i = 0; i < M; ++i) {
-        double squares = 0.0;
-        uint64_t any_bits = 0, all_bits = ~uint64_t{0};
-        for (int64_t k = 0; k < K; ++k) {
-          const double x = element_value(src[bi * a3.stride(0) + i * a3.stride(1) + k * a3.stride(2)]);
-          *dst++ = x;
-          squares = squares + x * x;
-          any_bits |= double_to_bits(x);
-          all_bits &= double_to_bits(x);
-        }
-        *norm++ = std::sqrt(squares);
-        *sign++ = signs_of_bits(any_bits, all_bits);
-      }
-  });
+  at::Tensor a_quanta = at::empty({B * M}, a64.options());
+  at::Tensor a_spans = at::empty({B * M, 2}, a64.options().dtype(at::kInt));
+  int precision = 0;
+  with_format(format_of(a3.scalar_type()), [&](auto fmt) { precision = decltype(fmt)::get().precision; });
+  widen_operand_cpu(a3, a64, a_norms, a_signs, precision, 1.0, a_quanta, a_spans);
   const at::Tensor bias64 = bias.defined() ? bias.to(at::kDouble).expand({B, M, N}) : at::Tensor();
   with_element_type(b3.scalar_type(), [&](auto element) {
     with_format(format_of(out.scalar_type()), [&](auto fmt) {
