@@ -1,7 +1,7 @@
 // The dtypes Carbon computes in, and the checks every op uses for them.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
 #include "exact/float_format.h"

@@ -1,6 +1,7 @@
 // The one place where Carbon's ops are declared and bound to kernels.
 // Autograd and fake (meta) implementations are registered from Python
 // (carbon/_autograd.py, carbon/_fake.py).
+#include <ATen/core/Tensor.h>
 #include <Python.h>
 #include <torch/library.h>
 

@@ -1,6 +1,7 @@
 """The build itself: CUDA kernels are compiled whenever torch is a CUDA build
 and nvcc exists, even without a GPU (so CI compiles every .cu file)."""
 
+import glob
 import os
 import shutil
 
@@ -60,3 +61,68 @@ def test_package_exports():
     for name in ["mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "sum", "mean", "round_to"]:
         assert callable(getattr(carbon, name))
     assert issubclass(carbon.nn.Linear, torch.nn.Linear)
+
+
+# Headers that cost a compiler tens of seconds per file (measured on 2 cores: ATen/ATen.h, which declares every
+# operator, ~45 s per .cu file and per target architecture in nvcc, 13.5 s per .cpp in gcc; ATen/core/Tensor.h
+# ~15 s and 3.5 s). Before they were trimmed they were most of the CUDA build's 25 minutes on CI. Sources include
+# at::Tensor, per-operator headers (ATen/ops/empty.h) and c10's stream and guard instead; the .cu files get device
+# properties from csrc/cuda_launch.cpp, compiled once by gcc (ATen/cuda/CUDAContext.h brings cuBLAS, cuSPARSE and
+# cuSOLVER headers).
+HEAVY_FOR_GCC = {"ATen/ATen.h", "ATen/Functions.h", "torch/extension.h", "torch/all.h", "torch/torch.h"}
+HEAVY_FOR_NVCC = HEAVY_FOR_GCC | {"ATen/cuda/CUDAContext.h", "ATen/cuda/CUDAContextLight.h",
+                                  "ATen/cuda/CUDAGraphsUtils.cuh"}
+CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
+
+
+def _includes(path: str) -> tuple[list[str], list[str]]:
+    """(project headers as paths, system headers as written) included by a file."""
+    local, system = [], []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith('#include "'):
+                local.append(os.path.normpath(os.path.join(os.path.dirname(path), line.split('"')[1])))
+            elif line.startswith("#include <"):
+                system.append(line.split("<", 1)[1].split(">", 1)[0])
+    return local, system
+
+
+def _heavy_includes_of(source: str, heavy_set: set[str]) -> list[str]:
+    """Every header of heavy_set that `source` includes, directly or through project headers."""
+    seen, stack, heavy = set(), [source], []
+    while stack:
+        path = stack.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        local, system = _includes(path)
+        stack += [p for p in local if os.path.exists(p)]
+        heavy += [f"{os.path.basename(path)} includes <{h}>" for h in system if h in heavy_set]
+    return heavy
+
+
+def _sources(ext: str) -> list[str]:
+    return sorted(os.path.relpath(p, CSRC) for p in glob.glob(os.path.join(CSRC, "**", "*" + ext), recursive=True))
+
+
+def test_include_scan_follows_project_headers(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "inner.h").write_text("#pragma once\n#include <ATen/ATen.h>\n")
+    (tmp_path / "outer.h").write_text('#include "sub/inner.h"\n#include <ATen/core/Tensor.h>\n')
+    (tmp_path / "kernel.cu").write_text('#include "outer.h"\n#include "missing.h"\n')
+    assert _heavy_includes_of(str(tmp_path / "kernel.cu"), HEAVY_FOR_NVCC) == ["inner.h includes <ATen/ATen.h>"]
+    (tmp_path / "sub" / "inner.h").write_text("#pragma once\n#include <ATen/ops/empty.h>\n")
+    assert _heavy_includes_of(str(tmp_path / "kernel.cu"), HEAVY_FOR_NVCC) == []
+
+
+@pytest.mark.parametrize("source", _sources(".cu"))
+def test_cuda_sources_stay_off_heavy_torch_headers(source):
+    heavy = _heavy_includes_of(os.path.join(CSRC, source), HEAVY_FOR_NVCC)
+    assert not heavy, f"{source} makes nvcc parse heavy torch headers (slow CUDA builds): {heavy}"
+
+
+@pytest.mark.parametrize("source", _sources(".cpp"))
+def test_cpp_sources_stay_off_heavy_torch_headers(source):
+    heavy = _heavy_includes_of(os.path.join(CSRC, source), HEAVY_FOR_GCC)
+    assert not heavy, f"{source} makes gcc parse heavy torch headers (slow builds): {heavy}"

@@ -2,6 +2,9 @@
 #include "../cpu_features.h"
 #include "attention.h"
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 

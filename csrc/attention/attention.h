@@ -2,7 +2,7 @@
 // carbon.bmm and carbon.softmax, composed in carbon/attention.py).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 namespace carbon {
 

@@ -4,7 +4,7 @@
 // (docs/contract.md §9), which is what carbon/attention.py composes.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 namespace carbon {
 

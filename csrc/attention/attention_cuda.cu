@@ -32,7 +32,7 @@ void attention_logits_cuda(const at::Tensor& s, double scale, const at::Tensor& 
   const c10::cuda::CUDAGuard guard(s.device());
   const int64_t Tq = s.size(1), Tk = s.size(2), total = s.numel();
   constexpr int kThreads = 256;
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   const at::ScalarType mask_type = mask.defined() ? mask.scalar_type() : at::kFloat;
   with_element_type(mask_type, [&](auto element) {
     using T = decltype(element);

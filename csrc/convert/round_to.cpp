@@ -1,6 +1,7 @@
 // The round_to op and its CPU kernel.
 #include "round_to.h"
 
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 #include "../dtypes.h"

@@ -4,7 +4,7 @@
 // RN(grad / n)). Shared per-element code for the CPU and CUDA kernels.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "../exact/exact_sum.h"
 #include "../exact/rounding_test.h"

@@ -24,7 +24,7 @@ void round_to_cuda(const at::Tensor& x, uint32_t divisor, FormatId to, at::Tenso
   const c10::cuda::CUDAGuard guard(x.device());
   const int threads = 256;
   const int blocks = blocks_for(x.numel(), threads);
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   with_format(format_of(x.scalar_type()), [&](auto from_fmt) {
     using From = decltype(from_fmt);
     with_format(to, [&](auto to_fmt) {

@@ -1,6 +1,7 @@
 // The elementwise math ops: input checks and the CPU kernel.
 #include "elementwise.h"
 
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 #include "../dtypes.h"

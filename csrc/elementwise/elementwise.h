@@ -7,7 +7,7 @@
 // (elementwise_fns.h).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <string>
 #include <type_traits>

@@ -32,7 +32,7 @@ void elementwise_binary64_cuda(math::Fn fn, bool backward, const at::Tensor& x, 
   const c10::cuda::CUDAGuard guard(x.device());
   const int threads = 128;  // the double-double cores use many registers
   const int blocks = blocks_for(x.numel(), threads);
-  elementwise_binary64_kernel<<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+  elementwise_binary64_kernel<<<blocks, threads, 0, current_stream()>>>(
       fn, backward, x.const_data_ptr<double>(), backward ? grad.const_data_ptr<double>() : nullptr, x.numel(),
       out.mutable_data_ptr<double>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -42,7 +42,7 @@ void elementwise_cuda(math::Fn fn, bool backward, const at::Tensor& x, const at:
   const c10::cuda::CUDAGuard guard(x.device());
   const int threads = 256;
   const int blocks = blocks_for(x.numel(), threads);
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   with_format(format_of(x.scalar_type()), [&](auto fmt) {
     using F = decltype(fmt);
     using Bits = typename F::Bits;

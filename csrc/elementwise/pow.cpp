@@ -1,6 +1,7 @@
 // The pow ops and the square root: input checks and the CPU kernels (pow.h).
 #include "pow.h"
 
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 #include "../dtypes.h"

@@ -5,7 +5,7 @@
 // tensors take binary64_math.h's double-double pow_core instead.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 namespace carbon {
 

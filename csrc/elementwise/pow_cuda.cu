@@ -51,7 +51,7 @@ void sqrt_cuda(const at::Tensor& x, at::Tensor& out) {
   const c10::cuda::CUDAGuard guard(x.device());
   const int threads = 256;
   const int blocks = blocks_for(x.numel(), threads);
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   if (x.scalar_type() == at::kDouble) {
     sqrt_binary64_kernel<<<blocks, threads, 0, stream>>>(x.const_data_ptr<double>(), x.numel(),
                                                          out.mutable_data_ptr<double>());
@@ -70,7 +70,7 @@ void pow_cuda(const at::Tensor& x, double scalar, bool tensor_is_base, at::Tenso
   const c10::cuda::CUDAGuard guard(x.device());
   const int threads = 256;
   const int blocks = blocks_for(x.numel(), threads);
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   if (x.scalar_type() == at::kDouble) {  // float64: the double-double core
     pow_binary64_kernel<<<blocks_for(x.numel(), 128), 128, 0, stream>>>(
         x.const_data_ptr<double>(), x.numel(), scalar, tensor_is_base, out.mutable_data_ptr<double>());

@@ -2,6 +2,7 @@
 // kernel (two_argument.h).
 #include "two_argument.h"
 
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 #include "../dtypes.h"

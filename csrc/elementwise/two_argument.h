@@ -5,7 +5,7 @@
 // carbon.enable for torch.atan2 / torch.hypot / torch.pow of two tensors.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "two_argument_math.h"
 

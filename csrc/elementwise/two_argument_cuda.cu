@@ -31,7 +31,7 @@ void two_argument_cuda(TwoArgumentFn fn, const at::Tensor& a, const at::Tensor& 
   const c10::cuda::CUDAGuard guard(a.device());
   const int threads = 256;
   const int blocks = blocks_for(a.numel(), threads);
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   with_format(format_of(a.scalar_type()), [&](auto fmt) {
     using F = decltype(fmt);
     using Bits = typename F::Bits;

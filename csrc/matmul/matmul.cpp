@@ -3,6 +3,11 @@
 // device's rounding kernel. See docs/contract.md for what is guaranteed.
 #include "matmul.h"
 
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/promote_types.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 

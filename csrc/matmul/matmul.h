@@ -2,7 +2,7 @@
 // registration.cpp and the per-device kernels they call.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "matmul_kernel.h"
 

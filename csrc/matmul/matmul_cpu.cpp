@@ -1,6 +1,9 @@
 // CPU kernels of the correctly rounded matmul. Work is split over rows with
 // at::parallel_for; each output is computed independently of the split, so
 // the bits do not depend on the thread count.
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 

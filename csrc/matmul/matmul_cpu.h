@@ -3,7 +3,7 @@
 // the scratch memory they live in.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <functional>
 

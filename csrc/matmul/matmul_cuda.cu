@@ -8,7 +8,6 @@
 // loop over a ballot mask): the 32 lanes split K for the compensated tier and,
 // if needed, for the exact accumulator, each lane with private limbs that are
 // summed as integers at the end (order-free, so exact; warp_exact.cuh).
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include "../cuda_launch.cuh"
@@ -186,7 +185,7 @@ void widen_rows_cuda(const at::Tensor& src, at::Tensor& dst, at::Tensor& norms, 
   const c10::cuda::CUDAGuard guard(src.device());
   const RowsView v{src.size(0), src.size(1), src.size(2), src.stride(0), src.stride(1), src.stride(2)};
   if (v.B * v.R == 0) return;
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   double* d = dst.mutable_data_ptr<double>();
   double* n = norms.mutable_data_ptr<double>();
   uint8_t* s = signs.mutable_data_ptr<uint8_t>();
@@ -209,7 +208,7 @@ void matmul_round_cuda(const MatmulView& v, FormatId format, at::Tensor& out) {
   const c10::cuda::CUDAGuard guard(out.device());
   const int threads = kWarpSize * kWarpsPerBlock;
   const int blocks = blocks_for(v.B * v.M * v.N, threads);
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   with_format(format, [&](auto fmt) {
     using F = decltype(fmt);
     matmul_round_kernel<F><<<blocks, threads, 0, stream>>>(v, static_cast<typename F::Bits*>(out.mutable_data_ptr()));

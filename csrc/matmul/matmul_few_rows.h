@@ -3,7 +3,7 @@
 // matmul_few_rows_cpu.cpp.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 namespace carbon {
 

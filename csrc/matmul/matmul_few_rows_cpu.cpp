@@ -30,6 +30,7 @@
 // each a dot product over k in four lanes. Other strides: the general path.
 #include "matmul_few_rows.h"
 
+#include <ATen/ops/empty.h>
 #include <immintrin.h>
 
 #include <algorithm>

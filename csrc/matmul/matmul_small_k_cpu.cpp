@@ -17,6 +17,7 @@
 // bits.
 #include "matmul_small_k.h"
 
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

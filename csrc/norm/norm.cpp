@@ -3,6 +3,7 @@
 // what is guaranteed.
 #include "norm.h"
 
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>

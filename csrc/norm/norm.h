@@ -2,7 +2,7 @@
 // docs/contract.md §7 states what they return.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <array>
 #include <tuple>

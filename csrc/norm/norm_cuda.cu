@@ -245,7 +245,7 @@ void norm_forward_cuda(const NormArgs& a, at::Tensor& y) {
   const c10::cuda::CUDAGuard guard(a.x.device());
   const int64_t rows = a.x.size(0), n = a.x.size(1);
   const int blocks = blocks_for(rows * kWarpSize, kThreads);
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   uint32_t* mean = a.rms ? nullptr : static_cast<uint32_t*>(a.mean.mutable_data_ptr());
   uint32_t* rstd = static_cast<uint32_t*>(a.rstd.mutable_data_ptr());
   with_element_type(a.x.scalar_type(), [&](auto element) {
@@ -254,7 +254,7 @@ void norm_forward_cuda(const NormArgs& a, at::Tensor& y) {
     const auto args = std::make_tuple(a.x.const_data_ptr<T>(), rows, n, param_ptr<T>(a.weight), param_ptr<T>(a.bias),
                                       a.eps32, a.rms, static_cast<Bits*>(y.mutable_data_ptr()), mean, rstd);
     const size_t cache_bytes = static_cast<size_t>(kWarpsPerBlock) * static_cast<size_t>(n) * sizeof(float);
-    const size_t optin = at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
+    const size_t optin = current_shared_memory_per_block_optin();
     const bool cached = cache_bytes <= kDefaultCacheBytes ||
                         (cache_bytes <= kMaxCacheBytes && cache_bytes + 1024 <= optin);
     if (cached) {
@@ -272,7 +272,7 @@ void norm_backward_cuda(const NormArgs& a, const at::Tensor& dy, at::Tensor& dx)
   const c10::cuda::CUDAGuard guard(a.x.device());
   const int64_t rows = a.x.size(0), n = a.x.size(1);
   const int blocks = blocks_for(rows * kWarpSize, kThreads);
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   const uint32_t* mean = a.rms ? nullptr : static_cast<const uint32_t*>(a.mean.const_data_ptr());
   const uint32_t* rstd = static_cast<const uint32_t*>(a.rstd.const_data_ptr());
   with_element_type(a.x.scalar_type(), [&](auto element) {

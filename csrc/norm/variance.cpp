@@ -3,6 +3,7 @@
 // thread count; undecided statistics take the exact accumulator.
 #include "variance.h"
 
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 #include <vector>

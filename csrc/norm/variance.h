@@ -6,7 +6,7 @@
 // (the centred sum is exact around the rounded mean, as in layer_norm).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <tuple>
 

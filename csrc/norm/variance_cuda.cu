@@ -92,7 +92,7 @@ void var_mean_rows_cuda(const at::Tensor& x, int64_t divisor, at::Tensor& var, a
   const int64_t rows = x.size(0), n = x.size(1);
   const int threads = kWarpSize * kWarpsPerBlock;
   const int blocks = blocks_for(rows * kWarpSize, threads);
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   with_element_type(x.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     var_mean_kernel<T><<<blocks, threads, 0, stream>>>(x.const_data_ptr<T>(), rows, n, divisor,

@@ -5,6 +5,7 @@
 // of reduce_kernel.h, whose result does not depend on the split either.
 #include "optim.h"
 
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 

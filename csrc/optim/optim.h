@@ -3,7 +3,7 @@
 // the gradient-clipping scale. docs/contract.md §12 defines every result.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <optional>
 

@@ -10,6 +10,8 @@
 //           accumulators per block, merged with 64-bit integer atomics (exact
 //           and order-independent), then rounded.
 // No result depends on the grid or on how the tensors are grouped.
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include "../cuda_launch.cuh"
@@ -217,7 +219,7 @@ void adam_step_cuda(at::TensorList p, at::TensorList g, at::TensorList m, at::Te
                     at::TensorList steps, const AdamConstants& c, const AdamStepSource& source) {
   if (p.empty()) return;
   const c10::cuda::CUDAGuard guard(p[0].device());
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   for_each_launch(p, g, m, v, w, steps, kStepChunk, [&](const auto& a, const ListChunks& l, auto element, auto fmt) {
     using T = decltype(element);
     using F = decltype(fmt);
@@ -232,7 +234,7 @@ void adam_step_cuda(at::TensorList p, at::TensorList g, at::TensorList m, at::Te
 void sgd_step_cuda(at::TensorList p, at::TensorList g, at::TensorList b, const SgdConstants& c) {
   if (p.empty()) return;
   const c10::cuda::CUDAGuard guard(p[0].device());
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   for_each_launch(p, g, b, {}, {}, {}, kStepChunk, [&](const auto& a, const ListChunks& l, auto element, auto fmt) {
     sgd_kernel<decltype(element), decltype(fmt)><<<list_blocks(l), kThreads, 0, stream>>>(a, l, c);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -241,7 +243,7 @@ void sgd_step_cuda(at::TensorList p, at::TensorList g, at::TensorList b, const S
 
 void clip_scale_cuda(at::TensorList grads, const at::Tensor& total_norm, double max_norm, double eps) {
   const c10::cuda::CUDAGuard guard(total_norm.device());
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   for_each_launch(grads, {}, {}, {}, {}, {}, kStepChunk, [&](const auto& a, const ListChunks& l, auto element,
                                                              auto fmt) {
     clip_kernel<decltype(element), decltype(fmt)><<<list_blocks(l), kThreads, 0, stream>>>(
@@ -252,7 +254,7 @@ void clip_scale_cuda(at::TensorList grads, const at::Tensor& total_norm, double 
 
 at::Tensor sum_squares_cuda(at::TensorList tensors, bool take_sqrt) {
   const c10::cuda::CUDAGuard guard(tensors[0].device());
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   int64_t chunks = 0, n = 0;
   for (const at::Tensor& t : tensors) {
     chunks += (t.numel() + kChunk - 1) / kChunk;

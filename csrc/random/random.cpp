@@ -4,6 +4,7 @@
 // loops), so the threads' split of the work (and the device) plays no role.
 #include "random.h"
 
+#include <ATen/ops/empty.h>
 #include <cmath>
 
 #include "../dtypes.h"

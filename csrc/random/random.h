@@ -6,7 +6,7 @@
 // captured CUDA graph reads the state current at each replay.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <optional>
 #include <type_traits>

@@ -4,7 +4,7 @@
 // generator's state tensor on the device) as the address of the int64 pair
 // [seed, offset], read by every thread when the kernel runs: the host never
 // waits for the device, and a CUDA graph replay reads the state of its time.
-#include <ATen/cuda/CUDAGraphsUtils.cuh>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include "../cuda_launch.cuh"
@@ -33,14 +33,15 @@ void random_cuda(const Params& params, const at::Tensor& in, at::Tensor& out) {
   // A state read on the host would be frozen into the graph while the
   // generator's offset moves on at each replay: every replay would draw the
   // same values.
-  TORCH_CHECK(!params.state.from_host_tensor || at::cuda::currentStreamCaptureStatus() == at::cuda::CaptureStatus::None,
+  const bool capturing = c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+  TORCH_CHECK(!params.state.from_host_tensor || !capturing,
               "carbon: a draw captured in a CUDA graph needs its generator's state on the device "
               "(carbon.Generator(device=\"cuda\")); this one's state is in host memory");
   const int threads = 256;
   const int64_t n = out.numel();
   const int64_t items = work_items(params.kind, n);
   const int blocks = blocks_for(items, threads);
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   with_format(format_of(out.scalar_type()), [&](auto fmt) {
     using F = decltype(fmt);
     using Bits = typename F::Bits;

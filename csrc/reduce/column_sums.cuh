@@ -31,8 +31,8 @@
 // writing the kQ exact terms of row r, column c.
 #pragma once
 
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
 #include <algorithm>
 #include <array>
@@ -156,8 +156,8 @@ void column_sums_cuda(const Terms& terms, int64_t rows, int64_t cols, bool mean,
   using namespace column_sums_detail;
   constexpr int Q = Terms::kQ;
   if (cols == 0) return;
-  const auto stream = at::cuda::getCurrentCUDAStream();
-  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const auto stream = current_stream();
+  const int64_t sms = current_sm_count();
   const int threads = static_cast<int>(std::min<int64_t>(kPartialThreads, (cols + kWarpSize - 1) / kWarpSize * kWarpSize));
   const int64_t column_blocks = (cols + threads - 1) / threads;
   // About one full load of resident threads (2048 per SM) in pass 1, each

@@ -3,6 +3,8 @@
 
 #include "../dtypes.h"
 
+#include <ATen/ops/empty.h>
+
 namespace carbon {
 
 at::Tensor cumsum_rows(const at::Tensor& x, std::optional<at::ScalarType> dtype) {

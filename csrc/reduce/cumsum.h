@@ -9,7 +9,7 @@
 // torch.cumsum (and its backward, a cumsum of the flipped gradient).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "../exact/float_format.h"
 

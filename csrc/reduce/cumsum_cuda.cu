@@ -10,6 +10,7 @@
 //      tree so far, and the exact accumulator for an undecided prefix.
 // Every decided prefix is RN_F(exact prefix sum), so neither the chunking nor
 // the grid shows in the bits. No host synchronization.
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include "../cuda_launch.cuh"
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(kRowThreads)
 void cumsum_rows_cuda(const at::Tensor& x, FormatId format, at::Tensor& out) {
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t rows = x.size(0), n = x.size(1);
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   with_element_type(x.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     with_format(format, [&](auto fmt) {

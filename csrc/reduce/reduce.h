@@ -1,7 +1,7 @@
 // Host-side interface of the reduction family (sum, mean).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "../exact/float_format.h"
 

@@ -8,6 +8,7 @@
 // Few long rows: tier 1's fp64 sums are first computed by many blocks per
 // row (fixed chunks of kChunk elements), then a warp per row adds the chunk
 // partials and decides; the rare undecided row runs tiers 2 and 3 on its warp.
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include "../cuda_launch.cuh"
@@ -151,8 +152,8 @@ void reduce_rows_cuda(const at::Tensor& x, bool mean, FormatId format, at::Tenso
   const int64_t rows = x.size(0), n = x.size(1);
   const int threads = kWarpSize * kWarpsPerBlock;
   const int blocks = blocks_for(rows * kWarpSize, threads);
-  const auto stream = at::cuda::getCurrentCUDAStream();
-  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const auto stream = current_stream();
+  const int64_t sms = current_sm_count();
   const bool split = n > kSplitRowsAbove && rows < sms * kWarpsPerBlock && rows <= 65535;
   with_element_type(x.scalar_type(), [&](auto element) {
     using T = decltype(element);

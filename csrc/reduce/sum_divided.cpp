@@ -7,6 +7,8 @@
 #include "chain_tree.h"
 #include "reduce_kernel.h"
 
+#include <ATen/ops/empty.h>
+
 namespace carbon {
 
 void sum_divided_cpu(const at::Tensor& x, int64_t divisor, at::Tensor& out) {

@@ -5,7 +5,7 @@
 // divisor <= 0 gives NaN (the mean of nothing).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 namespace carbon {
 

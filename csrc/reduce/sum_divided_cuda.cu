@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(kWarpSize)
 
 void sum_divided_cuda(const at::Tensor& x, const at::Tensor& divisor, at::Tensor& out) {
   const c10::cuda::CUDAGuard guard(x.device());
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   with_element_type(x.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     with_format(format_of(x.scalar_type()), [&](auto fmt) {

@@ -3,6 +3,14 @@
 // host synchronization), then the device's kernel. docs/contract.md §11.
 #include "scatter.h"
 
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/searchsorted.h>
+#include <ATen/ops/sort.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 #include <vector>

@@ -4,7 +4,7 @@
 // any, and all of its contributions), whatever their order or duplication.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "../exact/float_format.h"
 

@@ -5,6 +5,7 @@
 // contributing source row. Each thread runs all tiers for its element
 // (scatter_kernel.h); no atomics, no host synchronization, and no result
 // depends on the grid or on the chunking.
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include "../cuda_launch.cuh"
@@ -70,7 +71,7 @@ void scatter_rows_cuda(const at::Tensor& self, const at::Tensor& source, const a
   if (chunks > 0)
     sums = at::empty({outer * chunks * inner * static_cast<int64_t>(sizeof(PartialSum))},
                      out.options().dtype(at::kByte));
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   with_element_type(source.scalar_type(), [&](auto element) {
     using T = decltype(element);
     PartialSum* sums_ptr = chunks > 0 ? reinterpret_cast<PartialSum*>(sums.mutable_data_ptr()) : nullptr;

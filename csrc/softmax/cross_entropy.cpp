@@ -1,6 +1,7 @@
 // The cross-entropy ops: input checks, then the device's kernels, which
 // compute log_softmax rows, each row's loss and the exact reduction.
 // docs/contract.md §8.
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 #include "../dtypes.h"

@@ -2,6 +2,7 @@
 // contiguous values), then the device's row kernel. docs/contract.md §8.
 #include "softmax.h"
 
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 #include "../dtypes.h"

@@ -2,7 +2,7 @@
 // gradients, and cross-entropy (built on log_softmax's rows).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "../exact/float_format.h"
 

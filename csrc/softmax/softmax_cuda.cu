@@ -7,6 +7,7 @@
 // tree's depth), and the rare undecided row is finished exactly (by thread
 // 0, or by the row's warp). So the bits equal the CPU's, whatever the grid
 // and whichever kernel runs. Nothing here synchronizes with the host.
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include "../convert/round_to.h"
@@ -263,7 +264,7 @@ __global__ void __launch_bounds__(kWarpSize* kRowWarps)
 
 // Whether rows of n go to the warp kernels.
 bool warp_rows(int64_t rows, int64_t n) {
-  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t sms = current_sm_count();
   return n <= kWarpRowMax && rows >= sms * kWarpRowsPerSm;
 }
 
@@ -389,7 +390,7 @@ int row_blocks(int64_t rows) { return blocks_for(rows * kThreads, kThreads); }
 void softmax_rows_cuda(const at::Tensor& x, bool log, bool masked_nan, FormatId format, at::Tensor& out) {
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t rows = x.size(0), n = x.size(1);
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   with_element_type(x.scalar_type(), [&](auto element) {
     using T = decltype(element);
     with_format(format, [&](auto fmt) {
@@ -418,7 +419,7 @@ void softmax_backward_rows_cuda(const at::Tensor& grad, const at::Tensor& y, boo
                                 at::Tensor& out) {
   const c10::cuda::CUDAGuard guard(y.device());
   const int64_t rows = y.size(0), n = y.size(1);
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   with_element_type(y.scalar_type(), [&](auto element) {
     using T = decltype(element);
     with_format(format, [&](auto fmt) {
@@ -448,7 +449,7 @@ void cross_entropy_cuda(const at::Tensor& logits, const at::Tensor& target, int6
                         at::Tensor& count) {
   const c10::cuda::CUDAGuard guard(logits.device());
   const int64_t N = logits.size(0), C = logits.size(1);
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   at::Tensor row_loss = at::empty({N}, logits.options().dtype(at::kFloat));
   if (N > 0) {
     with_element_type(logits.scalar_type(), [&](auto element) {
@@ -473,7 +474,7 @@ void cross_entropy_backward_cuda(const at::Tensor& grad, const at::Tensor& log_p
                                  double label_smoothing, FormatId format, at::Tensor& out) {
   const c10::cuda::CUDAGuard guard(log_probs.device());
   const int64_t N = log_probs.size(0), C = log_probs.size(1);
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = current_stream();
   with_element_type(grad.scalar_type(), [&](auto element) {
     using G = decltype(element);
     with_format(format, [&](auto fmt) {

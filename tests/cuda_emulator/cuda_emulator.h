@@ -14,7 +14,7 @@
 #pragma once
 
 // Torch's headers first, without the device macros below (they must see a host compilation).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>

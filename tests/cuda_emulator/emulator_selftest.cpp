@@ -2,6 +2,8 @@
 // barriers return, and that the bugs the emulator promises to catch are caught. Registered as carbon_emu::_emu_*.
 #include "cuda_emulator.h"
 
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 namespace {

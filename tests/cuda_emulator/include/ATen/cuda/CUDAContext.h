@@ -3,10 +3,11 @@
 #pragma once
 
 #include <c10/core/Device.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include <cstddef>
 
-using cudaStream_t = void*;
 enum cudaError_t { cudaSuccess = 0 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 
@@ -23,19 +24,13 @@ cudaError_t cudaFuncSetAttribute(Kernel, cudaFuncAttribute, int) {
   return cudaSuccess;
 }
 
-#define C10_CUDA_CHECK(expr) ((void)(expr))
-#define C10_CUDA_KERNEL_LAUNCH_CHECK() ((void)0)
-
 namespace at {
 namespace cuda {
 
 cudaDeviceProp* getCurrentDeviceProperties();
 
-struct CUDAStream {
-  cudaStream_t stream() const { return nullptr; }
-  operator cudaStream_t() const { return nullptr; }  // NOLINT: as ATen's
-};
-inline CUDAStream getCurrentCUDAStream() { return {}; }
+using c10::cuda::CUDAStream;
+using c10::cuda::getCurrentCUDAStream;
 
 }  // namespace cuda
 }  // namespace at
