@@ -29,8 +29,5 @@ namespace cuda {
 
 cudaDeviceProp* getCurrentDeviceProperties();
 
-using c10::cuda::CUDAStream;
-using c10::cuda::getCurrentCUDAStream;
-
 }  // namespace cuda
 }  // namespace at
