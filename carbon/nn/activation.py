@@ -36,11 +36,15 @@ class GELU(torch.nn.GELU):
 class SiLU(torch.nn.SiLU):
     """``torch.nn.SiLU(inplace=False)`` with a forward (and backward) by
     :func:`carbon.silu`. With ``inplace=True`` the (out-of-place) result is
-    copied into the input, as torch's in-place variant leaves it."""
+    copied into the input, as torch's in-place variant leaves it; while
+    autograd records, the backward reads a copy of the original input (as
+    torch's in-place silu_ saves it), since the copy overwrites the input."""
 
     def forward(self, input: Tensor) -> Tensor:
-        out = silu(input)
-        return input.copy_(out) if self.inplace else out
+        if not self.inplace:
+            return silu(input)
+        recording = torch.is_grad_enabled() and input.requires_grad
+        return input.copy_(silu(input.clone() if recording else input))
 
     def extra_repr(self) -> str:
         return "inplace=True" if self.inplace else ""
