@@ -381,15 +381,52 @@ class _FunctionMode(TorchFunctionMode):
 # ---- torch.optim: the step of carbon.optim on torch's optimizer objects -----------------------------------------
 
 def _optimizer_patches() -> Dict[type, Callable]:
+    """The ``step`` installed on torch's Adam, AdamW and SGD while enabled.
+
+    It keeps torch's step hooks (wrapped by ``Optimizer.profile_hook_step``
+    as torch wraps its own, and marked ``hooked`` so torch does not wrap it
+    again), and it checks at each call whether carbon is still enabled: an
+    LR scheduler copies ``opt.step`` onto the optimizer when it is created, so
+    a step bound while enabled can be called after :func:`disable`, and then
+    runs torch's own step."""
     from carbon import optim as carbon_optim
 
-    def adam_step(self, closure=None):
-        return carbon_optim.Adam.step(self, closure)
+    def routed(torch_cls: type, carbon_step: Callable) -> Callable:
+        hooked_carbon_step = torch.optim.Optimizer.profile_hook_step(carbon_step)
 
-    def sgd_step(self, closure=None):
-        return carbon_optim.SGD.step(self, closure)
+        def step(self, closure=None):
+            if _active is None:
+                return torch_cls.step(self, closure)  # torch's again: disable() restored it
+            return hooked_carbon_step(self, closure)
 
-    return {torch.optim.Adam: adam_step, torch.optim.AdamW: adam_step, torch.optim.SGD: sgd_step}
+        step.hooked = True  # type: ignore[attr-defined]
+        return step
+
+    return {torch.optim.Adam: routed(torch.optim.Adam, carbon_optim.Adam.step),
+            torch.optim.AdamW: routed(torch.optim.AdamW, carbon_optim.Adam.step),
+            torch.optim.SGD: routed(torch.optim.SGD, carbon_optim.SGD.step)}
+
+
+def _stale_step_patches(session: _Session) -> Dict[Tuple[Any, str], Callable]:
+    """torch's per-group update functions, which only torch's own step calls.
+    Reaching one while enabled means a step bound before :func:`enable` (an
+    LR scheduler created before enable() keeps the step it saw): its update
+    would be torch's, whose bits differ by device, so it is refused (strict)
+    or warned about once."""
+    import torch.optim.adam as torch_adam
+    import torch.optim.sgd as torch_sgd
+
+    def refused(name: str, original: Callable) -> Callable:
+        def update(*args, **kwargs):
+            session.not_covered(
+                f"torch.optim.{name}.step bound before carbon.enable()",
+                "an LR scheduler created before enable() keeps torch's step; create the optimizer and its scheduler "
+                "after enable(), or use carbon.optim")
+            return original(*args, **kwargs)
+        return update
+
+    return {(torch_adam, "adam"): refused("Adam/AdamW", torch_adam.adam),
+            (torch_sgd, "sgd"): refused("SGD", torch_sgd.sgd)}
 
 
 # ---- torch.distributed.all_reduce: carbon's exact all-reduce for floating tensors ---------------------------------
@@ -538,10 +575,12 @@ def enable(seed: Optional[int] = None, strict: bool = True) -> None:
         session = _Session(bool(strict))
         function_mode = _FunctionMode()
         dispatch_mode = _DispatchMode(session)
-        saved = {cls: cls.__dict__.get("step", _MISSING) for cls in _optimizer_patches()}
-        for cls, step in _optimizer_patches().items():
+        steps = _optimizer_patches()
+        saved = {cls: cls.__dict__.get("step", _MISSING) for cls in steps}
+        for cls, step in steps.items():
             cls.step = step
-        for (owner, attr), fn in {**_distributed_patches(session), **_seed_patches()}.items():
+        for (owner, attr), fn in {**_distributed_patches(session), **_seed_patches(),
+                                  **_stale_step_patches(session)}.items():
             saved[(owner, attr)] = getattr(owner, attr)
             setattr(owner, attr, fn)
         for get, set_, value in _switch_settings():

@@ -5,6 +5,7 @@ arithmetic); whole models against other thread counts and batch sizes."""
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from fractions import Fraction
@@ -325,6 +326,59 @@ def test_torch_adamw_steps_with_the_exact_formula():
             weight_decay=0.1, decoupled=True, maximize=False, dtype=torch.float32)
     assert p.detach().tolist() == values
     assert torch.optim.AdamW.__dict__.get("step") is torch_step  # torch's step is back
+
+
+def test_torch_adamw_with_a_scheduler_and_hooks_created_while_enabled():
+    """An LR scheduler copies opt.step onto the optimizer when it is created:
+    created while enabled, the step it keeps is carbon's while enabled (the
+    reference formula at the scheduled rates) and torch's after disable();
+    the optimizer's step hooks run every time."""
+    p = nn.Parameter(_randn(40, seed=1))
+    grads = [_randn(40, seed=2 + t) for t in range(3)]
+    calls = []
+    start = p.detach().clone()
+    with carbon.enabled():
+        opt = torch.optim.AdamW([p], lr=1e-2, weight_decay=0.1)
+        opt.register_step_pre_hook(lambda *a: calls.append("pre"))
+        opt.register_step_post_hook(lambda *a: calls.append("post"))
+        scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        lrs = []
+        for g in grads[:2]:
+            p.grad = g.clone()
+            lrs.append(opt.param_groups[0]["lr"])
+            opt.step()
+            scheduler.step()
+    assert lrs == [1e-2, 5e-3] and calls == ["pre", "post"] * 2
+    m, v, values = [0.0] * 40, [0.0] * 40, optim_reference.values(start)
+    for t, (g, lr) in enumerate(zip(grads, lrs + [lrs[-1] / 2]), 1):
+        values, m, v = optim_reference.adam_reference(
+            values, optim_reference.values(g), m, v, t, lr=lr, beta1=0.9, beta2=0.999, eps=1e-8,
+            weight_decay=0.1, decoupled=True, maximize=False, dtype=torch.float32)
+        if t == 2:
+            assert p.detach().tolist() == values
+    # after disable(): torch's own step, through the scheduler's copy: same result as a fresh torch AdamW's
+    twin = nn.Parameter(p.detach().clone())
+    twin_opt = torch.optim.AdamW([twin], lr=opt.param_groups[0]["lr"], weight_decay=0.1)
+    twin_opt.load_state_dict(copy.deepcopy(opt.state_dict()))  # its own state tensors
+    p.grad, twin.grad = grads[2].clone(), grads[2].clone()
+    opt.step()
+    twin_opt.step()
+    assert torch.equal(as_bits(p.detach()), as_bits(twin.detach()))
+    assert p.detach().tolist() != values  # carbon's formula would have given other bits: this was torch's step
+    assert calls == ["pre", "post"] * 3
+
+
+def test_torch_adamw_with_a_scheduler_created_before_enable_is_refused():
+    """A scheduler created before enable() keeps torch's step: strict mode
+    names it instead of silently running torch's update."""
+    p = nn.Parameter(_randn(8, seed=1))
+    opt = torch.optim.AdamW([p], lr=1e-2)
+    torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+    p.grad = _randn(8, seed=2)
+    with carbon.enabled(), pytest.raises(carbon.NotExactError, match=r"AdamW.step bound before carbon.enable"):
+        opt.step()
+    with carbon.enabled(strict=False), pytest.warns(RuntimeWarning, match="scheduler created before"):
+        opt.step()
 
 
 @pytest.mark.parametrize("kind", ["Adam", "AdamW"])
