@@ -392,7 +392,9 @@ def _optimizer_patches() -> Dict[type, Callable]:
     from carbon import optim as carbon_optim
 
     def routed(torch_cls: type, carbon_step: Callable) -> Callable:
-        hooked_carbon_step = torch.optim.Optimizer.profile_hook_step(carbon_step)
+        # torch hooks carbon.optim's classes' own step when it builds one of them: no second layer then
+        hooked = getattr(carbon_step, "hooked", False)
+        hooked_carbon_step = carbon_step if hooked else torch.optim.Optimizer.profile_hook_step(carbon_step)
 
         def step(self, closure=None):
             if _active is None:
