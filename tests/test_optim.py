@@ -6,6 +6,7 @@ torch.optim, thread-count invariance and errors."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from fractions import Fraction
@@ -673,3 +674,65 @@ def test_adam_16bit_rounding_ties_subnormals_overflow(dtype, amsgrad):
                     exact = x - update / (1.0 + eps)  # the fp64 value p' rounds
                     double_rounding_traps += rn(rn32(exact), dtype) != rn(exact, dtype)
     assert ties > 100 and double_rounding_traps > 100
+
+
+# ---- layouts: channels_last, transposed and gapped parameters step as their contiguous twins -----------------------
+
+def _layouts(dtype):
+    """(name, parameter in that layout, its gradient) from contiguous values: every element's update must not
+    depend on where it lives (contract §12 "Layouts")."""
+    conv = wide_values((4, 3, 5, 2), dtype, 21)
+    conv_grad = wide_values((4, 3, 5, 2), dtype, 22)
+    mat = wide_values((9, 6), dtype, 23)
+    mat_grad = wide_values((9, 6), dtype, 24)
+    base = wide_values((5, 14), dtype, 25)
+    return [
+        ("channels_last", conv.to(memory_format=torch.channels_last), conv_grad.to(memory_format=torch.channels_last)),
+        ("channels_last, contiguous grad", conv.to(memory_format=torch.channels_last), conv_grad),
+        ("transposed", mat.t().contiguous().t(), mat_grad.t().contiguous().t()),
+        ("gapped", base[:, ::2], wide_values((5, 7), dtype, 26)),
+    ]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("make", [
+    lambda ps: carbon.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
+    lambda ps: carbon.optim.Adam(ps, lr=1e-2, weight_decay=0.1, amsgrad=True),
+    lambda ps: carbon.optim.SGD(ps, lr=1e-2, momentum=0.9, nesterov=True, weight_decay=0.1),
+    lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
+], ids=["AdamW", "Adam-amsgrad", "SGD-nesterov", "torch.AdamW-enabled"])
+def test_any_layout_steps_like_contiguous(dtype, make):
+    for name, start, grad in _layouts(dtype):
+        odd = torch.nn.Parameter(start.clone() if name != "gapped" else start)
+        plain = torch.nn.Parameter(start.contiguous().clone())
+        assert not odd.is_contiguous() and plain.is_contiguous()
+        odd_opt, plain_opt = make([odd]), make([plain])
+        under_enable = type(odd_opt) is torch.optim.AdamW  # torch's optimizer: carbon's step only while enabled
+        with carbon.enabled() if under_enable else contextlib.nullcontext():
+            for t in range(3):
+                odd.grad, plain.grad = grad.clone() * (t + 1), grad.contiguous() * (t + 1)
+                odd_opt.step()
+                plain_opt.step()
+        same_bits(odd.detach().contiguous(), plain.detach(), f"{name} parameter")
+        for key, value in plain_opt.state[plain].items():
+            if key != "step":
+                kept = odd_opt.state[odd][key]
+                same_bits(kept.contiguous(), value, f"{name} {key}")
+                if name.startswith("channels_last"):
+                    assert kept.stride() == odd.stride(), f"{key} is not laid out like its parameter"
+
+
+def test_clip_grad_norm_any_layout():
+    for dtype in DTYPES:
+        grads = [g for _, _, g in _layouts(dtype)]
+        odd = [torch.nn.Parameter(torch.zeros(g.shape, dtype=dtype)) for g in grads]
+        plain = [torch.nn.Parameter(torch.zeros(g.shape, dtype=dtype)) for g in grads]
+        for o, p, g in zip(odd, plain, grads):
+            o.grad, p.grad = g.clone(), g.contiguous()
+        odd[3].grad = torch.zeros(5, 14, dtype=dtype)[:, ::2].copy_(grads[3])  # a gradient with gaps
+        total_odd = carbon.nn.utils.clip_grad_norm_(odd, 1.0)
+        total_plain = carbon.nn.utils.clip_grad_norm_(plain, 1.0)
+        same_bits(total_odd, total_plain, "total norm")
+        for o, p in zip(odd, plain):
+            same_bits(o.grad.contiguous(), p.grad, "clipped gradient")
+        assert odd[0].grad.is_contiguous(memory_format=torch.channels_last)

@@ -9,6 +9,8 @@ from typing import Iterable, Optional, Union
 import torch
 from torch import Tensor
 
+from carbon.optim._layout import Aliases, write_back
+
 __all__ = ["clip_grad_norm_"]
 
 CLIP_EPS = 1e-6  # torch's: coef = max_norm / (total_norm + 1e-6)
@@ -56,5 +58,7 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
             "clipped. To disable this error and scale the gradients by the non-finite norm anyway, set "
             "`error_if_nonfinite=False`")
     if nonempty:
-        torch.ops.carbon.clip_scale_(nonempty, total, max_norm, CLIP_EPS)
+        aliases = [Aliases(g) for g in nonempty]  # contiguous aliases of channels_last / transposed gradients
+        torch.ops.carbon.clip_scale_([a.param for a in aliases], total, max_norm, CLIP_EPS)
+        write_back(aliases)
     return total

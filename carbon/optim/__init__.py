@@ -29,6 +29,8 @@ import struct
 import torch
 from torch import Tensor
 
+from carbon.optim._layout import Aliases, state_like, write_back
+
 __all__ = ["Adam", "AdamW", "SGD", "power"]
 
 
@@ -129,16 +131,11 @@ def _increment_step(state: Dict[str, Any]) -> int:
 
 
 def _float32_state(state: Dict[str, Any], key: str, p: Tensor) -> Tensor:
-    """state[key] as a contiguous float32 tensor on p's device (created as zeros). A complex64 parameter keeps
-    complex64 states (torch.optim's format) and gets their float view: torch's step treats the real and
-    imaginary parts as independent parameters, and so does carbon's."""
+    """state[key] as a float32 tensor on p's device laid out like p (created as zeros; see _layout). A complex64
+    parameter keeps complex64 states (torch.optim's format) and gets their float view: torch's step treats the real
+    and imaginary parts as independent parameters, and so does carbon's."""
     dtype = torch.complex64 if p.is_complex() else torch.float32
-    t = state.get(key)
-    if t is None:
-        t = torch.zeros(p.shape, dtype=dtype, device=p.device)
-    elif t.dtype != dtype or t.device != p.device or not t.is_contiguous():
-        t = t.to(device=p.device, dtype=dtype).contiguous()
-    state[key] = t
+    t = state[key] = state_like(p, dtype, state.get(key))
     return torch.view_as_real(t) if t.is_complex() else t
 
 
@@ -207,6 +204,7 @@ class Adam(_KeepFloat32States, torch.optim.Adam):
             amsgrad = bool(group.get("amsgrad", False))
             # step -> (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs: empty without AMSGrad)
             by_step: Dict[int, List[List[Tensor]]] = {}
+            aliases: List[Aliases] = []
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -214,19 +212,22 @@ class Adam(_KeepFloat32States, torch.optim.Adam):
                 state = self.state[p]
                 if "step" not in state:
                     state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                m = _float32_state(state, "exp_avg", p)
-                v = _float32_state(state, "exp_avg_sq", p)
+                a = Aliases(_real_view(name, p))
+                aliases.append(a)
+                m = a.state(_float32_state(state, "exp_avg", p))
+                v = a.state(_float32_state(state, "exp_avg_sq", p))
                 t = _increment_step(state)
                 lists = by_step.setdefault(t, [[], [], [], [], []])
-                for lst, x in zip(lists, (_real_view(name, p), _real_view(name, g), m, v)):
+                for lst, x in zip(lists, (a.param, a.read(_real_view(name, g)), m, v)):
                     lst.append(x)
                 if amsgrad:  # torch's name; zeros when new, as torch creates it
-                    lists[4].append(_float32_state(state, "max_exp_avg_sq", p))
+                    lists[4].append(a.state(_float32_state(state, "max_exp_avg_sq", p)))
             for t, (ps, gs, ms, vs, ws) in by_step.items():
                 bias_correction1 = 1.0 - power(beta1, t)
                 bias_correction2_sqrt = math.sqrt(1.0 - power(beta2, t))
                 torch.ops.carbon.adam_step_(ps, gs, ms, vs, ws, lr, beta1, beta2, eps, wd, bias_correction1,
                                             bias_correction2_sqrt, decoupled, maximize)
+            write_back(aliases)
         return loss
 
 
@@ -247,6 +248,7 @@ def _adam_capturable_group(name: str, states: Dict[Tensor, Dict[str, Any]], grou
     eps, wd = float(group["eps"]), _scalar("weight_decay", group["weight_decay"])
     amsgrad = bool(group.get("amsgrad", False))
     lists: List[List[Tensor]] = [[], [], [], [], [], []]  # params, grads, exp_avgs, exp_avg_sqs, maxima, steps
+    aliases: List[Aliases] = []
     for p in group["params"]:
         if p.grad is None:
             continue
@@ -258,9 +260,11 @@ def _adam_capturable_group(name: str, states: Dict[Tensor, Dict[str, Any]], grou
         elif not isinstance(step, Tensor) or step.dtype != torch.float32 or step.device != p.device:
             step = torch.as_tensor(step).to(device=p.device, dtype=torch.float32)
         state["step"] = step
-        entries = [_real_view(name, p), _real_view(name, g), _float32_state(state, "exp_avg", p),
-                   _float32_state(state, "exp_avg_sq", p)]
-        entries.append(_float32_state(state, "max_exp_avg_sq", p) if amsgrad else None)
+        a = Aliases(_real_view(name, p))
+        aliases.append(a)
+        entries = [a.param, a.read(_real_view(name, g)), a.state(_float32_state(state, "exp_avg", p)),
+                   a.state(_float32_state(state, "exp_avg_sq", p))]
+        entries.append(a.state(_float32_state(state, "max_exp_avg_sq", p)) if amsgrad else None)
         entries.append(step)
         for lst, x in zip(lists, entries):
             if x is not None:
@@ -272,6 +276,7 @@ def _adam_capturable_group(name: str, states: Dict[Tensor, Dict[str, Any]], grou
     torch._foreach_add_(steps, 1.0)
     torch.ops.carbon.adam_step_capturable_(ps, gs, ms, vs, ws, steps, lr, lr_tensor, beta1, beta2, eps, wd,
                                            bool(group.get("decoupled_weight_decay", False)), bool(group["maximize"]))
+    write_back(aliases)
 
 
 class AdamW(_KeepFloat32States, torch.optim.AdamW):
@@ -316,6 +321,7 @@ class SGD(_KeepFloat32States, torch.optim.SGD):
             nesterov, maximize = bool(group["nesterov"]), bool(group["maximize"])
             # first_step -> (params, grads, buffers)
             calls: Dict[bool, List[List[Tensor]]] = {False: [[], [], []], True: [[], [], []]}
+            aliases: List[Aliases] = []
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -323,14 +329,17 @@ class SGD(_KeepFloat32States, torch.optim.SGD):
                 state = self.state[p]
                 first = momentum != 0 and state.get("momentum_buffer") is None
                 lists = calls[first]
-                lists[0].append(_real_view(name, p))
-                lists[1].append(_real_view(name, g))
+                a = Aliases(_real_view(name, p))
+                aliases.append(a)
+                lists[0].append(a.param)
+                lists[1].append(a.read(_real_view(name, g)))
                 if momentum != 0:
-                    lists[2].append(_float32_state(state, "momentum_buffer", p))
+                    lists[2].append(a.state(_float32_state(state, "momentum_buffer", p)))
             if calls[True][0]:
                 _refuse_capture(name, "a momentum buffer is created on the first step, so every replay would "
                                       "repeat a first step; run one step() before capturing")
             for first, (ps, gs, bs) in calls.items():
                 if ps:
                     torch.ops.carbon.sgd_step_(ps, gs, bs, lr, momentum, dampening, wd, nesterov, maximize, first)
+            write_back(aliases)
         return loss
