@@ -44,11 +44,16 @@ class _BroadcastMask(torch.autograd.Function):
     """mask.expand(shape) viewed as [batch, L, S]. Its gradient (for a learned
     mask, e.g. T5's relative position bias) sums the logits' gradient over the
     broadcast dimensions exactly, with one rounding to the mask's dtype
-    (carbon.sum), where autograd's expand would add in float32."""
+    (carbon.sum), where autograd's expand would add in float32. A learned
+    bfloat16/float16 mask is passed on widened to float32 (exact, so the
+    logits are unchanged): autograd would otherwise round the logits' float32
+    gradient to the mask's dtype before the sum, a second rounding."""
 
     @staticmethod
     def forward(ctx: Any, mask: Tensor, shape: tuple, batch: int) -> Tensor:
         ctx.mask_shape, ctx.dtype, ctx.full = tuple(mask.shape), mask.dtype, tuple(shape)
+        if ctx.needs_input_grad[0] and mask.dtype in (torch.bfloat16, torch.float16):
+            mask = mask.float()
         return mask.expand(shape).reshape(batch, shape[-2], shape[-1])
 
     @staticmethod
@@ -133,9 +138,12 @@ def scaled_dot_product_attention(
         raise ValueError(f"{op}: expected all tensors on one device, got {query.device}, {key.device}, {value.device}")
     if is_causal and attn_mask is not None:
         raise ValueError(f"{op}: pass either attn_mask or is_causal, not both")
+    if attn_mask is not None and attn_mask.device != query.device:
+        raise ValueError(f"{op}: expected all tensors on one device, but attn_mask is on {attn_mask.device} "
+                         f"and query is on {query.device}")
     batch = math.prod(lead)
     q3, k3, v3 = query.reshape(batch, L, E), key.reshape(batch, S, E), value.reshape(batch, S, -1)
-    mask3 = None if attn_mask is None else _additive_mask(attn_mask.to(query.device), lead + (L, S), batch)
+    mask3 = None if attn_mask is None else _additive_mask(attn_mask, lead + (L, S), batch)
     factor = 1.0 / math.sqrt(E) if scale is None else float(scale)
     if q3.device.type == "cpu" and (mask3 is None or not mask3.requires_grad):
         probs = _AttentionProbs.apply(q3, k3, factor, mask3, is_causal)

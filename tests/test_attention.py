@@ -1,11 +1,14 @@
 """carbon.scaled_dot_product_attention against its definition (contract §9),
 composed from independent references: the integer bmm oracle
-(tests/oracle.py), the softmax reference (tests/softmax_reference.py) and the
-logits step written here with numpy float64 operations."""
+(tests/oracle.py), the softmax reference (tests/softmax_reference.py), the
+logits step written here with numpy float64 operations and, for dropout_p >
+0, the keep-mask of contract §10 built from tests/philox_reference.py's
+Philox (not carbon's generator)."""
 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -13,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 import carbon
-from oracle import assert_bits_equal, as_bits, bmm_bits, fmt_of
+import philox_reference
+from oracle import assert_bits_equal, as_bits, bmm_bits, bits_tensor, fmt_of, round_bits, sum_to_shape_bits
 from softmax_reference import softmax_backward_bits, softmax_bits
 
 from data import generator
@@ -37,8 +41,22 @@ def _logits(s: torch.Tensor, scale: float, mask, causal: bool) -> torch.Tensor:
     return z
 
 
-def reference_attention(q, k, v, mask=None, causal=False, scale=None):
-    """Forward of contract §9, plus the intermediate tensors."""
+def _dropout_reference(p: torch.Tensor, dropout_p: float, seed: int, offset: int) -> torch.Tensor:
+    """Contract §10's dropout of a float32 tensor at the draw (seed, offset),
+    element i its row-major index: keep_i = u_i >= dropout_p with u_i from
+    word i mod 4 of Philox block i // 4 (philox_reference), kept values
+    RN32(p_i (/) (1 (-) dropout_p)) (binary64 division, one rounding), +0
+    otherwise."""
+    flat = p.reshape(-1).tolist()
+    words = philox_reference.words(seed, offset, len(flat))
+    keep = [philox_reference.uniform01(w) >= Fraction(dropout_p) for w in words]
+    out = [round_bits(x / (1.0 - dropout_p), torch.float32) if kept else 0 for x, kept in zip(flat, keep)]
+    return _from_bits(bits_tensor(out, torch.float32).reshape(p.shape), torch.float32)
+
+
+def reference_attention(q, k, v, mask=None, causal=False, scale=None, dropout=None):
+    """Forward of contract §9, plus the intermediate tensors. dropout =
+    (dropout_p, seed, offset): the draw the op is expected to take."""
     lead, (L, E), S = q.shape[:-2], q.shape[-2:], k.shape[-2]
     B = math.prod(lead)
     q3, k3, v3 = q.reshape(B, L, E), k.reshape(B, S, E), v.reshape(B, S, -1)
@@ -51,23 +69,31 @@ def reference_attention(q, k, v, mask=None, causal=False, scale=None):
         m = mask.expand(lead + (L, S)).reshape(B, L, S)
     z = _logits(s, sigma, m, causal)
     p = _from_bits(softmax_bits(z, -1), torch.float32)
-    o = _from_bits(bmm_bits(p, v3, out_dtype=q.dtype), q.dtype)
-    return o.reshape(lead + (L, v.shape[-1])), (q3, k3, v3, p, sigma)
+    pd = p if dropout is None else _dropout_reference(p, *dropout)
+    o = _from_bits(bmm_bits(pd, v3, out_dtype=q.dtype), q.dtype)
+    return o.reshape(lead + (L, v.shape[-1])), (q3, k3, v3, p, sigma, pd)
 
 
-def reference_grads(q, k, v, grad_out, causal=False):
+def reference_grads(q, k, v, grad_out, causal=False, mask=None, scale=None, dropout=None, with_dz=False):
     """Gradients by the chain rule through the same ops, each step's gradient
-    from its own reference (bmm oracle, softmax backward reference)."""
-    o, (q3, k3, v3, p, sigma) = reference_attention(q, k, v, causal=causal)
+    from its own reference (bmm oracle, softmax backward reference, dropout
+    backward = the same keep-mask and scaling applied to the gradient). With
+    with_dz, also dz, the logits' gradient [B, L, S] (a float mask's before
+    the sum over its broadcast dimensions)."""
+    o, (q3, k3, v3, p, sigma, pd) = reference_attention(q, k, v, mask=mask, causal=causal, scale=scale,
+                                                         dropout=dropout)
     B, L = q3.shape[:2]
     g3 = grad_out.reshape(B, L, -1)
     dp = _from_bits(bmm_bits(g3, v3.transpose(1, 2), out_dtype=torch.float32), torch.float32)
-    dv = _from_bits(bmm_bits(p.transpose(1, 2), g3, out_dtype=v.dtype), v.dtype)
+    if dropout is not None:
+        dp = _dropout_reference(dp, *dropout)
+    dv = _from_bits(bmm_bits(pd.transpose(1, 2), g3, out_dtype=v.dtype), v.dtype)
     dz = _from_bits(softmax_backward_bits(dp, p, -1, torch.float32), torch.float32)
     ds = _logits(dz, sigma, None, False)
     dq = _from_bits(bmm_bits(ds, k3, out_dtype=q.dtype), q.dtype)
     dk = _from_bits(bmm_bits(ds.transpose(1, 2), q3, out_dtype=k.dtype), k.dtype)
-    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+    grads = dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+    return grads + (dz,) if with_dz else grads
 
 
 def _qkv(shape, dtype=torch.float32, seed=0, kv_len=None):
@@ -132,11 +158,95 @@ def test_learned_mask_gradient_is_the_exact_sum_of_the_logit_gradients():
     leaf = mask.clone().requires_grad_()
     out = carbon.scaled_dot_product_attention(q, k, v, attn_mask=leaf)
     out.backward(grad_out)
-    _, (q3, k3, v3, p, sigma) = reference_attention(q, k, v, mask=mask)
+    _, (q3, k3, v3, p, sigma, _) = reference_attention(q, k, v, mask=mask)
     dp = _from_bits(bmm_bits(grad_out.reshape(4, 5, 3), v3.transpose(1, 2), out_dtype=torch.float32), torch.float32)
     dz = _from_bits(softmax_backward_bits(dp, p, -1, torch.float32), torch.float32).double().tolist()
     want = [row_quotient_bits([dz[b][i][j] for b in range(4)], 1, torch.float32) for i in range(5) for j in range(5)]
     assert_bits_equal(leaf.grad, bits_tensor(want, torch.float32).reshape(5, 5), "mask gradient")
+
+
+def _mask(kind, dtype, seed):
+    """A mask for q [2, 2, 5, E] and k [2, 2, 7, E]: boolean [5, 7] (True = attend) with row 1 fully masked, or
+    additive [2, 1, 5, 7] in `dtype` (broadcast over the heads) with one -inf entry."""
+    g = generator(seed)
+    if kind == "bool":
+        mask = torch.rand(5, 7, generator=g) > 0.4
+        mask[1] = False
+        return mask
+    mask = torch.randn(2, 1, 5, 7, generator=g)
+    mask[0, 0, 2, 3] = -math.inf
+    return mask.to(dtype)
+
+
+def _attend(q, k, v, grad_out, kind, dtype, mask_seed, **kwargs):
+    """carbon's output and gradients (dq, dk, dv, and dmask for a learned mask), plus the mask used."""
+    mask = None if kind in ("none", "causal") else _mask("bool" if kind == "bool" else "float", dtype, mask_seed)
+    qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
+    inputs, attn_mask = (qs, ks, vs), mask
+    if kind == "learned":  # requires grad: the composition of ops, not the CPU's fused attention_probs
+        attn_mask = mask.clone().requires_grad_()
+        inputs += (attn_mask,)
+    out = carbon.scaled_dot_product_attention(qs, ks, vs, attn_mask=attn_mask, is_causal=kind == "causal", **kwargs)
+    return out, torch.autograd.grad(out, inputs, grad_out), mask
+
+
+def _check_grads(got, want, dz, mask, kind, dtype, shape):
+    for name, g, e in zip("qkv", got, want):
+        assert_bits_equal(g, as_bits(e), f"d{name}", dtype=dtype)
+    if kind == "learned":
+        # the logits' gradient summed exactly over the dimensions the mask was broadcast along (the heads), one
+        # rounding to the mask's dtype (contract §9)
+        want_mask = sum_to_shape_bits(dz.reshape(shape), mask.shape, mask.dtype)
+        assert_bits_equal(got[3], want_mask, "dmask", dtype=mask.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["none", "bool", "float", "learned"])
+def test_gradients_non_causal_and_masked_match_definition(kind, dtype):
+    """Gradients against the definition without is_causal: unmasked, a boolean mask (with a fully masked row), an
+    additive mask broadcast over the heads, and that mask requiring grad (a learned bias), whose own gradient is
+    checked too."""
+    q, k, v = _qkv((2, 2, 5, 3), dtype, seed=12, kv_len=7)
+    grad_out = torch.randn(2, 2, 5, 3, generator=generator(13)).to(dtype)
+    out, got, mask = _attend(q, k, v, grad_out, kind, dtype, mask_seed=14)
+    expected, _ = reference_attention(q, k, v, mask=mask)
+    assert_bits_equal(out, as_bits(expected), "forward", dtype=dtype)
+    *want, dz = reference_grads(q, k, v, grad_out, mask=mask, with_dz=True)
+    _check_grads(got, want, dz, mask, kind, dtype, (2, 2, 5, 7))
+
+
+@pytest.fixture
+def default_generator():
+    """carbon.default_generator, its state put back after the test."""
+    state = carbon.default_generator.get_state()
+    yield carbon.default_generator
+    carbon.default_generator.set_state(state)
+
+
+@pytest.mark.parametrize("kind,dtype,dropout_p", [
+    ("none", torch.float32, 0.3), ("causal", torch.float32, 0.3), ("bool", torch.float32, 0.3),
+    ("learned", torch.float32, 0.3), ("none", torch.bfloat16, 0.3), ("causal", torch.bfloat16, 0.6),
+    ("none", torch.float32, 1.0),
+])
+def test_dropout_matches_definition(kind, dtype, dropout_p, default_generator):
+    """dropout_p > 0 (contract §9, §10): one draw of carbon.default_generator at its (seed, offset); the keep-mask
+    of p [B, L, S] built here from the independent Philox of tests/philox_reference.py, kept p rounded once from
+    p / (1 - dropout_p), dropped +0; forward and gradients (the backward regenerates the same mask and takes no
+    draw) against the definition."""
+    seed, offset = 2**63 + 977, 5
+    q, k, v = _qkv((2, 2, 5, 3), dtype, seed=15, kv_len=7)
+    grad_out = torch.randn(2, 2, 5, 3, generator=generator(16)).to(dtype)
+    default_generator.manual_seed(seed)
+    default_generator.offset = offset
+    out, got, mask = _attend(q, k, v, grad_out, kind, dtype, mask_seed=17, dropout_p=dropout_p)
+    assert default_generator.offset == offset + 1, "one draw, forward and backward together"
+    draw = (dropout_p, seed, offset)
+    expected, (*_, p, _, pd) = reference_attention(q, k, v, mask=mask, causal=kind == "causal", dropout=draw)
+    dropped = int(((p != 0) & (pd == 0)).sum())
+    assert dropped > 0 and (dropout_p == 1.0 or int((pd != 0).sum()) > 0), "the data must drop some and keep some"
+    assert_bits_equal(out, as_bits(expected), "forward", dtype=dtype)
+    *want, dz = reference_grads(q, k, v, grad_out, mask=mask, causal=kind == "causal", dropout=draw, with_dz=True)
+    _check_grads(got, want, dz, mask, kind, dtype, (2, 2, 5, 7))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -235,6 +345,15 @@ def test_errors():
         sdpa(q, k[:, :1], v[:, :1])
     with pytest.raises(ValueError, match="does not broadcast"):
         sdpa(q, k, v, attn_mask=torch.zeros(3, 4))
+    # a mask on another device than query raises (contract §9), it is not copied over; "meta" stands in for a
+    # second device here (tests/test_attention_cuda.py checks CPU against CUDA)
+    for mask in (torch.ones(4, 4, dtype=torch.bool), torch.zeros(2, 4, 4)):
+        with pytest.raises(ValueError, match=r"^carbon\.scaled_dot_product_attention: .*attn_mask is on meta"):
+            sdpa(q, k, v, attn_mask=mask.to("meta"))
+        with pytest.raises(ValueError, match=r"attn_mask is on cpu and query is on meta"):
+            sdpa(q.to("meta"), k.to("meta"), v.to("meta"), attn_mask=mask)
+    with pytest.raises(ValueError, match="one device"):
+        sdpa(q, k.to("meta"), v)
     with pytest.raises(TypeError, match="float64"):
         sdpa(q.double(), k.double(), v.double())
     with pytest.raises(TypeError, match="float32"):

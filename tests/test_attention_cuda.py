@@ -123,3 +123,25 @@ def test_attention_on_a_device_that_is_not_current():
         s = torch.randn(2, 5, 6, generator=generator(11))
         with pytest.raises(ValueError, match="one device"):
             torch.ops.carbon.attention_logits(s.to(dev), 0.5, s.to("cuda:0"), False)
+
+
+def test_tensors_on_different_devices_raise():
+    """Contract §9: tensors on different devices raise ValueError, the mask included (it is not silently copied to
+    query's device); a CPU and one GPU are enough."""
+    q, k, v = _qkv((1, 2, 4, 8), torch.float32, seed=12)
+    qc, kc, vc = q.cuda(), k.cuda(), v.cuda()
+    sdpa = carbon.scaled_dot_product_attention
+    for mask in (torch.rand(4, 4, generator=generator(13)) > 0.5, torch.randn(2, 4, 4, generator=generator(14))):
+        with pytest.raises(ValueError, match=r"^carbon\.scaled_dot_product_attention: .*attn_mask is on cpu.*cuda"):
+            sdpa(qc, kc, vc, attn_mask=mask)
+        with pytest.raises(ValueError, match=r"^carbon\.scaled_dot_product_attention: .*attn_mask is on cuda"):
+            sdpa(q, k, v, attn_mask=mask.cuda())
+    learned = torch.randn(4, 4, requires_grad=True)
+    with pytest.raises(ValueError, match="attn_mask is on cpu"):
+        sdpa(qc, kc, vc, attn_mask=learned)
+    one_device = r"^carbon\.scaled_dot_product_attention: expected all tensors on one device"
+    for args in ((q, kc, vc), (q, kc, v), (qc, kc, v), (qc, k, vc)):
+        with pytest.raises(ValueError, match=one_device):
+            sdpa(*args)
+    with pytest.raises(ValueError, match="one device"):
+        torch.ops.carbon.attention_logits(torch.zeros(1, 4, 4, device="cuda"), 0.5, torch.zeros(1, 4, 4), False)

@@ -340,3 +340,31 @@ def test_tensors_on_a_device_that_is_not_current():
             same_bits(outs[1][1], outs[0][1], f"grad cross_entropy {reduction} on cuda:1")
         with pytest.raises(ValueError, match="one device"):
             carbon.cross_entropy(x.to(dev), t.to("cuda:0"))
+
+
+def test_tensors_on_the_cpu_and_a_gpu_raise():
+    """Tensors on different devices raise ValueError("carbon.<op>: expected all tensors on one device…",
+    contract §8), with a CPU and a single GPU: cross_entropy's input and target (either way round, also through
+    autograd), the softmax gradients' grad and y, cross_entropy_backward's grad, target and count against its
+    log_probs. (test_tensors_on_a_device_that_is_not_current covers two GPUs.)"""
+    g = generator(9)
+    x = values((5, 7), F32, g)
+    t = torch.randint(0, 7, (5,), generator=g)
+    one_device = "expected all tensors on one device"
+    for x_dev, t_dev in ((DEV, "cpu"), ("cpu", DEV)):
+        for requires_grad in (False, True):
+            with pytest.raises(ValueError, match=rf"^carbon\.cross_entropy: {one_device}"):
+                carbon.cross_entropy(x.detach().to(x_dev).requires_grad_(requires_grad), t.to(t_dev))
+    ops = torch.ops.carbon
+    grad = values((5, 7), F32, g)
+    for name, forward in (("softmax_backward", ops.softmax), ("log_softmax_backward", ops.log_softmax)):
+        y = forward(x, 1, None)
+        for g_dev, y_dev in ((DEV, "cpu"), ("cpu", DEV)):
+            with pytest.raises(ValueError, match=rf"^carbon\.{name}: {one_device}"):
+                getattr(ops, name)(grad.to(g_dev), y.to(y_dev), 1, F32)
+    _, log_probs, count = ops.cross_entropy(x.to(DEV), t.to(DEV), 1, -100, 0.0)
+    g_loss, t_dev = torch.tensor(1.0, device=DEV), t.to(DEV)
+    for args in ((g_loss.cpu(), log_probs, t_dev, count), (g_loss, log_probs, t, count),
+                 (g_loss, log_probs, t_dev, count.cpu())):
+        with pytest.raises(ValueError, match=rf"^carbon\.cross_entropy_backward: {one_device}"):
+            ops.cross_entropy_backward(*args, 1, -100, 0.0, F32)
