@@ -1,6 +1,8 @@
 """A tiny training run for the resume test: an MLP of carbon.nn.Linear with
 carbon.tanh, a mean-squared loss through carbon.mean, gradient clipping and
-carbon.optim.AdamW. Used in-process and from a fresh subprocess."""
+carbon.optim.AdamW; optionally a carbon.nn.Dropout between the layers whose
+masks are drawn from its own carbon.Generator (one draw per step). Used
+in-process and from a fresh subprocess."""
 
 from __future__ import annotations
 
@@ -12,11 +14,24 @@ import torch
 import carbon
 
 
+P_DROP = 0.25
+DROPOUT_SEED = 2**63 + 2025  # above 2**63: the checkpoint must keep all 64 bits of the seed
+
+
 def make():
     torch.manual_seed(0)
     model = torch.nn.Sequential(carbon.nn.Linear(12, 32), torch.nn.Identity(), carbon.nn.Linear(32, 4))
     opt = carbon.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.05)
     return model, opt
+
+
+def make_with_dropout():
+    """make()'s model and optimizer (same initial weights) with carbon.nn.Dropout(P_DROP) drawing from a fresh
+    carbon.Generator(seed=DROPOUT_SEED) in place of the Identity; returns (model, opt, generator)."""
+    model, opt = make()
+    generator = carbon.Generator(seed=DROPOUT_SEED)
+    model[1] = carbon.nn.Dropout(P_DROP, generator=generator)  # no parameters: opt is unchanged
+    return model, opt, generator
 
 
 def batch(step: int):
@@ -27,7 +42,7 @@ def batch(step: int):
 def train(model, opt, start: int, stop: int) -> None:
     for step in range(start, stop):
         x, y = batch(step)
-        h = carbon.tanh(model[0](x))
+        h = model[1](carbon.tanh(model[0](x)))  # Identity, or dropout (one draw of its generator)
         d = model[2](h) - y
         loss = carbon.mean(d * d)
         opt.zero_grad()
@@ -56,6 +71,25 @@ def resume(path: str, start: int, stop: int) -> None:
     assert extra["step"] == start, extra
     train(model, opt, start, stop)
     print(digest(model, opt))
+
+
+def generator_state(generator) -> str:
+    """The generator's state (seed and offset, 16 bytes) in hex."""
+    return bytes(generator.get_state().tolist()).hex()
+
+
+def resume_with_dropout(path: str, start: int, stop: int) -> None:
+    """Fresh process, the dropout model: build, load model, optimizer and generator, train on, print the digest
+    and the generator's state (two lines)."""
+    model, opt, generator = make_with_dropout()
+    torch.manual_seed(12345)  # different global states must not matter
+    carbon.manual_seed(12345)
+    extra = carbon.load(path, model=model, optimizer=opt, generator=generator)
+    assert extra["step"] == start, extra
+    assert model[1].generator is generator
+    train(model, opt, start, stop)
+    print(digest(model, opt))
+    print(generator_state(generator))
 
 
 if __name__ == "__main__":

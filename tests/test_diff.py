@@ -246,6 +246,7 @@ def test_compare_devices_without_cuda_says_so():
         compare_devices(lambda x: x.exp(), torch.ones(2), devices=("cpu",))
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_compare_devices_cpu_cuda():
     net, x = make()

@@ -19,17 +19,24 @@ def _config():
                                    bos_token_id=0, eos_token_id=0)
 
 
-def _train(threads: int, steps: int = 2):
+def _trained(threads: int, steps: int = 2, device: str = "cpu"):
+    """GPT-2 built (on the CPU) and trained under carbon.enabled(seed=0) on ``device``, with its dropout (the
+    model is in training mode); the data are drawn on the CPU. Returns (model, optimizer)."""
     torch.set_num_threads(threads)
     with carbon.enabled(seed=0):
-        model = transformers.GPT2LMHeadModel(_config())
+        model = transformers.GPT2LMHeadModel(_config()).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         for _ in range(steps):
-            ids = torch.randint(0, 97, (4, 32))
+            ids = torch.randint(0, 97, (4, 32)).to(device)
             model(input_ids=ids, labels=ids).loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad()
+    return model, opt
+
+
+def _train(threads: int, steps: int = 2):
+    model, _ = _trained(threads, steps)
     return {k: as_bits(v) for k, v in model.state_dict().items() if v.is_floating_point()}
 
 
@@ -38,6 +45,19 @@ def test_gpt2_trains_to_the_same_bits_at_one_and_two_threads(restore_num_threads
     assert one.keys() == two.keys()
     for name in one:
         assert torch.equal(one[name], two[name]), name
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpt2_training_on_cuda_has_the_cpus_fingerprint(restore_num_threads):
+    """The CPU test's training run (same seed, same steps), on the GPU: the model's and AdamW's states have the
+    CPU's bits."""
+    cpu_model, cpu_opt = _trained(2, device="cpu")
+    gpu_model, gpu_opt = _trained(2, device="cuda")
+    assert next(gpu_model.parameters()).device.type == "cuda"
+    cpu, gpu = carbon.fingerprint(cpu_model, cpu_opt), carbon.fingerprint(gpu_model, gpu_opt)
+    assert any(name.startswith("optimizer.state.") for name in cpu.tensors)  # AdamW's states are in it
+    assert gpu == cpu, gpu.diff(cpu)
 
 
 def test_gpt2_logits_do_not_depend_on_the_batch():

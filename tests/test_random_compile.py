@@ -203,6 +203,7 @@ def test_generator_made_in_inference_mode_draws_outside():
 # ---------------------------------------------------------------- CUDA
 
 
+@pytest.mark.cuda
 @cuda_only
 def test_cuda_generator_draws_match_cpu_and_never_sync():
     gpu, host = carbon.Generator("cuda", seed=SEED), carbon.Generator(seed=SEED)  # state on the GPU / the host
@@ -227,6 +228,7 @@ def test_cuda_generator_draws_match_cpu_and_never_sync():
     assert bits(carbon.rand(7, generator=gpu)) == bits(carbon.rand(7, generator=cpu))
 
 
+@pytest.mark.cuda
 @cuda_only
 def test_cuda_graph_replays_advance_the_generator():
     g = carbon.Generator("cuda", seed=SEED)
@@ -251,6 +253,7 @@ def test_cuda_graph_replays_advance_the_generator():
         assert g.offset == offset + 2
 
 
+@pytest.mark.cuda
 @cuda_only
 def test_cuda_graph_refuses_a_host_state():
     g = carbon.Generator(seed=1)  # state in host memory: would be frozen into the graph
@@ -261,6 +264,7 @@ def test_cuda_graph_refuses_a_host_state():
             carbon.rand(8, device="cuda", generator=g)
 
 
+@pytest.mark.cuda
 @cuda_only
 def test_cuda_compiled_draws_compile_once_and_match_eager():
     eager, eager_offsets, _, _ = run_sequence(None, "cuda")
