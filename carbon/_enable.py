@@ -173,6 +173,12 @@ class _DispatchMode(TorchDispatchMode):
                 self.session.not_covered(func, why)
                 return func(*args, **kwargs)
         why = why_not(func, base, args, kwargs)
+        if why is _enable_allow.INTEGER_INPUTS:
+            result = func(*args, **kwargs)
+            why = _enable_allow.floating_result_of_integers(result)
+            if why is not None:
+                self.session.not_covered(func, why)
+            return result
         if why is not None:
             decomposed = self._decompose(func, args, kwargs)
             if decomposed is not NotImplemented:

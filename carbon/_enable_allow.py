@@ -192,5 +192,19 @@ def why_not_exact(func: Any, base: str, args: tuple, kwargs: dict) -> Optional[s
     if tensors and not any(t.is_floating_point() or t.is_complex() for t in tensors):
         floats_out = isinstance(kwargs.get("dtype"), torch.dtype) and kwargs["dtype"].is_floating_point
         if not floats_out:
-            return None  # integer and boolean arithmetic is exact
+            return INTEGER_INPUTS  # integer and boolean arithmetic is exact: allowed if the result is too
     return "not on carbon's list of routed or exact ops"
+
+
+# why_not_exact's answer for an op whose tensor arguments are all integer or boolean: exact when its result is
+# integer or boolean too; a floating-point result (special_ndtri of an integer tensor, say) comes from torch's own
+# per-device kernel, so the caller runs the op and then asks floating_result_of_integers.
+INTEGER_INPUTS = "integer inputs"
+
+
+def floating_result_of_integers(result: Any) -> Optional[str]:
+    """Why an op allowed for its integer inputs is not exact after all (its
+    result is floating point or complex), or None."""
+    if any(t.is_floating_point() or t.is_complex() for t in _tensors([result])):
+        return "a floating-point result of integer inputs, computed by torch's own kernel, which may differ by device"
+    return None

@@ -672,6 +672,20 @@ def test_non_strict_warns_once_per_op_and_runs_torch():
     assert torch.equal(first, torch.special.erfcx(x))
 
 
+def test_floating_result_of_integer_inputs_is_refused_in_strict_mode():
+    """Integer arithmetic is allowed, but an uncovered function of an integer
+    tensor with a floating-point result runs torch's own kernel: refused in
+    strict mode, a warning otherwise, while integer results pass."""
+    ints = torch.arange(1, 5)
+    with carbon.enabled():
+        assert torch.equal(ints * 3 + ints // 2, torch.tensor([3, 7, 10, 14]))  # integer results: allowed
+        with pytest.raises(carbon.NotExactError, match="special_ndtri.*floating-point result of integer inputs"):
+            torch.special.ndtri(ints)
+    with carbon.enabled(strict=False), pytest.warns(RuntimeWarning, match="special_erfcx"):
+        out = torch.special.erfcx(ints)
+    assert out.dtype == torch.float32
+
+
 def test_float64_is_refused_in_strict_mode():
     a = _randn(3, 3, dtype=torch.float64)
     with carbon.enabled(), pytest.raises(carbon.NotExactError, match="float64"):
