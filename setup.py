@@ -114,4 +114,5 @@ setup(
     cmdclass={"build_ext": BuildExtension},
     python_requires=">=3.10",
     install_requires=["torch>=2.8", "numpy"],
+    extras_require={"demo": ["tqdm", "matplotlib"]},  # python -m carbon demo: progress bars and the loss-curve PNG
 )

@@ -39,6 +39,7 @@ The exact matmul reference used by the benchmarks lives in
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -190,6 +191,10 @@ def run_demo(steps: int = 250, device: str = "all", seed: int = 0, batch_size: i
         raise ValueError(f"carbon demo: --batch-size must be even and >= 2 (it is split in 2), got {batch_size}")
     if threads < 2:
         raise ValueError(f"carbon demo: --threads must be >= 2 (compared with 1 thread), got {threads}")
+    if plot and importlib.util.find_spec("matplotlib") is None:
+        # say so now, not after minutes of training
+        print("carbon demo: matplotlib is not installed (pip install matplotlib, or carbon[demo]): no loss-curve PNG")
+        plot = None
     devices = ["cpu"]
     if device in ("cuda", "all") and torch.cuda.is_available():
         devices.append("cuda")

@@ -78,6 +78,21 @@ def test_run_demo_tiny(tmp_path, capsys, restore_num_threads):
     assert len(carbon_full) == 1
 
 
+def test_run_demo_without_matplotlib_says_so_first(tmp_path, capsys, monkeypatch, restore_num_threads):
+    """Without matplotlib the demo says at the start that it saves no PNG and
+    still trains and prints its table (it used to fail after training)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    png = tmp_path / "loss.png"
+    status = run_demo(steps=1, device="cpu", batch_size=4, plot=str(png), progress=False, golden=False, model=TINY)
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert out.splitlines()[0].startswith("carbon demo: matplotlib is not installed")
+    assert not png.exists() and any(line.startswith("| cpu") for line in out.splitlines())
+
+
 def test_errors():
     with pytest.raises(ValueError, match="micro_batches"):
         train(replace(GOLDEN, micro_batches=3))
