@@ -23,7 +23,7 @@ from carbon.norm import layer_norm, rms_norm
 from carbon.ops import addmm, baddbmm, bmm, linear, matmul, mm
 from carbon.attention import scaled_dot_product_attention
 from carbon.reductions import mean, round_to, sum  # noqa: A004
-from carbon.scatter import embedding, index_add, index_put, scatter_add
+from carbon.scatter import embedding, index_add, index_add_, index_put, index_put_, scatter_add, scatter_add_
 from carbon.softmax import cross_entropy, log_softmax, softmax
 from carbon._enable import NotExactError, disable, enable, enabled, is_enabled
 from carbon import data, distributed
@@ -40,7 +40,7 @@ __all__ = [
     "layer_norm", "rms_norm",
     "softmax", "log_softmax", "cross_entropy",
     "scaled_dot_product_attention",
-    "index_add", "scatter_add", "index_put", "embedding",
+    "index_add", "scatter_add", "index_put", "index_add_", "scatter_add_", "index_put_", "embedding",
     "nn",
     "random", "Generator", "default_generator", "manual_seed", "rand", "randn", "bernoulli", "dropout",
     "optim", "save", "load", "fingerprint", "Fingerprint",

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["index_add", "scatter_add", "index_put", "embedding"]
+__all__ = ["index_add", "scatter_add", "index_put", "index_add_", "scatter_add_", "index_put_", "embedding"]
 
 
 def _check_alpha(op: str, alpha: float) -> None:
@@ -61,6 +61,25 @@ def index_put(self: Tensor, indices: Sequence[Optional[Tensor]], values: Tensor,
         raise ValueError(f"carbon.index_put: values of shape {tuple(values.shape)} cannot be broadcast to "
                          f"{(index.shape[0], *self.shape[1:])}") from e
     return torch.ops.carbon.index_add(self, 0, index, values)
+
+
+def index_add_(self: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha: float = 1) -> Tensor:
+    """In-place ``Tensor.index_add_``: ``self`` receives :func:`index_add`'s
+    result (each destination one rounding of its exact sum) and is returned."""
+    return self.copy_(index_add(self, dim, index, source, alpha=alpha))
+
+
+def scatter_add_(self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+    """In-place ``Tensor.scatter_add_``: ``self`` receives
+    :func:`scatter_add`'s result and is returned."""
+    return self.copy_(scatter_add(self, dim, index, src))
+
+
+def index_put_(self: Tensor, indices: Sequence[Optional[Tensor]], values: Tensor, accumulate: bool = True) -> Tensor:
+    """In-place ``Tensor.index_put_(indices, values, accumulate=True)``:
+    ``self`` receives :func:`index_put`'s result and is returned (same
+    restrictions)."""
+    return self.copy_(index_put(self, indices, values, accumulate))
 
 
 def embedding(input: Tensor, weight: Tensor, padding_idx: Optional[int] = None) -> Tensor:

@@ -239,6 +239,32 @@ def test_index_put_accumulate(dtype):
     assert_bits_equal(out, index_add_bits(self, 0, index, row.expand(17, 3)), "index_put broadcast", dtype=dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_in_place_forms(dtype):
+    """carbon.index_add_ / scatter_add_ / index_put_ write the exact sums into
+    self and return it, in a graph too (the gradients pass through)."""
+    g = generator(41)
+    base = random_values((5, 3), dtype, g)
+    index = heavy_index(17, 5, g)
+    source = random_values((17, 3), dtype, g)
+    want = index_add_bits(base, 0, index, source)
+    for name, call in [("index_add_", lambda t: carbon.index_add_(t, 0, index, source)),
+                       ("index_put_", lambda t: carbon.index_put_(t, (index,), source, accumulate=True))]:
+        t = base.clone()
+        assert call(t) is t
+        assert_bits_equal(t, want, name, dtype=dtype)
+    scatter_index = torch.randint(0, 5, (6, 3), generator=g)
+    src = random_values((6, 3), dtype, g)
+    t = base.clone()
+    assert carbon.scatter_add_(t, 0, scatter_index, src) is t
+    assert_bits_equal(t, scatter_add_bits(base, 0, scatter_index, src), "scatter_add_", dtype=dtype)
+    leaf = base.clone().requires_grad_()
+    src_leaf = source.clone().requires_grad_()
+    out = carbon.index_add_(leaf * 1, 0, index, src_leaf)
+    out.backward(torch.ones_like(out))
+    assert torch.equal(leaf.grad, torch.ones_like(base)) and torch.equal(src_leaf.grad, torch.ones_like(source))
+
+
 @pytest.mark.cpu_kernels
 def test_index_put_errors():
     x = torch.zeros(3, 2)
