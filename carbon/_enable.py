@@ -38,8 +38,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 import carbon
 from carbon import _enable_allow, _enable_norms, _enable_rnn
@@ -607,6 +607,13 @@ def disable() -> None:
         if _active is None:
             return
         _, dispatch_mode, function_mode, saved = _active
+        # exiting a mode pops the top of its stack: refuse while a mode entered after enable() is still on top,
+        # rather than pop that one and leave carbon's in place
+        on_top = (_get_current_dispatch_mode_stack()[-1:] == [dispatch_mode]
+                  and _get_current_function_mode_stack()[-1:] == [function_mode])
+        if not on_top:
+            raise RuntimeError("carbon.disable: a torch dispatch or function mode entered after carbon.enable() is "
+                               "still active; exit it first")
         dispatch_mode.__exit__(None, None, None)
         function_mode.__exit__(None, None, None)
         for key, value in saved.items():

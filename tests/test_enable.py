@@ -711,6 +711,28 @@ def test_disable_restores_torch_exactly():
     torch.sin(x)  # no error once disabled
 
 
+def test_disable_refuses_while_a_later_mode_is_active():
+    """disable() pops carbon's modes only when they are on top: a dispatch
+    mode entered after enable() stays, and carbon stays enabled, until it is
+    exited."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    depth = len(_get_current_dispatch_mode_stack())
+    carbon.enable()
+    try:
+        with Passing():
+            with pytest.raises(RuntimeError, match="entered after carbon.enable"):
+                carbon.disable()
+            assert carbon.is_enabled()
+    finally:
+        carbon.disable()
+    assert not carbon.is_enabled() and len(_get_current_dispatch_mode_stack()) == depth
+
+
 def test_enabled_context_restores_on_error():
     with pytest.raises(ValueError):
         with carbon.enabled():
