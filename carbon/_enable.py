@@ -9,12 +9,16 @@ that run its backward passes):
   random ops, the foreach ops — to carbon's kernels or to fixed sequences of
   single IEEE operations, forward and backward alike (the backward of an aten
   op is made of aten ops, which the mode sees too);
-* a :class:`~torch.overrides.TorchFunctionMode` sends three functions whose
-  aten decompositions differ between devices to carbon's versions as a whole:
-  ``F.cross_entropy``, ``F.scaled_dot_product_attention``, ``F.dropout`` and
-  ``F.rms_norm`` (torch's fused attention kernels are switched off, so an
-  attention that reaches aten by another path decomposes into routed ops);
-* ``torch.optim.Adam/AdamW/SGD.step`` run carbon.optim's fused exact step;
+* a :class:`~torch.overrides.TorchFunctionMode` sends the functions whose
+  aten decompositions differ between devices (``F.cross_entropy``,
+  ``F.scaled_dot_product_attention``, ``F.dropout``, ``F.rms_norm``,
+  ``F.linear``, the norms and recurrent layers in :data:`_FUNCTIONS`) to
+  carbon's versions as a whole (torch's fused attention kernels are switched
+  off, so an attention that reaches aten by another path decomposes into
+  routed ops);
+* ``torch.optim.Adam/AdamW/SGD.step`` run carbon.optim's fused exact step
+  (torch's own again after :func:`disable`, even through an LR scheduler's
+  copy of the step);
 * ``torch.distributed.all_reduce`` of floating tensors (SUM, AVG) is
   carbon.distributed.all_reduce: the correctly rounded exact sum or mean.
 
