@@ -9,6 +9,9 @@ CUDA: the GPT-2 small configuration (124M parameters, 12 layers, d = 768,
 batch 8 x 1024 tokens). CPU: a smaller configuration (4 layers, d = 256,
 batch 8 x 128, vocabulary 8192). Each row: median ms per step and the ratio
 to plain float32. Targets (issue 5): H200 <= 1.5x plain float32; CPU <= 3x.
+The tables end with one RATIO line per plain mode timed (carbon.enable / that
+mode; the lines scripts/device_check.sh's summary collects), the target on the
+float32 line of the configurations it was set for (not --size tiny).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import contextlib
 import os
 import statistics
 import sys
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -31,13 +34,17 @@ except ImportError:  # run from a checkout without an install
     import carbon
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import machine_load, time_interleaved  # noqa: E402
+from _timing import machine_load, print_report, time_interleaved  # noqa: E402
 
 CONFIGS = {
     "small": dict(vocab=50304, d=768, heads=12, layers=12, ctx=1024, batch=8),
     "cpu": dict(vocab=8192, d=256, heads=4, layers=4, ctx=128, batch=8),
     "tiny": dict(vocab=512, d=64, heads=4, layers=2, ctx=64, batch=4),
 }
+
+# carbon.enable / plain float32 targets of the module docstring (issue 5), by device, for the configuration
+# each was set for (GPT-2 small on CUDA, "cpu" on the CPU); shown on the RATIO lines
+TARGETS = {("cuda", "small"): 1.5, ("cpu", "cpu"): 3.0}
 
 
 class Block(nn.Module):
@@ -99,8 +106,10 @@ def make_step(cfg: dict, device: str, mode: str, model: nn.Module):
     return step
 
 
-def run(device: str, size: str, budget: float, only: Optional[List[str]] = None) -> None:
-    cfg = CONFIGS[size if device == "cuda" or size == "tiny" else "cpu"]
+def run(device: str, size: str, budget: float, only: Optional[List[str]] = None) -> Tuple[List[str], List[str]]:
+    """The table's lines and the RATIO lines (carbon.enable / each plain mode) on `device`."""
+    name = size if device == "cuda" or size == "tiny" else "cpu"
+    cfg = CONFIGS[name]
     modes = ["fp32", "tf32", "bf16 autocast", "carbon.enable"] if device == "cuda" else \
         ["fp32", "bf16 autocast", "carbon.enable"]
     if only:
@@ -112,18 +121,33 @@ def run(device: str, size: str, budget: float, only: Optional[List[str]] = None)
     times = time_interleaved(steps, device, budget, max_reps=20)
     medians = [statistics.median(t) for t in times]
     base = medians[0]
-    print(f"\n{device}: GPT {cfg['layers']} layers, d={cfg['d']}, batch {cfg['batch']}x{cfg['ctx']}, "
-          f"vocab {cfg['vocab']} (load {machine_load()}, threads {torch.get_num_threads()})")
-    print(f"| {'step':<14} | {'ms':>9} | {'/ fp32':>7} |")
-    print(f"|{'-' * 16}|{'-' * 11}|{'-' * 9}|")
+    shape = f"GPT {cfg['layers']} layers, d={cfg['d']}, batch {cfg['batch']}x{cfg['ctx']}, vocab {cfg['vocab']}"
+    lines = [f"\n{device}: {shape} (load {machine_load()}, threads {torch.get_num_threads()}, "
+             f"{len(times[0])} timed steps per mode)",
+             f"| {'step':<14} | {'ms':>9} | {'/ fp32':>7} |",
+             f"|{'-' * 16}|{'-' * 11}|{'-' * 9}|"]
     for m, t in zip(modes, medians):
-        print(f"| {m:<14} | {t:9.1f} | {t / base:6.2f}x |")
+        lines.append(f"| {m:<14} | {t:9.1f} | {t / base:6.2f}x |")
+    ratios = []
+    if "carbon.enable" in modes:
+        ms = medians[modes.index("carbon.enable")]
+        for m, t in zip(modes, medians):
+            if m == "carbon.enable":
+                continue
+            target = TARGETS.get((device, name)) if m == "fp32" else None
+            plain = "fp32 (TF32 off)" if m == "fp32" and device == "cuda" else m
+            ratios.append(f"RATIO {device} enable step ({shape}) carbon.enable/{plain} = {ms / t:.2f}"
+                          + (f" (target <= {target:g})" if target is not None else ""))
+    return lines, ratios
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="all", choices=["cpu", "cuda", "all"])
-    parser.add_argument("--budget", type=float, default=30.0, help="seconds of timing per device")
+    parser.add_argument("--budget", type=float, default=30.0,
+                        help="seconds of timed rounds per device, all modes together (a soft budget: after a "
+                             "warm-up and a probe round, at least 3 and at most 20 rounds, each calling every "
+                             "mode once)")
     parser.add_argument("--size", default="small", choices=["small", "tiny"])
     parser.add_argument("--modes", default=None,
                         help="comma-separated subset of: tf32, bf16 autocast, carbon.enable (fp32 always runs); "
@@ -135,12 +159,17 @@ def main() -> None:
     if unknown:
         parser.error(f"--modes: unknown {unknown}; choose from tf32, bf16 autocast, carbon.enable")
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
+    lines: List[str] = []
+    ratios: List[str] = []
     for device in devices:
         if device == "cuda" and not torch.cuda.is_available():
             print("cuda: no GPU, skipped")
             continue
-        run(device, args.size, args.budget, only)
+        table, device_ratios = run(device, args.size, args.budget, only)
+        lines += table
+        ratios += device_ratios
+    return print_report(lines, ratios)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

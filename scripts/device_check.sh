@@ -23,7 +23,8 @@
 #                   python benchmarks/bench_scatter.py --device cuda --budget 0.3
 #                   python benchmarks/bench_random.py --device cuda --quick --budget 0.2
 #                   python benchmarks/bench_optim.py --device cuda --budget 0.5
-#                   python benchmarks/bench_enable.py --device cuda --budget 4   (GPT-2 small step)
+#                   python benchmarks/bench_enable.py --device cuda --budget 1 --modes carbon.enable
+#                                                    (GPT-2 small step, carbon.enable vs plain fp32)
 #                   python benchmarks/bench_conv.py --device cuda --budget 0.2
 #   6. demo         python -m carbon demo --steps 8 --batch-size 8 --no-progress  (a short run; its golden check
 #                   compares the CUDA fingerprint with tests/demo_golden.txt, recorded on the CPU)
@@ -190,7 +191,12 @@ run_step random "$T_RANDOM" "$PY" benchmarks/bench_random.py --device cuda --qui
 record "$STEP_RC"
 run_step optim "$T_OPTIM" "$PY" benchmarks/bench_optim.py --device cuda --budget 0.5
 record "$STEP_RC"
-run_step enable "$T_ENABLE" "$PY" benchmarks/bench_enable.py --device cuda --budget 4
+# --budget is a soft budget for the timed rounds (every mode once per round) after a warm-up and a probe
+# round, with at least 3 timed rounds however long they take: 5 steps per mode at least. Estimated
+# conservatively on the H200 (plain fp32 step ~0.15 s, carbon's up to 3x: ~0.6 s a round of the two), the 5
+# rounds take ~3 s, plus ~5-6 s of start (imports, CUDA context, model, first-call set-up). With tf32 and
+# bf16 autocast as well (~0.9 s a round) and --budget 4 (6 rounds) it would be ~11 s of the 12.
+run_step enable "$T_ENABLE" "$PY" benchmarks/bench_enable.py --device cuda --budget 1 --modes carbon.enable
 record "$STEP_RC"
 run_step conv "$T_CONV" "$PY" benchmarks/bench_conv.py --device cuda --budget 0.2
 record "$STEP_RC"

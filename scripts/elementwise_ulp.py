@@ -56,8 +56,13 @@ def build(out_dir: str = os.path.join(ROOT, "build")) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--functions", default=None, help="comma-separated list (default: the 8 forward functions)")
-    ap.add_argument("--grads", action="store_true", help="also check the 8 derivatives")
+    ap.add_argument("--functions", default=None,
+                    help=f"comma-separated list (default: every forward function, {len(FORWARD)}: "
+                         f"{', '.join(FORWARD)})")
+    ap.add_argument("--grads", action="store_true",
+                    help=f"also check the derivative of every function in the default list ({len(GRADS)}: "
+                         f"{GRADS[0]} ... {GRADS[-1]}); "
+                         "with --functions, name derivatives there instead")
     ap.add_argument("--stride", type=int, default=1, help="check every K-th bit pattern (default 1: all 2^32)")
     ap.add_argument("--sincos-reduction", action="store_true",
                     help="print the smallest |f| of sin/cos's reduction x 2/pi = q + f over all float32 x > pi/4")
