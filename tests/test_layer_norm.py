@@ -171,6 +171,20 @@ def test_empty():
         xr = x.clone().requires_grad_()
         carbon.layer_norm(xr, ns).sum().backward()
         assert xr.grad.shape == x.shape
+        # contract §7 "Special values and empty inputs": with R = 0 rows, dweight and dbias are +0
+        # (empty sums), never -0: compared as bits
+        rows = math.prod(x.shape[: x.dim() - len(ns)])
+        for dtype in DTYPES:
+            xr = torch.zeros(shape, dtype=dtype, requires_grad=True)
+            w = torch.ones(ns, dtype=dtype, requires_grad=True)
+            b = torch.zeros(ns, dtype=dtype, requires_grad=True)
+            carbon.layer_norm(xr, ns, w, b).sum().backward()
+            assert xr.grad.shape == x.shape
+            for name, g in (("dweight", w.grad), ("dbias", b.grad)):
+                assert g.shape == ns and g.dtype == dtype, (name, dtype)
+                if rows == 0:
+                    bits = g.view(torch.int32 if dtype == F32 else torch.int16)
+                    assert g.numel() and (bits == 0).all(), (name, dtype, g)
 
 
 # ---------------------------------------------------------------- invariance

@@ -91,6 +91,17 @@ def test_empty():
         x = torch.zeros(shape)
         y, rstd = torch.ops.carbon.rms_norm(x, list(ns), None, None)
         assert y.shape == x.shape and rstd.shape == x.shape[:1]
+        if rstd.numel():
+            # contract §7 "Special values and empty inputs": n = 0 gives r = NaN (0/0), the canonical NaN (§1)
+            assert rstd.dtype == F32 and (rstd.view(torch.int32) == 0x7FC00000).all(), rstd
+        # R = 0: the weight gradient is +0 (empty sums), never -0
+        for dtype in DTYPES:
+            xr = torch.zeros(shape, dtype=dtype, requires_grad=True)
+            w = torch.ones(ns, dtype=dtype, requires_grad=True)
+            carbon.rms_norm(xr, ns, w).sum().backward()
+            assert xr.grad.shape == x.shape and w.grad.shape == ns and w.grad.dtype == dtype
+            if x.shape[0] == 0:
+                assert (w.grad.view(torch.int32 if dtype == F32 else torch.int16) == 0).all(), (dtype, w.grad)
 
 
 def test_batch_invariance_layouts_threads(restore_num_threads):
