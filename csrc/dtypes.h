@@ -19,7 +19,7 @@ inline FormatId format_of(at::ScalarType t) {
 inline void check_supported_dtype(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK_TYPE(is_supported(t.scalar_type()), "carbon.", op, ": ", name, " has dtype ", t.scalar_type(),
                    "; supported dtypes are float32, bfloat16 and float16 (carbon rounds the exact "
-                   "result into these formats; for float64 use torch.", op, ")");
+                   "result into these formats; for float64 use torch's own op)");
 }
 
 inline at::ScalarType checked_out_dtype(const char* op, at::ScalarType out) {
