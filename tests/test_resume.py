@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import carbon
@@ -83,6 +84,64 @@ def test_resume_with_dropout_and_its_generator_in_a_fresh_process(tmp_path):
     assert resume_helper.generator_state(generator) == straight_generator
 
 
+@pytest.fixture
+def keep_default_generator():
+    """carbon.default_generator's state as it was before the test, restored after it."""
+    state = carbon.default_generator.get_state()
+    yield
+    carbon.default_generator.set_state(state)
+
+
+def test_resume_under_enable_in_a_fresh_process(tmp_path, keep_default_generator):
+    """The main flow: plain torch.nn (Linear, GELU, Dropout) and torch.optim.AdamW trained under
+    carbon.enabled(seed=...), whose init and dropout masks come from carbon.default_generator and whose AdamW
+    step is carbon's. k steps, carbon.save(model, optimizer, generator=carbon.default_generator), and in a fresh
+    process: enable (another seed), build, carbon.load -- after enabling, so the loaded generator wins -- and
+    N - k more steps give the straight run's weights, optimizer state and generator state, bit for bit."""
+    data = resume_helper.plain_batches(N)
+    with carbon.enabled(seed=resume_helper.ENABLE_SEED):
+        model, opt = resume_helper.make_plain()
+        init_draws = carbon.default_generator.offset  # the Linear layers' init: one draw per weight and bias
+        assert init_draws == 4
+        resume_helper.train_plain(model, opt, data, 0, N)
+    straight = resume_helper.digest(model, opt)
+    # seed, then offset: the init's draws and one dropout mask per step
+    straight_generator = struct.pack("<QQ", resume_helper.ENABLE_SEED, init_draws + N).hex()
+    assert resume_helper.generator_state(carbon.default_generator) == straight_generator
+
+    with carbon.enabled(seed=resume_helper.ENABLE_SEED):
+        model, opt = resume_helper.make_plain()
+        resume_helper.train_plain(model, opt, data, 0, K)
+        path = str(tmp_path / "ckpt.pt")
+        carbon.save(path, model=model, optimizer=opt, generator=carbon.default_generator, step=K)
+    assert resume_helper.digest(model, opt) != straight  # the remaining steps do change the bits
+    saved_generator = carbon.default_generator.get_state()
+    assert _in_a_fresh_process(f"resume_plain({path!r}, {K}, {N})")[-2:] == [straight, straight_generator]
+
+    # The generator matters. Resumed from the same checkpoint with the model and optimizer only, under
+    # carbon.enabled(seed=...) (which reseeds the default generator; the init then draws 4 masks' worth), steps
+    # k.. draw other masks and the weights differ ...
+    with carbon.enabled(seed=resume_helper.ENABLE_SEED):
+        fresh_model, fresh_opt = resume_helper.make_plain()
+        carbon.load(path, model=fresh_model, optimizer=fresh_opt)
+        resume_helper.train_plain(fresh_model, fresh_opt, data, K, N)
+    assert resume_helper.digest(fresh_model, fresh_opt) != straight
+    # ... and so they do when the generator is loaded first and carbon.enabled(seed=...) then reseeds it.
+    with carbon.enabled():
+        fresh_model, fresh_opt = resume_helper.make_plain()
+    carbon.load(path, model=fresh_model, optimizer=fresh_opt, generator=carbon.default_generator)
+    with carbon.enabled(seed=resume_helper.ENABLE_SEED):
+        resume_helper.train_plain(fresh_model, fresh_opt, data, K, N)
+    assert resume_helper.digest(fresh_model, fresh_opt) != straight
+
+    # in-process continuation too (sanity): carbon.enabled() without a seed keeps the generator's state
+    carbon.default_generator.set_state(saved_generator)
+    with carbon.enabled():
+        resume_helper.train_plain(model, opt, data, K, N)
+    assert resume_helper.digest(model, opt) == straight
+    assert resume_helper.generator_state(carbon.default_generator) == straight_generator
+
+
 def _uniform_bits(seed: int, offset: int, n: int) -> list:
     """carbon.rand(n)'s float32 bits at (seed, offset), from the independent Philox reference."""
     return [round_bits(ref.uniform01(w), torch.float32) for w in ref.words(seed, offset, n)]
@@ -138,6 +197,28 @@ def test_save_load_generators(tmp_path):
     other.state = torch.zeros(2, dtype=torch.uint8)
     carbon.load(path, generator=other)
     assert torch.equal(other.state, duck.state)
+
+
+def test_save_load_several_generators(tmp_path):
+    """A list of generators (carbon's default stream and a dropout stream,
+    say) is saved and restored in order: each continues its own sequence,
+    against the independent Philox reference for the carbon ones."""
+    path = str(tmp_path / "gs.pt")
+    a, b, t = carbon.Generator(seed=11), carbon.Generator(seed=2**63 + 5), torch.Generator().manual_seed(4)
+    carbon.rand(3, generator=a)
+    for _ in range(2):
+        carbon.rand(3, generator=b)
+    torch.rand(2, generator=t)
+    carbon.save(path, generator=[a, b, t])
+    a2, b2, t2 = carbon.Generator(seed=0), carbon.Generator(seed=0), torch.Generator()
+    carbon.load(path, generator=(a2, b2, t2))
+    for seed, offset, g in ((11, 1, a2), (2**63 + 5, 2, b2)):
+        assert [x & 0xFFFFFFFF for x in as_bits(carbon.rand(4, generator=g)).tolist()] == _uniform_bits(seed, offset, 4)
+    assert torch.equal(torch.rand(3, generator=t2), torch.rand(3, generator=t))
+    with pytest.raises(ValueError, match="has 3 generator states, got 2 generators"):
+        carbon.load(path, generator=[a2, b2])
+    with pytest.raises(ValueError, match="no generator state .it has a list of generators"):
+        carbon.load(path, generator=a2)
 
 
 def test_load_errors(tmp_path):
