@@ -56,13 +56,17 @@ class Aliases:
     is copied."""
 
     def __init__(self, p: Tensor) -> None:
+        self.pending: List[Tuple[Tensor, Tensor]] = []
+        self.order: Optional[List[int]] = None  # None: row-major, the tensors as they are (no view per step)
+        if p.is_contiguous():
+            self.param = p
+            return
         self.order = memory_order(p)
-        if self.order is None:
+        if self.order is None:  # gaps: a contiguous copy, written back
             self.param = p.contiguous()
-            self.pending: List[Tuple[Tensor, Tensor]] = [(p, self.param)]
+            self.pending.append((p, self.param))
         else:
             self.param = p.permute(self.order)
-            self.pending = []
 
     def read(self, t: Tensor) -> Tensor:
         """t (same shape as the parameter) in the kernel's element order; a
@@ -73,7 +77,8 @@ class Aliases:
         """A state from :func:`state_like`, as a contiguous alias (updated in
         place by the kernel)."""
         view = t if self.order is None else t.permute(self.order)
-        assert view.is_contiguous(), "carbon.optim: a state not laid out like its parameter"
+        if not view.is_contiguous():
+            raise RuntimeError("carbon.optim: a state not laid out like its parameter (internal error)")
         return view
 
 
