@@ -51,6 +51,18 @@ def uniform01(word: int) -> Fraction:
     return Fraction(word >> 8, 1 << 24)
 
 
+def dropout_bits(x, p: float, seed: int, offset: int) -> List[int]:
+    """Bit patterns of dropout (contract §10) of tensor x at the draw (seed,
+    offset), element i its row-major index: kept when uniform01(word i) >= p,
+    as RN(x_i / (1 - p)) (binary64 division, one rounding to x's dtype), +0
+    otherwise."""
+    from oracle import round_bits  # the exact rounding (tests/oracle.py)
+
+    flat = x.detach().cpu().reshape(-1).tolist()
+    return [round_bits(v / (1.0 - p), x.dtype) if uniform01(w) >= Fraction(p) else 0
+            for v, w in zip(flat, words(seed, offset, len(flat)))]
+
+
 def normal_uniforms(seed: int, offset: int, i: int) -> Tuple[Fraction, Fraction]:
     """(u1, u2) of normal element i: u1 in (0, 1], u2 in [0, 1)."""
     w = block(seed, offset, i // 2)

@@ -8,7 +8,6 @@ Philox (not carbon's generator)."""
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ import torch.nn.functional as F
 
 import carbon
 import philox_reference
-from oracle import assert_bits_equal, as_bits, bmm_bits, bits_tensor, fmt_of, round_bits, sum_to_shape_bits
+from oracle import assert_bits_equal, as_bits, bmm_bits, bits_tensor, fmt_of, sum_to_shape_bits
 from softmax_reference import softmax_backward_bits, softmax_bits
 
 from data import generator
@@ -42,16 +41,10 @@ def _logits(s: torch.Tensor, scale: float, mask, causal: bool) -> torch.Tensor:
 
 
 def _dropout_reference(p: torch.Tensor, dropout_p: float, seed: int, offset: int) -> torch.Tensor:
-    """Contract §10's dropout of a float32 tensor at the draw (seed, offset),
-    element i its row-major index: keep_i = u_i >= dropout_p with u_i from
-    word i mod 4 of Philox block i // 4 (philox_reference), kept values
-    RN32(p_i (/) (1 (-) dropout_p)) (binary64 division, one rounding), +0
-    otherwise."""
-    flat = p.reshape(-1).tolist()
-    words = philox_reference.words(seed, offset, len(flat))
-    keep = [philox_reference.uniform01(w) >= Fraction(dropout_p) for w in words]
-    out = [round_bits(x / (1.0 - dropout_p), torch.float32) if kept else 0 for x, kept in zip(flat, keep)]
-    return _from_bits(bits_tensor(out, torch.float32).reshape(p.shape), torch.float32)
+    """Contract §10's dropout of a float32 tensor at the draw (seed, offset)
+    (tests/philox_reference.py), as a tensor."""
+    bits = philox_reference.dropout_bits(p, dropout_p, seed, offset)
+    return _from_bits(bits_tensor(bits, torch.float32).reshape(p.shape), torch.float32)
 
 
 def reference_attention(q, k, v, mask=None, causal=False, scale=None, dropout=None):

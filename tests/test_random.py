@@ -225,15 +225,6 @@ def test_thread_count_independence(draw, restore_num_threads):
 # ---------------------------------------------------------------- dropout
 
 
-def _dropout_reference(x: torch.Tensor, p: float, seed: int, offset: int) -> list:
-    flat = x.reshape(-1).tolist()
-    out = []
-    for v, w in zip(flat, ref.words(seed, offset, len(flat))):
-        keep = ref.uniform01(w) >= Fraction(p)
-        out.append(round_bits(v / (1.0 - p), x.dtype) if keep else 0)
-    return out
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("p", [0.0, 0.1, 0.5, 0.9, 1.0])
 def test_dropout_forward_backward(dtype, p):
@@ -244,10 +235,10 @@ def test_dropout_forward_backward(dtype, p):
     g = gen(seed, offset)
     y = carbon.dropout(x, p, generator=g)
     assert g.offset == offset + 1
-    assert bits(y) == _dropout_reference(x.detach(), p, seed, offset)
+    assert bits(y) == ref.dropout_bits(x.detach(), p, seed, offset)
     grad = torch.randn(6, 7).to(dtype)
     (dx,) = torch.autograd.grad(y, x, grad)
-    assert bits(dx) == _dropout_reference(grad, p, seed, offset)
+    assert bits(dx) == ref.dropout_bits(grad, p, seed, offset)
 
 
 def test_dropout_layout_and_eval():
@@ -361,7 +352,7 @@ def test_dropout_special_inputs(dtype, p):
     specials = [-0.0, float("inf"), -float("inf"), float("nan"), 1e-40, -6e-8, 3e38, 65504.0, 1e-45]
     x[n // 3 :: 5] = torch.tensor(specials * n)[: len(x[n // 3 :: 5])]
     x = x.to(dtype)
-    assert bits(carbon.dropout(x, p, generator=gen(seed, offset))) == _dropout_reference(x, p, seed, offset)
+    assert bits(carbon.dropout(x, p, generator=gen(seed, offset))) == ref.dropout_bits(x, p, seed, offset)
 
 
 # ---------------------------------------------------------------- generator state

@@ -32,12 +32,6 @@ def uniform_bits(seed: int, offset: int, n: int, dtype=torch.float32) -> list:
     return [round_bits(ref.uniform01(w), dtype) for w in ref.words(seed, offset, n)]
 
 
-def dropout_bits(x: torch.Tensor, p: float, seed: int, offset: int) -> list:
-    flat = x.detach().cpu().reshape(-1).tolist()
-    return [round_bits(v / (1.0 - p), x.dtype) if ref.uniform01(w) >= Fraction(p) else 0
-            for v, w in zip(flat, ref.words(seed, offset, len(flat)))]
-
-
 class Block(torch.nn.Module):
     """A linear layer, dropout, and an exact sum: the draws of a training step."""
 
@@ -109,7 +103,7 @@ def test_eager_sequence_is_the_reference(eager_cpu):
         assert u == uniform_bits(SEED, base, 5)
         half = [int(ref.uniform01(w) < Fraction(1, 2)) for w in ref.words(SEED, base + 3, 9)]
         assert [1 if v else 0 for v in b] == half
-        assert y == dropout_bits(h, 0.25, SEED, base + 4)
+        assert y == ref.dropout_bits(h, 0.25, SEED, base + 4)
     assert len({tuple(o[0]) for o in outputs}) == CALLS  # every call draws anew
 
 
@@ -249,7 +243,7 @@ def test_cuda_graph_replays_advance_the_generator():
         torch.cuda.synchronize()
         offset = 2 + 2 * replay
         assert bits(u) == uniform_bits(SEED, offset, 4099)
-        assert bits(y) == dropout_bits(x, 0.4, SEED, offset + 1)
+        assert bits(y) == ref.dropout_bits(x, 0.4, SEED, offset + 1)
         assert g.offset == offset + 2
 
 
