@@ -15,7 +15,7 @@ the kernel.
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import torch
 from torch import Tensor
@@ -50,13 +50,13 @@ class Aliases:
     """The kernel's views of one parameter and of the tensors stepped with it.
 
     ``param`` is a contiguous alias of the parameter (or a contiguous copy,
-    ``pending`` holding the write-back); ``read(t)`` and ``state(t)`` give the
+    to be written back into ``gapped``); ``read(t)`` and ``state(t)`` give the
     gradient's and a state's views in the same element order. A state from
     :func:`state_like` is already in that order; a gradient in another layout
     is copied."""
 
     def __init__(self, p: Tensor) -> None:
-        self.pending: List[Tuple[Tensor, Tensor]] = []
+        self.gapped: Optional[Tensor] = None
         self.order: Optional[List[int]] = None  # None: row-major, the tensors as they are (no view per step)
         if p.is_contiguous():
             self.param = p
@@ -64,7 +64,7 @@ class Aliases:
         self.order = memory_order(p)
         if self.order is None:  # gaps: a contiguous copy, written back
             self.param = p.contiguous()
-            self.pending.append((p, self.param))
+            self.gapped = p
         else:
             self.param = p.permute(self.order)
 
@@ -85,5 +85,5 @@ class Aliases:
 def write_back(aliases: List[Aliases]) -> None:
     """Copy the stepped copies of parameters with gaps back into them."""
     for a in aliases:
-        for dst, src in a.pending:
-            dst.copy_(src)
+        if a.gapped is not None:
+            a.gapped.copy_(a.param)
