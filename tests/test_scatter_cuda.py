@@ -82,6 +82,26 @@ def test_scatter_add_gpu_equals_cpu_and_out_of_range_ignored():
     same_bits(gpu, cpu.contiguous(), "out-of-range indices ignored")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_in_place_forms_gpu_equal_cpu(dtype):
+    """carbon.index_add_ / scatter_add_ / index_put_ on the GPU write the CPU's bits into self."""
+    g = generator(31)
+    base = random_values((40, 24), dtype, g)
+    index = heavy(900, 40, g)
+    source = random_values((900, 24), dtype, g)
+    scatter_index = torch.randint(0, 40, (300, 24), generator=g)
+    src = random_values((300, 24), dtype, g)
+    calls = {
+        "index_add_": lambda t, dev: carbon.index_add_(t, 0, index.to(dev), source.to(dev)),
+        "index_put_": lambda t, dev: carbon.index_put_(t, (index.to(dev),), source.to(dev), accumulate=True),
+        "scatter_add_": lambda t, dev: carbon.scatter_add_(t, 0, scatter_index.to(dev), src.to(dev)),
+    }
+    for name, call in calls.items():
+        cpu, gpu = base.clone(), base.cuda()
+        assert call(cpu, "cpu") is cpu and call(gpu, "cuda") is gpu, name
+        same_bits(gpu, cpu, name)
+
+
 def test_no_host_sync():
     g = generator(4)
     self, src = random_values((16, 32), F32, g).cuda(), random_values((100, 32), F32, g).cuda()
